@@ -1,0 +1,113 @@
+"""Cases: one model on one layout through one route, optionally with one planted bug.
+
+A case crosses from the launcher to the ranks as JSON, so it names its model factory by import path
+(`module:function`) rather than carrying objects.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import asdict, dataclass
+
+from .layout import Layout
+
+ROUTES = ("auto", "native", "composed", "sharded-load")
+
+
+class SpecError(ValueError):
+    """A `--spec` that does not import, or whose factory returns the wrong shape."""
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    factory: str
+    layout: Layout
+    route: str = "auto"
+    control: str | None = None
+    grads: bool = True
+    #: Set by the pytest mixins: a directory holding the init dict and inputs (see `payload`).
+    payload: str | None = None
+
+    @property
+    def id(self) -> str:
+        parts = [self.model, self.layout.name, self.route]
+        if self.control:
+            parts.append(self.control)
+        return "-".join(parts)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["layout"] = {"name": self.layout.name, "order": self.layout.order}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Case":
+        data = dict(data)
+        layout = data.pop("layout")
+        return cls(layout=Layout.parse(layout["name"], layout["order"]), **data)
+
+
+def load_factory(path: str):
+    """Import `module:function`; a module may also be a file path (`tests/my_spec.py:make`)."""
+    module_name, sep, function = path.rpartition(":")
+    if not sep or not module_name or not function:
+        raise SpecError(f"--spec {path!r}: write MODULE:FUNCTION, e.g. my_tests.specs:make_flux")
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            module = _import_file(module_name)
+        else:
+            if os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+    except SpecError:
+        raise
+    except Exception as exc:  # the user's module may raise anything while importing
+        raise SpecError(f"--spec {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    factory = getattr(module, function, None)
+    if not callable(factory):
+        raise SpecError(f"--spec {path!r}: {module_name!r} has no callable {function!r}")
+    return factory
+
+
+def call_factory(path: str):
+    """Run a factory and check it returns `(model_class, init_dict, inputs)`."""
+    try:
+        result = load_factory(path)()
+    except SpecError:
+        raise
+    except Exception as exc:
+        raise SpecError(f"--spec {path!r}: calling the factory raised {type(exc).__name__}: {exc}") from exc
+    if not (isinstance(result, tuple) and len(result) == 3):
+        raise SpecError(
+            f"--spec {path!r}: the factory must return (model_class, init_dict, inputs), got {_shape(result)}"
+        )
+    model_class, init_dict, inputs = result
+    if not isinstance(model_class, type):
+        raise SpecError(f"--spec {path!r}: model_class must be a class, got {type(model_class).__name__}")
+    if not isinstance(init_dict, dict) or not isinstance(inputs, dict):
+        raise SpecError(
+            f"--spec {path!r}: init_dict and inputs must be dicts, got "
+            f"{type(init_dict).__name__} and {type(inputs).__name__}"
+        )
+    return model_class, init_dict, inputs
+
+
+def _import_file(path: str):
+    if not os.path.exists(path):
+        raise SpecError(f"--spec: file {path!r} does not exist")
+    name = "paracheck_spec_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _shape(value) -> str:
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return type(value).__name__

@@ -1,0 +1,9 @@
+"""Fixture names, importable without torch so the CLI can validate `--models` before any rank starts."""
+
+FIXTURES: dict[str, str] = {
+    "flux": "paracheck.fixtures:flux",
+    "flux2": "paracheck.fixtures:flux2",
+    "qwenimage": "paracheck.fixtures:qwenimage",
+    "wan": "paracheck.fixtures:wan",
+    "ltx": "paracheck.fixtures:ltx",
+}

@@ -1,0 +1,194 @@
+"""Layouts: the degree of each parallelism, and the device mesh they imply.
+
+`Layout` owns the arithmetic from "tp2xu2" to mesh dimensions, rank coordinates and process groups.
+Everything else asks it instead of recomputing strides, so the checks and the routes cannot disagree
+about which rank holds which shard.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+#: Names of the parallel dimensions, in the order layouts are written.
+DIM_NAMES = ("tp", "ring", "ulysses")
+ORDERS = ("cp-fastest", "tp-fastest")
+_PREFIX = {"tp": "tp", "r": "ring", "u": "ulysses"}
+_SHORT = {"tp": "tp", "ring": "r", "ulysses": "u"}
+_PART = re.compile(r"^(tp|r|u)([0-9]+)$")
+
+
+class LayoutError(ValueError):
+    """A layout string or order that breaks the naming rules."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    ring: int = 1
+    ulysses: int = 1
+    order: str = "cp-fastest"
+
+    def __post_init__(self):
+        for name in DIM_NAMES:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise LayoutError(f"layout degree {name}={value!r}: every degree must be an integer >= 1")
+        if self.order not in ORDERS:
+            raise LayoutError(f"--order {self.order!r}: must be one of {', '.join(ORDERS)}")
+
+    # -- naming -------------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str, order: str = "cp-fastest") -> "Layout":
+        """Parse `tp2xu2`-style names; parts in the order tp, ring, ulysses, each at most once."""
+        if not isinstance(text, str) or not text.strip():
+            raise LayoutError("layout '': write degrees like tp4, u4, tp2xu2 (parts tp, r, u joined by 'x')")
+        degrees: dict[str, int] = {}
+        last = -1
+        for part in text.strip().lower().split("x"):
+            match = _PART.match(part)
+            if not match:
+                raise LayoutError(
+                    f"layout {text!r}: part {part!r} is not tpN, rN or uN (parts are joined by 'x', e.g. tp2xu2)"
+                )
+            dim = _PREFIX[match.group(1)]
+            index = DIM_NAMES.index(dim)
+            if dim in degrees:
+                raise LayoutError(f"layout {text!r}: {match.group(1)} appears twice")
+            if index < last:
+                raise LayoutError(f"layout {text!r}: parts must be written in the order tp, r, u")
+            last = index
+            degree = int(match.group(2))
+            if degree < 1:
+                raise LayoutError(f"layout {text!r}: degree of {match.group(1)} must be >= 1, got {degree}")
+            degrees[dim] = degree
+        return cls(order=order, **degrees)
+
+    @property
+    def name(self) -> str:
+        parts = [f"{_SHORT[d]}{getattr(self, d)}" for d in DIM_NAMES if getattr(self, d) > 1]
+        return "x".join(parts) or "single"
+
+    def __str__(self) -> str:
+        return self.name
+
+    # -- sizes --------------------------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        return self.tp * self.ring * self.ulysses
+
+    @property
+    def cp(self) -> int:
+        return self.ring * self.ulysses
+
+    @property
+    def has_tp(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def has_cp(self) -> bool:
+        return self.cp > 1
+
+    @property
+    def head_multiple(self) -> int:
+        """Heads must be a multiple of this: TP splits heads, then Ulysses splits each rank's heads."""
+        return self.tp * self.ulysses
+
+    # -- mesh ---------------------------------------------------------------------------------
+    @property
+    def mesh_dims(self) -> tuple[str, ...]:
+        """Mesh dimension names, slowest-varying first."""
+        if self.order == "cp-fastest":
+            return ("tp", "ring", "ulysses")
+        return ("ring", "ulysses", "tp")
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return tuple(getattr(self, d) for d in self.mesh_dims)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """This rank's coordinate along each named dimension (row-major over `mesh_dims`)."""
+        self._check_rank(rank)
+        out: dict[str, int] = {}
+        for dim, size in reversed(list(zip(self.mesh_dims, self.mesh_shape))):
+            out[dim] = rank % size
+            rank //= size
+        return {d: out[d] for d in DIM_NAMES}
+
+    def rank_of(self, coords: dict[str, int]) -> int:
+        rank = 0
+        for dim, size in zip(self.mesh_dims, self.mesh_shape):
+            rank = rank * size + coords[dim]
+        return rank
+
+    def group(self, rank: int, dims: tuple[str, ...]) -> list[int]:
+        """Ranks that share every coordinate of `rank` except those along `dims`, in mesh order."""
+        base = self.coords(rank)
+        ranges = [range(getattr(self, d)) for d in dims]
+        members = []
+        for values in itertools.product(*ranges):
+            coords = dict(base, **dict(zip(dims, values)))
+            members.append(self.rank_of(coords))
+        return sorted(members)
+
+    def groups(self, dims: tuple[str, ...]) -> list[list[int]]:
+        """Every group along `dims`, each listed once."""
+        seen: list[list[int]] = []
+        for rank in range(self.world):
+            group = self.group(rank, dims)
+            if group not in seen:
+                seen.append(group)
+        return seen
+
+    def tp_group(self, rank: int) -> list[int]:
+        return self.group(rank, ("tp",))
+
+    def cp_group(self, rank: int) -> list[int]:
+        return self.group(rank, ("ring", "ulysses"))
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.world:
+            raise LayoutError(f"rank {rank} is outside layout {self.name} of world size {self.world}")
+
+
+def layouts_for(world: int, order: str = "cp-fastest") -> list[Layout]:
+    """Every layout whose world size is `world`, single-kind ones first."""
+    if world < 1:
+        raise LayoutError(f"--nproc {world}: the world size must be >= 1")
+    found = []
+    for tp in _divisors(world):
+        for ring in _divisors(world // tp):
+            ulysses = world // tp // ring
+            layout = Layout(tp, ring, ulysses, order)
+            if layout.world > 1:
+                found.append(layout)
+    return sorted(found, key=lambda l: (sum(getattr(l, d) > 1 for d in DIM_NAMES), l.name))
+
+
+def parse_layouts(text: str, world: int, order: str = "cp-fastest") -> list[Layout]:
+    """`all` or a comma list; every layout must have world size `world`."""
+    if text.strip() == "all":
+        return layouts_for(world, order)
+    layouts = []
+    for item in text.split(","):
+        layout = Layout.parse(item, order)
+        if layout.world != world:
+            raise LayoutError(
+                f"--layouts {layout.name}: its world size is {layout.world} "
+                f"({' x '.join(str(getattr(layout, d)) for d in DIM_NAMES if getattr(layout, d) > 1)}), "
+                f"but --nproc is {world}; the product of the degrees must equal --nproc"
+            )
+        if layout not in layouts:
+            layouts.append(layout)
+    return layouts
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def fit_heads(heads: int, layout: Layout) -> int:
+    """The smallest head count >= `heads` that tp x ulysses divides."""
+    multiple = layout.head_multiple
+    return -(-heads // multiple) * multiple
