@@ -282,7 +282,8 @@ def check_grads(model, reference, applied, atol: float, rtol: float) -> CheckRes
         if grad is None:
             # Every rank takes the same branch: a missing grad comes from the model's structure.
             if ref_grad is not None and bool(ref_grad.abs().max() > 0):
-                failures.append(f"{name} has no gradient")
+                why = "" if param.requires_grad else " (requires_grad=False)"
+                failures.append(f"{name} has no gradient{why}")
             continue
         if isinstance(grad, DTensor):
             spec = specs.get(name)

@@ -32,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--layouts", default="all", help="layouts like tp4,u4,tp2xu2, or all for --nproc")
     run.add_argument("--route", default="auto", help="auto|native|composed|sharded-load")
     run.add_argument("--order", default="cp-fastest", help="cp-fastest|tp-fastest (mesh order)")
-    run.add_argument("--spec", help="MODULE:FUNCTION returning (model_class, init_dict, inputs)")
+    run.add_argument("--spec", action="append", help="MODULE:FUNCTION returning (model_class, init_dict, inputs); "
+                     "repeat for several")
     run.add_argument("--no-grads", action="store_true", help="skip parity.grads")
     run.add_argument("--controls", action="store_true", help="also run every negative control")
     run.add_argument("--only-control", help="with --controls: run this control alone (and no plain cases)")
@@ -81,8 +82,9 @@ def build_cases(args, backend) -> list[Case]:
     if not layouts:
         raise UsageError(f"--nproc {args.nproc}: one rank has no parallel layout; use --nproc 2 or more")
     if args.spec:
-        call_factory(args.spec)  # fail fast, with exit 2, before any rank starts
-        models = [("spec", args.spec)]
+        for spec in args.spec:
+            call_factory(spec)  # fail fast, with exit 2, before any rank starts
+        models = [(spec.rpartition(":")[2], spec) for spec in args.spec]
     else:
         names = list(FIXTURES) if args.models == "all" else [m.strip() for m in args.models.split(",")]
         unknown = [n for n in names if n not in FIXTURES]

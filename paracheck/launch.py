@@ -266,17 +266,23 @@ class Launcher:
             else:
                 ranks.append({"index": index, "rank": rank, "status": "error",
                               "reason": f"hung past --timeout {self.timeout:g}s in {where[rank]}",
-                              "traceback": state["stacks"].get(rank, ""), "checks": [], "findings": [],
+                              "stacks": state["stacks"].get(rank, ""), "checks": [], "findings": [],
                               "hung": True})
         return ranks
 
 
 def _innermost(stack: str) -> str:
-    """The main thread's innermost frame from a faulthandler dump, as `file:line in function`."""
+    """Where a rank sits in a faulthandler dump: its innermost frame, and the innermost outside torch."""
     blocks = stack.split("\n\n")
-    main = next((b for b in blocks if "most recent call first" in b and "Current thread" in b), blocks[0] if blocks else "")
-    for line in main.splitlines():
-        match = re.match(r'\s*File "(.+)", line (\d+) in (\S+)', line)
-        if match:
-            return f"{os.path.basename(match.group(1))}:{match.group(2)} in {match.group(3)}"
-    return "an unknown frame (no stack was captured)"
+    main = next((b for b in blocks if "Current thread" in b), blocks[0] if blocks else "")
+    frames = re.findall(r'File "(.+)", line (\d+) in (\S+)', main)
+    if not frames:
+        return "an unknown frame (no stack was captured)"
+
+    def fmt(frame):
+        return f"{os.path.basename(frame[0])}:{frame[1]} in {frame[2]}"
+
+    outside = next((f for f in frames if f"{os.sep}torch{os.sep}" not in f[0] and "<frozen" not in f[0]), None)
+    if outside is None or outside == frames[0]:
+        return fmt(frames[0])
+    return f"{fmt(frames[0])}, called from {fmt(outside)}"

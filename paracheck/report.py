@@ -64,6 +64,7 @@ def merge_case(case: Case, rank_results: list[dict]) -> dict:
              "fit": rank_results[0].get("fit", []), "findings": _findings(rank_results)}
     if "error" in statuses:
         entry.update(status="error", **_error(rank_results))
+        entry["checks"] = merge_checks(rank_results)
         return entry
     if statuses == {"skip"}:
         entry.update(status="skip", reason=rank_results[0]["reason"])
@@ -108,7 +109,7 @@ def _error(rank_results: list[dict]) -> dict:
     if secondary:
         reason += f"; ranks {ranks_text(secondary)} failed only because a peer vanished"
     return {"reason": reason, "error_ranks": [r["rank"] for r in primary], "secondary_ranks": secondary,
-            "traceback": root.get("traceback", "")}
+            "traceback": root.get("traceback", ""), "stacks": {r["rank"]: r["stacks"] for r in errors if r.get("stacks")}}
 
 
 def summarize(entries: list[dict]) -> dict:
@@ -125,7 +126,8 @@ def exit_code(entries: list[dict], events: list) -> int:
 
 def replay_command(case: Case, argv_extra: list[str]) -> str:
     args = ["paracheck", "run", "--layouts", case.layout.name, "--route", case.route, *argv_extra]
-    args += ["--spec", case.factory] if case.model == "spec" else ["--models", case.model]
+    fixture = case.factory.startswith("paracheck.fixtures:")
+    args += ["--models", case.model] if fixture else ["--spec", case.factory]
     if case.control:
         args += ["--controls", "--only-control", case.control]
     if case.layout.order != "cp-fastest":
@@ -191,7 +193,8 @@ def to_json(entries: list[dict], meta: dict, events: list) -> dict:
     cases = []
     for e in entries:
         case = {k: e[k] for k in ("model", "layout", "route", "control", "status", "reason", "checks")}
-        case.update({k: e[k] for k in ("fit", "findings", "error_ranks", "secondary_ranks", "traceback") if k in e})
+        case.update({k: e[k] for k in ("fit", "findings", "error_ranks", "secondary_ranks", "traceback", "stacks")
+                     if k in e})
         cases.append(case)
     return dict(meta, cases=cases, summary=summarize(entries), events=[e.__dict__ for e in events],
                 exit_code=exit_code(entries, events))

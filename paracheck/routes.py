@@ -136,5 +136,6 @@ def _sharded_load(reference, layout: Layout, backend: Backend, workdir: str):
         reference.save_pretrained(checkpoint, safe_serialization=True)
     dist.barrier()
     with shims(backend):
-        model = type(reference).from_pretrained(checkpoint, parallel_config=_parallel_config(layout))
+        model = type(reference).from_pretrained(checkpoint, parallel_config=_parallel_config(layout),
+                                                low_cpu_mem_usage=True)
     return model.eval()

@@ -242,3 +242,45 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def torchrun_main(argv=None) -> int:
+    """`torchrun ... workers/spec_worker.py MODULE:FUNCTION --layout tp2xu2`: one case, one line per rank."""
+    import argparse
+    import tempfile
+
+    from .layout import Layout
+
+    parser = argparse.ArgumentParser(prog="spec_worker")
+    parser.add_argument("spec")
+    parser.add_argument("--layout", required=True)
+    parser.add_argument("--route", default="auto")
+    parser.add_argument("--order", default="cp-fastest")
+    parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--no-grads", action="store_true")
+    args = parser.parse_args(argv)
+    backend = get_backend(args.backend)
+    layout = Layout.parse(args.layout, args.order)
+    if layout.world != int(os.environ["WORLD_SIZE"]):
+        print(f"--layout {layout}: world size {layout.world} != WORLD_SIZE {os.environ['WORLD_SIZE']}", file=sys.stderr)
+        return 2
+    if backend.device_type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // layout.world))
+    _init_process_group(backend)
+    case = Case("spec", args.spec, layout, args.route, None, not args.no_grads)
+    workdir = os.path.join(tempfile.gettempdir(), f"paracheck-torchrun-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}")
+    os.makedirs(workdir, exist_ok=True)
+    result = run_case(case, backend, workdir)
+    failed = [c["id"] for c in result["checks"] if c["status"] == "fail"]
+    forward_check = next((c for c in result["checks"] if c["id"] == "parity.forward"), {})
+    status = "FAIL" if failed or result["status"] == "error" else result["status"].upper()
+    print(f"[rank{result['rank']}] {status} {layout} route={result['route']} "
+          f"max_abs={forward_check.get('max_abs')} failed={','.join(failed) or '-'} {result['reason']}".rstrip(),
+          flush=True)
+    dist.barrier()
+    if result["rank"] == 0:
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+    dist.destroy_process_group()
+    return 1 if status == "FAIL" else 0

@@ -1,0 +1,46 @@
+"""Factories the kit's own tests run: good ones, and deliberately broken ones (failure modes)."""
+
+import os
+
+import torch
+
+
+def flux_spec():
+    from paracheck.fixtures import flux
+
+    return flux()
+
+
+def ltx_short_text():
+    """LTX with fewer text tokens than video tokens: diffusers 0.42's Ulysses backward raises."""
+    from paracheck.fixtures import ltx
+
+    cls, init, inputs = ltx()
+    inputs["encoder_hidden_states"] = inputs["encoder_hidden_states"][:, :8]
+    return cls, init, inputs
+
+
+def raises_everywhere():
+    raise RuntimeError("this factory is broken on purpose")
+
+
+def wrong_shape():
+    return ("not", "a spec")
+
+
+def rank2_dies():
+    """Rank 2 is killed by a signal while the others start the case."""
+    import signal
+
+    if os.environ.get("RANK") == "2":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return flux_spec()
+
+
+def rank1_hangs():
+    """Rank 1 enters a collective no peer joins, so the world hangs inside the case."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_rank() == 1:
+        dist.all_reduce(torch.ones(1))
+    return flux_spec()

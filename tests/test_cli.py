@@ -1,0 +1,50 @@
+"""Bad input exits 2 with a message naming the argument and the rule; no rank is started."""
+
+import os
+
+import pytest
+
+from paracheck.cli import main
+
+SPECS = os.path.join(os.path.dirname(__file__), "specs.py")
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["run", "--layouts", "tp2xu4"], "--layouts tp2xu4: its world size is 8"),
+    (["run", "--layouts", "tp2xq2"], "part 'q2'"),
+    (["run", "--models", "sd3"], "--models sd3: unknown; fixtures are flux"),
+    (["run", "--nproc", "0"], "--nproc 0: must be >= 1"),
+    (["run", "--nproc", "1"], "one rank has no parallel layout"),
+    (["run", "--backend", "mpi"], "--backend 'mpi'"),
+    (["run", "--route", "magic"], "--route 'magic'"),
+    (["run", "--order", "sideways"], "--order 'sideways'"),
+    (["run", "--timeout", "0"], "--timeout 0"),
+    (["run", "--spec", "no_such_module_xyz:make"], "importing 'no_such_module_xyz' failed"),
+    (["run", "--spec", "nocolon"], "write MODULE:FUNCTION"),
+    (["run", "--spec", f"{SPECS}:raises_everywhere"], "calling the factory raised RuntimeError"),
+    (["run", "--spec", f"{SPECS}:wrong_shape"], "must return (model_class, init_dict, inputs), got a tuple of 2"),
+    (["run", "--spec", f"{SPECS}:missing"], "has no callable 'missing'"),
+    (["run", "--report-json", "/no/such/dir/r.json"], "--report-json /no/such/dir/r.json: folder /no/such/dir"),
+    (["run", "--only-control", "skip-cp-hooks"], "--only-control needs --controls"),
+    (["run", "--controls", "--only-control", "nope"], "--only-control 'nope'"),
+    (["topology", "--backend", "gloo", "--world", "0", "--heads", "8"], "--world 0"),
+])
+def test_usage_errors_exit_2(argv, fragment, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert fragment in err, err
+
+
+def test_nccl_without_gpus_names_the_device_count(capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert main(["run", "--backend", "nccl"]) == 2
+    assert "--nproc 4: backend nccl sees only 0 devices" in capsys.readouterr().err
+
+
+def test_topology_lists_reasons(capsys):
+    assert main(["topology", "--backend", "neuron", "--world", "8", "--heads", "56"]) == 0
+    out = capsys.readouterr().out
+    assert "u8" in out and "tp2xu4" in out
+    assert "ulysses degree 2" in out  # tp4xu2: Neuron's all-to-all group sizes
+    assert main(["topology", "--backend", "gloo", "--world", "4", "--heads", "6", "--layout", "tp2xu2"]) == 1
+    assert "nearest fit: 8" in capsys.readouterr().out
