@@ -31,6 +31,9 @@ class Case:
     grads: bool = True
     #: Set by the pytest mixins: a directory holding the init dict and inputs (see `payload`).
     payload: str | None = None
+    #: Tolerances that override the ones from dtype and backend (the mixins' class attributes).
+    atol: float | None = None
+    rtol: float | None = None
 
     @property
     def id(self) -> str:

@@ -12,3 +12,9 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "paracheck: a paracheck parallel-parity test (launches a world of ranks)")
+
+
+def pytest_generate_tests(metafunc):
+    from .testing import generate
+
+    generate(metafunc)

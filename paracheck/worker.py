@@ -131,6 +131,7 @@ def run_case(case: Case, backend, workdir: str) -> dict:
         if case.grads:
             (ref_out * weights).sum().backward()
         atol, rtol = tolerance(ref_out.dtype, backend.device_type)
+        atol, rtol = case.atol if case.atol is not None else atol, case.rtol if case.rtol is not None else rtol
 
         phase = "parallel"
         with Findings() as findings:
