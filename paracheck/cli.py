@@ -91,6 +91,8 @@ def build_cases(args, backend) -> list[Case]:
         if unknown:
             raise UsageError(f"--models {','.join(unknown)}: unknown; fixtures are {', '.join(FIXTURES)} (or all)")
         models = [(n, FIXTURES[n]) for n in names]
+    if args.layouts.strip() != "all" and (args.spec or args.models != "all"):
+        _check_fits(models, layouts)
     controls = [args.only_control] if args.only_control else (list(CONTROLS) if args.controls else [])
     cases = []
     for model, factory in models:
@@ -99,6 +101,19 @@ def build_cases(args, backend) -> list[Case]:
                 cases.append(Case(model, factory, layout, args.route, None, not args.no_grads))
             cases.extend(Case(model, factory, layout, args.route, c, True) for c in controls)
     return cases
+
+
+def _check_fits(models: list[tuple[str, str]], layouts: list[Layout]) -> None:
+    """A model and layout both named on the command line must fit; from `all`, misfits are skipped instead."""
+    from .fitting import Unfittable, fit_init_dict
+
+    for name, factory in models:
+        model_class, init_dict, _ = call_factory(factory)
+        for layout in layouts:
+            try:
+                fit_init_dict(model_class, init_dict, layout)
+            except Unfittable as exc:
+                raise UsageError(f"--layouts {layout.name} with {name}: {exc}") from exc
 
 
 def _check_writable(path: str | None, flag: str) -> None:

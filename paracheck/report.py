@@ -10,7 +10,7 @@ from .case import Case
 from .checks import CHECK_IDS
 from .controls import get_control
 
-_SHORT = {
+SHORT_NAMES = {
     "structure.mesh": "mesh",
     "structure.cp_hooks": "hooks",
     "structure.processor_config": "procs",
@@ -18,7 +18,7 @@ _SHORT = {
     "parity.forward": "fwd",
     "parity.grads": "grads",
 }
-_CELL = {"pass": "ok", "fail": "FAIL", "skip": "-", None: " "}
+CELL = {"pass": "ok", "fail": "FAIL", "skip": "-", None: " "}
 FAILING = ("fail", "error", "missed")
 
 
@@ -137,7 +137,7 @@ def replay_command(case: Case, argv_extra: list[str]) -> str:
 
 def table(entries: list[dict]) -> str:
     with_controls = any(e["control"] for e in entries)
-    head = ["model", "layout", "route"] + (["control"] if with_controls else []) + list(_SHORT.values()) + \
+    head = ["model", "layout", "route"] + (["control"] if with_controls else []) + list(SHORT_NAMES.values()) + \
         ["max_abs", "max_rel", "failed ranks", "status"]
     rows = [head]
     for e in entries:
@@ -147,7 +147,7 @@ def table(entries: list[dict]) -> str:
         fwd = checks.get("parity.forward", {})
         failed = sorted({r for c in e["checks"] for r in c["failed_ranks"]} | set(e.get("error_ranks", [])))
         row = [e["model"], e["layout"], e["route"]] + ([e["control"] or ""] if with_controls else [])
-        row += [_CELL[checks.get(cid, {}).get("status")] for cid in _SHORT]
+        row += [CELL[checks.get(cid, {}).get("status")] for cid in SHORT_NAMES]
         row += [_num(fwd.get("max_abs")), _num(fwd.get("max_rel")), ranks_text(failed) or "", e["status"].upper()
                 if e["status"] in FAILING else e["status"]]
         rows.append(row)

@@ -164,17 +164,14 @@ def _dummy_inputs(test) -> dict:
 
 def _failure(entry: dict, ranks: list[dict], headline: str, replay: str) -> str:
     """The per-rank table for one case, with the command that replays it."""
-    from .report import ranks_text
+    from .report import CELL, SHORT_NAMES as short, ranks_text
 
-    short = {"structure.mesh": "mesh", "structure.cp_hooks": "hooks", "structure.processor_config": "procs",
-             "structure.tp_shards": "shards", "parity.forward": "fwd", "parity.grads": "grads"}
     lines = [f"paracheck {entry['model']} {entry['layout']} route={entry['route']}"
              + (f" control={entry['control']}" if entry["control"] else "") + f": {headline}",
              "rank  " + "  ".join(f"{s:6}" for s in short.values()) + "  fwd max_abs  status"]
     for rank in sorted(ranks, key=lambda r: r["rank"]):
         checks = {c["id"]: c for c in rank.get("checks", [])}
-        cells = [{"pass": "ok", "fail": "FAIL", "skip": "-"}.get(checks.get(cid, {}).get("status"), " ")
-                 for cid in short]
+        cells = [CELL[checks.get(cid, {}).get("status")] for cid in short]
         fwd = checks.get("parity.forward", {}).get("max_abs")
         lines.append(f"{rank['rank']:<4}  " + "  ".join(f"{c:6}" for c in cells)
                      + f"  {'' if fwd is None else f'{fwd:.1e}':11}  {rank['status']}")

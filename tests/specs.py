@@ -20,6 +20,12 @@ def ltx_short_text():
     return cls, init, inputs
 
 
+def no_heads():
+    """A TP-capable model whose head count is not an integer, so no layout with TP can be fitted."""
+    cls, init, inputs = flux_spec()
+    return cls, dict(init, num_attention_heads=None), inputs
+
+
 def raises_everywhere():
     raise RuntimeError("this factory is broken on purpose")
 

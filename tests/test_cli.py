@@ -28,6 +28,8 @@ SPECS = os.path.join(os.path.dirname(__file__), "specs.py")
     (["run", "--only-control", "skip-cp-hooks"], "--only-control needs --controls"),
     (["run", "--controls", "--only-control", "nope"], "--only-control 'nope'"),
     (["topology", "--backend", "gloo", "--world", "0", "--heads", "8"], "--world 0"),
+    (["run", "--models", "wan", "--layouts", "tp2xu2"], "--layouts tp2xu2 with wan: WanTransformer3DModel has no _tp_plan"),
+    (["run", "--spec", f"{SPECS}:no_heads", "--layouts", "tp4"], "no integer num_attention_heads"),
 ])
 def test_usage_errors_exit_2(argv, fragment, capsys):
     assert main(argv) == 2
