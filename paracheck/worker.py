@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -99,78 +100,101 @@ def load_source(case: Case):
     return call_factory(case.factory)
 
 
+@dataclass
+class Prepared:
+    """What the parallel run is checked against: the fitted model's reference, built on one device."""
+    model_class: type
+    init_dict: dict
+    inputs: dict
+    route: str
+    reference: torch.nn.Module
+    ref_out: torch.Tensor
+    weights: torch.Tensor
+    atol: float
+    rtol: float
+
+
 def run_case(case: Case, backend, workdir: str) -> dict:
     started = time.time()
-    rank = dist.get_rank()
-    result = {"case": case.id, "rank": rank, "status": "ok", "reason": "", "checks": [], "findings": [],
-              "route": case.route, "fit": []}
-    phase = "prepare"
+    result = {"case": case.id, "rank": dist.get_rank(), "status": "ok", "reason": "", "checks": [],
+              "findings": [], "route": case.route, "fit": []}
     try:
-        model_class, init_dict, inputs = load_source(case)
-        fit = fit_init_dict(model_class, init_dict, case.layout)
-        result["fit"] = fit.changes
-        problems = backend.problems(case.layout) + cp_split_problems(model_class, inputs, case.layout)
-        if problems:
-            raise Unfittable("; ".join(problems))
-        route = resolve_route(case.route, case.layout)
-        result["route"] = route
-        if case.control:
-            reason = get_control(case.control).applies(case.layout)
-            if reason is None and case.control == "swapped-mesh-order" and route != "composed":
-                reason = f"the mesh order is the library's own on route {route}"
-            if reason:
-                raise Unfittable(reason)
-        torch.manual_seed(0)
-        reference = model_class(**fit.init_dict).eval()
+        prepared = _prepare(case, backend, result)
         try:
-            ref_out = forward(reference, inputs)
-        except Exception as exc:
-            raise Unfittable(f"the fitted config ({', '.join(fit.changes) or 'unchanged'}) failed on one device: "
-                             f"{type(exc).__name__}: {exc}") from exc
-        weights = torch.randn(ref_out.shape, generator=torch.Generator().manual_seed(1234)).to(ref_out.dtype)
-        if case.grads:
-            (ref_out * weights).sum().backward()
-        atol, rtol = tolerance(ref_out.dtype, backend.device_type)
-        atol, rtol = case.atol if case.atol is not None else atol, case.rtol if case.rtol is not None else rtol
-
-        phase = "parallel"
-        with Findings() as findings:
-            model = model_class(**fit.init_dict).eval()
-            model.load_state_dict(reference.state_dict())
-            model, applied = apply(route, model, case.layout, backend, case.control, reference, workdir)
-            checks = [
-                check_mesh(applied),
-                check_cp_hooks(model, case.layout),
-                check_processor_config(model, applied),
-                check_tp_shards(model, reference, applied),
-            ]
-            out, raised = _attempt(lambda: forward(model, inputs), result)
-        result["findings"] = [f"input not split on rank {rank}: {m}" for m in findings.messages]
-        if raised:
-            checks.append(CheckResult("parity.forward", "fail", f"forward raised {raised}"))
-            checks.append(CheckResult("parity.grads", "skip", "forward raised"))
-        else:
-            checks.append(compare("parity.forward", out, ref_out, atol, rtol))
-            if not case.grads:
-                checks.append(CheckResult("parity.grads", "skip", "--no-grads"))
-            elif tuple(out.shape) != tuple(ref_out.shape):
-                checks.append(CheckResult("parity.grads", "skip", "the output shape differs, so the loss cannot match"))
-            else:
-                _, raised = _attempt(lambda: (out * weights).sum().backward(), result)
-                checks.append(CheckResult("parity.grads", "fail", f"backward raised {raised}") if raised
-                              else check_grads(model, reference, applied, atol, rtol))
-        result["checks"] = [c.to_json() for c in checks]
-        if raised and not case.control:
-            # A control may raise once its bug is planted; its checks still decide detection.
-            result.update(status="error", reason=raised)
+            _run_parallel(case, backend, workdir, prepared, result)
+        except Unfittable:
+            raise
+        except Exception:
+            result["phase"] = "parallel"  # collectives began: peers may be stuck
+            raise
     except Unfittable as exc:
         result.update(status="skip", reason=str(exc))
     except Exception as exc:
         result.update(status="error", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-        if phase == "parallel":
-            result["phase"] = phase
     result["seconds"] = round(time.time() - started, 3)
     return result
+
+
+def _prepare(case: Case, backend, result: dict) -> Prepared:
+    """Everything before the first collective; the same on every rank, so a raise here is everyone's."""
+    model_class, init_dict, inputs = load_source(case)
+    fit = fit_init_dict(model_class, init_dict, case.layout)
+    result["fit"] = fit.changes
+    problems = backend.problems(case.layout) + cp_split_problems(model_class, inputs, case.layout)
+    if problems:
+        raise Unfittable("; ".join(problems))
+    route = result["route"] = resolve_route(case.route, case.layout)
+    if case.control:
+        reason = get_control(case.control).applies(case.layout)
+        if reason is None and case.control == "swapped-mesh-order" and route != "composed":
+            reason = f"the mesh order is the library's own on route {route}"
+        if reason:
+            raise Unfittable(reason)
+    torch.manual_seed(0)
+    reference = model_class(**fit.init_dict).eval()
+    try:
+        ref_out = forward(reference, inputs)
+    except Exception as exc:
+        raise Unfittable(f"the fitted config ({', '.join(fit.changes) or 'unchanged'}) failed on one device: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    weights = torch.randn(ref_out.shape, generator=torch.Generator().manual_seed(1234)).to(ref_out.dtype)
+    if case.grads:
+        (ref_out * weights).sum().backward()
+    atol, rtol = tolerance(ref_out.dtype, backend.device_type)
+    return Prepared(model_class, fit.init_dict, inputs, route, reference, ref_out, weights,
+                    atol if case.atol is None else case.atol, rtol if case.rtol is None else case.rtol)
+
+
+def _run_parallel(case: Case, backend, workdir: str, p: Prepared, result: dict) -> None:
+    with Findings() as findings:
+        model = p.model_class(**p.init_dict).eval()
+        model.load_state_dict(p.reference.state_dict())
+        model, applied = apply(p.route, model, case.layout, backend, case.control, p.reference, workdir)
+        checks = [
+            check_mesh(applied),
+            check_cp_hooks(model, case.layout),
+            check_processor_config(model, applied),
+            check_tp_shards(model, p.reference, applied),
+        ]
+        out, raised = _attempt(lambda: forward(model, p.inputs), result)
+    result["findings"] = [f"input not split on rank {result['rank']}: {m}" for m in findings.messages]
+    if raised:
+        checks.append(CheckResult("parity.forward", "fail", f"forward raised {raised}"))
+        checks.append(CheckResult("parity.grads", "skip", "forward raised"))
+    else:
+        checks.append(compare("parity.forward", out, p.ref_out, p.atol, p.rtol))
+        if not case.grads:
+            checks.append(CheckResult("parity.grads", "skip", "--no-grads"))
+        elif tuple(out.shape) != tuple(p.ref_out.shape):
+            checks.append(CheckResult("parity.grads", "skip", "the output shape differs, so the loss cannot match"))
+        else:
+            _, raised = _attempt(lambda: (out * p.weights).sum().backward(), result)
+            checks.append(CheckResult("parity.grads", "fail", f"backward raised {raised}") if raised
+                          else check_grads(model, p.reference, applied, p.atol, p.rtol))
+    result["checks"] = [c.to_json() for c in checks]
+    if raised and not case.control:
+        # A control may raise once its bug is planted; its checks still decide detection.
+        result.update(status="error", reason=raised)
 
 
 def _attempt(step, result: dict):
