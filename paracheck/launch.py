@@ -256,8 +256,11 @@ class Launcher:
     def _hung_case(self, index: int, state: dict, written: dict, outcome: Outcome) -> list[dict]:
         stuck = [r for r in range(self.nproc) if r not in written]
         where = {r: _innermost(state["stacks"].get(r, "")) for r in stuck}
+        odd = _odd_ones_out(where)
         message = (f"case {index} hung past --timeout {self.timeout:g}s; stuck ranks {stuck}: "
                    + "; ".join(f"rank {r} in {w}" for r, w in where.items()))
+        if odd:
+            message += f"; likely cause: rank{'s' if len(odd) > 1 else ''} {odd}, stuck where the others are not"
         outcome.events.append(RunEvent("hang", index, message))
         ranks = []
         for rank in range(self.nproc):
@@ -267,8 +270,20 @@ class Launcher:
                 ranks.append({"index": index, "rank": rank, "status": "error",
                               "reason": f"hung past --timeout {self.timeout:g}s in {where[rank]}",
                               "stacks": state["stacks"].get(rank, ""), "checks": [], "findings": [],
-                              "hung": True})
+                              "hung": True, "secondary": bool(odd) and rank not in odd})
         return ranks
+
+
+def _odd_ones_out(where: dict[int, str]) -> list[int]:
+    """Ranks stuck at a frame fewer ranks share than the most common one: usually the ranks that
+    entered a collective the others never reached (or skipped one they are waiting in)."""
+    counts: dict[str, int] = {}
+    for frame in where.values():
+        counts[frame] = counts.get(frame, 0) + 1
+    if len(counts) < 2:
+        return []
+    most = max(counts.values())
+    return sorted(r for r, frame in where.items() if counts[frame] < most)
 
 
 def _innermost(stack: str) -> str:

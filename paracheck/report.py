@@ -107,7 +107,8 @@ def _error(rank_results: list[dict]) -> dict:
     if others:
         reason += f" (also ranks {ranks_text(others)})"
     if secondary:
-        reason += f"; ranks {ranks_text(secondary)} failed only because a peer vanished"
+        why = "were waiting on it" if root.get("hung") else "failed only because a peer vanished"
+        reason += f"; ranks {ranks_text(secondary)} {why}"
     return {"reason": reason, "error_ranks": [r["rank"] for r in primary], "secondary_ranks": secondary,
             "traceback": root.get("traceback", ""), "stacks": {r["rank"]: r["stacks"] for r in errors if r.get("stacks")}}
 

@@ -3,7 +3,6 @@ so every class exercises the fitting."""
 
 import textwrap
 
-import pytest
 import torch
 from diffusers import FluxTransformer2DModel, QwenImageTransformer2DModel, WanTransformer3DModel
 

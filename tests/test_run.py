@@ -110,7 +110,10 @@ def test_failures_are_isolated_and_reported(tmp_path):
     assert run.code == 3, run.out
     hang = run.case("rank1_hangs", "u4")
     assert hang["status"] == "error" and "hung past --timeout 45s" in hang["reason"]
-    assert "specs.py" in run.out and "rank1_hangs" in run.out  # where rank 1 was stuck
+    # The odd rank out is named first, with the frame outside torch where it is stuck.
+    assert hang["reason"].startswith("rank 1: hung past --timeout 45s in distributed_c10d.py"), hang["reason"]
+    assert "called from specs.py" in hang["reason"] and "ranks 0,2-3 were waiting on it" in hang["reason"]
+    assert "likely cause: rank [1]" in run.out
     assert set(hang["stacks"]) == {"0", "1", "2", "3"}
     upstream = run.case("ltx_short_text", "u4")
     assert upstream["status"] == "error" and "is invalid for input of size" in upstream["reason"]
@@ -161,3 +164,16 @@ def _assert_clean(tmpdir: str) -> None:
     assert leftovers == [], f"temp dirs left behind: {leftovers}"
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     assert tmpdir not in ps, "a rank of this run is still alive"
+
+
+def test_two_runs_at_once_do_not_collide(tmp_path):
+    """No rendezvous port and private run dirs: two worlds on one machine at the same time."""
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    cmd = [sys.executable, "-m", "paracheck", "run", "--nproc", "2", "--models", "flux", "--layouts", "tp2,u2",
+           "--no-grads"]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert all("2 passed" in out for out in outs)
+    _assert_clean(str(tmp_path))
