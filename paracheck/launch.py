@@ -66,7 +66,7 @@ class Launcher:
                 done = [i for i in remaining if i in outcome.results]
                 remaining = [i for i in remaining if i not in outcome.results]
                 if state["kind"] == "done" and remaining:
-                    state = {"kind": "crash", "codes": state["codes"]}
+                    state = dict(state, kind="crash")  # every rank exited 0, yet cases lack results
                 if not remaining:
                     break
                 current = self._current(remaining)
