@@ -54,6 +54,16 @@ class Case:
         return cls(layout=Layout.parse(layout["name"], layout["order"]), **data)
 
 
+def expand(model: str, factory: str, layouts, controls, plain: bool = True, **fields) -> list[Case]:
+    """Per layout: the plain case (unless `plain` is off), then one case per control name."""
+    cases = []
+    for layout in layouts:
+        if plain:
+            cases.append(Case(model, factory, layout, **fields))
+        cases.extend(Case(model, factory, layout, **dict(fields, control=c, grads=True)) for c in controls(layout))
+    return cases
+
+
 def load_factory(path: str):
     """Import `module:function`; a module may also be a file path (`tests/my_spec.py:make`)."""
     module_name, sep, function = path.rpartition(":")

@@ -10,7 +10,7 @@ import time
 
 from . import __version__
 from .backends import BackendError, device_limit, get_backend, resolve
-from .case import ROUTES, Case, SpecError, call_factory
+from .case import ROUTES, Case, SpecError, call_factory, expand
 from .controls import CONTROLS
 from .layout import ORDERS, Layout, LayoutError, layouts_for, parse_layouts
 
@@ -81,9 +81,9 @@ def build_cases(args, backend) -> list[Case]:
     layouts = parse_layouts(args.layouts, args.nproc, args.order)
     if not layouts:
         raise UsageError(f"--nproc {args.nproc}: one rank has no parallel layout; use --nproc 2 or more")
+    built = {}
     if args.spec:
-        for spec in args.spec:
-            call_factory(spec)  # fail fast, with exit 2, before any rank starts
+        built = {spec: call_factory(spec) for spec in args.spec}  # fail fast, exit 2, before any rank starts
         models = [(spec.rpartition(":")[2], spec) for spec in args.spec]
     else:
         names = list(FIXTURES) if args.models == "all" else [m.strip() for m in args.models.split(",")]
@@ -92,23 +92,20 @@ def build_cases(args, backend) -> list[Case]:
             raise UsageError(f"--models {','.join(unknown)}: unknown; fixtures are {', '.join(FIXTURES)} (or all)")
         models = [(n, FIXTURES[n]) for n in names]
     if args.layouts.strip() != "all" and (args.spec or args.models != "all"):
-        _check_fits(models, layouts)
+        _check_fits(models, layouts, built)
+    # Every control on every layout: one that cannot apply is reported as skipped, with the reason.
     controls = [args.only_control] if args.only_control else (list(CONTROLS) if args.controls else [])
-    cases = []
-    for model, factory in models:
-        for layout in layouts:
-            if not args.only_control:
-                cases.append(Case(model, factory, layout, args.route, None, not args.no_grads))
-            cases.extend(Case(model, factory, layout, args.route, c, True) for c in controls)
-    return cases
+    return [case for model, factory in models
+            for case in expand(model, factory, layouts, lambda layout: controls, plain=not args.only_control,
+                               route=args.route, grads=not args.no_grads)]
 
 
-def _check_fits(models: list[tuple[str, str]], layouts: list[Layout]) -> None:
+def _check_fits(models: list[tuple[str, str]], layouts: list[Layout], built: dict) -> None:
     """A model and layout both named on the command line must fit; from `all`, misfits are skipped instead."""
     from .fitting import Unfittable, fit_init_dict
 
     for name, factory in models:
-        model_class, init_dict, _ = call_factory(factory)
+        model_class, init_dict, _ = built.get(factory) or call_factory(factory)
         for layout in layouts:
             try:
                 fit_init_dict(model_class, init_dict, layout)

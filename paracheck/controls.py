@@ -27,6 +27,15 @@ class Control:
     plants: str
     must_trip: tuple[str, ...]
     applies: Callable[[Layout], str | None]
+    #: Routes that can plant it; None for every route.
+    routes: tuple[str, ...] | None = None
+
+    def skip_reason(self, layout: Layout, route: str | None = None) -> str | None:
+        """Why this control cannot run on `layout` (and `route`, once resolved); None when it can."""
+        reason = self.applies(layout)
+        if reason is None and route is not None and self.routes and route not in self.routes:
+            reason = f"{self.name} is planted by the {'/'.join(self.routes)} route, not {route}"
+        return reason
 
 
 def _needs_cp(layout: Layout) -> str | None:
@@ -65,9 +74,15 @@ CONTROLS: dict[str, Control] = {
         Control("global-rank-shard-index", "TP shards picked by global rank (mod tp) instead of TP-mesh coordinate", (SHARDS, FORWARD), _global_index_differs),
         Control("tp-processor-config", "TP alone, yet processors handed the parallel config", (PROCS,), _needs_tp_alone),
         Control("backward-only", "first Linear's output gradient scaled by 1.5; forward bit-identical", (GRADS,), _always),
-        Control("swapped-mesh-order", "shared mesh built in the order the layout did not ask for", (MESH,), _needs_tp_and_cp),
+        Control("swapped-mesh-order", "shared mesh built in the order the layout did not ask for", (MESH,), _needs_tp_and_cp,
+                routes=("composed",)),
     )
 }
+
+
+def applicable(layout: Layout) -> list[str]:
+    """The controls that can be planted on `layout` (by some route)."""
+    return [name for name, control in CONTROLS.items() if control.applies(layout) is None]
 
 
 def get_control(name: str) -> Control:

@@ -19,9 +19,9 @@ import tempfile
 import pytest
 
 from .backends import device_limit, resolve
-from .case import Case
+from .case import expand
 from .checks import CHECK_IDS
-from .controls import CONTROLS
+from .controls import applicable
 from .layout import Layout
 
 STRUCTURE = tuple(c for c in CHECK_IDS if c.startswith("structure."))
@@ -76,8 +76,7 @@ def generate(metafunc) -> None:
         return
     layouts = [Layout.parse(name) for name in cls.paracheck_layouts]
     if "paracheck_control" in metafunc.fixturenames:
-        pairs = [(l.name, c) for l in layouts for c, control in CONTROLS.items()
-                 if cls.paracheck_controls and control.applies(l) is None]
+        pairs = [(l.name, c) for l in layouts for c in (applicable(l) if cls.paracheck_controls else [])]
         metafunc.parametrize("paracheck_layout,paracheck_control", pairs or [pytest.param(None, None, marks=pytest.mark.skip(
             reason="no negative control applies to these layouts"))], ids=[f"{l}-{c}" for l, c in pairs] or None)
     elif "paracheck_layout" in metafunc.fixturenames:
@@ -110,11 +109,14 @@ def _expect(test, request, layout_name: str, control: str | None, check_ids: tup
     if entry["status"] == "error" and not entry["checks"]:
         pytest.fail(_failure(entry, ranks, f"the case raised: {entry['reason']}", replay), pytrace=False)
     checks = {c["id"]: c for c in entry["checks"]}
-    failing = [cid for cid in check_ids if checks.get(cid, {}).get("status") == "fail"]
+    missing = [cid for cid in check_ids if cid not in checks]
+    if missing:
+        pytest.fail(_failure(entry, ranks, f"{', '.join(missing)} never ran", replay), pytrace=False)
+    failing = [cid for cid in check_ids if checks[cid]["status"] == "fail"]
     if failing:
         pytest.fail(_failure(entry, ranks, f"{', '.join(failing)} failed", replay), pytrace=False)
-    if all(checks.get(cid, {}).get("status") == "skip" for cid in check_ids):
-        pytest.skip("; ".join(checks[cid]["detail"] for cid in check_ids if cid in checks) or "not run")
+    if all(checks[cid]["status"] == "skip" for cid in check_ids):
+        pytest.skip("; ".join(checks[cid]["detail"] for cid in check_ids))
 
 
 def _results(test, backend, world: int) -> dict:
@@ -136,14 +138,9 @@ def _launch(test, backend, world: int) -> dict:
     folder = tempfile.mkdtemp(prefix="paracheck-mixin-")
     try:
         payload = dump(folder, test.model_class, test.get_init_dict(), _dummy_inputs(test))
-        label = cls.__name__
-        cases = []
-        for layout in layouts:
-            cases.append(Case(label, "payload", layout, payload=payload, atol=cls.paracheck_atol, rtol=cls.paracheck_rtol))
-            if cls.paracheck_controls:
-                cases.extend(Case(label, "payload", layout, control=c, payload=payload, atol=cls.paracheck_atol,
-                                  rtol=cls.paracheck_rtol) for c, control in CONTROLS.items()
-                             if control.applies(layout) is None)
+        controls = applicable if cls.paracheck_controls else (lambda layout: [])
+        cases = expand(cls.__name__, "payload", layouts, controls, payload=payload, atol=cls.paracheck_atol,
+                       rtol=cls.paracheck_rtol)
         outcome = Launcher(backend, world, cls.paracheck_timeout).run(cases)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -144,12 +144,9 @@ def _prepare(case: Case, backend, result: dict) -> Prepared:
     if problems:
         raise Unfittable("; ".join(problems))
     route = result["route"] = resolve_route(case.route, case.layout)
-    if case.control:
-        reason = get_control(case.control).applies(case.layout)
-        if reason is None and case.control == "swapped-mesh-order" and route != "composed":
-            reason = f"the mesh order is the library's own on route {route}"
-        if reason:
-            raise Unfittable(reason)
+    reason = case.control and get_control(case.control).skip_reason(case.layout, route)
+    if reason:
+        raise Unfittable(reason)
     torch.manual_seed(0)
     reference = model_class(**fit.init_dict).eval()
     try:
