@@ -10,11 +10,13 @@ import importlib
 import importlib.util
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .layout import Layout
+from .records import Route
 
-ROUTES = ("auto", "native", "composed", "sharded-load")
+ROUTES = tuple(r.value for r in Route)
+DTYPES = ("fp32", "bf16", "fp16")
 
 
 class SpecError(ValueError):
@@ -26,24 +28,43 @@ class Case:
     model: str
     factory: str
     layout: Layout
-    route: str = "auto"
+    route: Route = Route.AUTO
     control: str | None = None
     grads: bool = True
+    variant: str = "base"
+    dtype: str = "fp32"
     #: Set by the pytest mixins: a directory holding the init dict and inputs (see `payload`).
     payload: str | None = None
     #: Tolerances that override the ones from dtype and backend (the mixins' class attributes).
     atol: float | None = None
     rtol: float | None = None
 
-    @property
-    def id(self) -> str:
-        parts = [self.model, self.layout.name, self.route]
+    def __post_init__(self):
+        object.__setattr__(self, "route", Route(self.route))
+
+    def id_with(self, route: Route | None = None) -> str:
+        """`model-layout-route[-variant][-control]`; `route` is the resolved one once a rank knows it."""
+        parts = [self.model, self.layout.name, (route or self.route).value]
+        if self.variant != "base":
+            parts.append(self.variant)
+        if self.dtype != "fp32":
+            parts.append(self.dtype)
         if self.control:
             parts.append(self.control)
         return "-".join(parts)
 
+    @property
+    def id(self) -> str:
+        return self.id_with()
+
+    @property
+    def plain(self) -> "Case":
+        """The same case without its planted bug: what a control is judged against."""
+        return replace(self, control=None)
+
     def to_json(self) -> dict:
         data = asdict(self)
+        data["route"] = self.route.value
         data["layout"] = {"name": self.layout.name, "order": self.layout.order}
         return data
 
@@ -54,13 +75,16 @@ class Case:
         return cls(layout=Layout.parse(layout["name"], layout["order"]), **data)
 
 
-def expand(model: str, factory: str, layouts, controls, plain: bool = True, **fields) -> list[Case]:
-    """Per layout: the plain case (unless `plain` is off), then one case per control name."""
+def expand(model: str, factory: str, layouts, controls, plain: bool = True, variants=("base",),
+           **fields) -> list[Case]:
+    """Per layout and variant: the plain case (unless `plain` is off), then one case per control name."""
     cases = []
     for layout in layouts:
-        if plain:
-            cases.append(Case(model, factory, layout, **fields))
-        cases.extend(Case(model, factory, layout, **dict(fields, control=c, grads=True)) for c in controls(layout))
+        for variant in variants:
+            if plain:
+                cases.append(Case(model, factory, layout, variant=variant, **fields))
+            cases.extend(Case(model, factory, layout, variant=variant, **dict(fields, control=c, grads=True))
+                         for c in controls(layout))
     return cases
 
 

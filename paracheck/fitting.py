@@ -21,7 +21,12 @@ TIED_TO_INNER_DIM: dict[str, tuple[str, ...]] = {
 
 
 class Unfittable(Exception):
-    """The model cannot take the layout; the message says why, for the report's skip reason."""
+    """The model cannot take the layout; the message says why, for the report's skip reason.
+    `never` marks a model without any plan for that kind of parallelism."""
+
+    def __init__(self, message: str, never: bool = False):
+        super().__init__(message)
+        self.never = never
 
 
 @dataclass
@@ -34,9 +39,9 @@ def fit_init_dict(model_class: type, init_dict: dict, layout: Layout) -> Fit:
     """A copy of `init_dict` whose heads (and what is tied to them) suit `layout`."""
     name = model_class.__name__
     if layout.has_tp and not getattr(model_class, "_tp_plan", None):
-        raise Unfittable(f"{name} has no _tp_plan, so it cannot take tensor parallelism (layout {layout})")
+        raise Unfittable(f"{name} has no _tp_plan, so it cannot take tensor parallelism (layout {layout})", never=True)
     if layout.has_cp and not getattr(model_class, "_cp_plan", None):
-        raise Unfittable(f"{name} has no _cp_plan, so it cannot take context parallelism (layout {layout})")
+        raise Unfittable(f"{name} has no _cp_plan, so it cannot take context parallelism (layout {layout})", never=True)
     fitted = dict(init_dict)
     changes: list[str] = []
     if layout.head_multiple == 1:

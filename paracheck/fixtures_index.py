@@ -7,3 +7,9 @@ FIXTURES: dict[str, str] = {
     "wan": "paracheck.fixtures:wan",
     "ltx": "paracheck.fixtures:ltx",
 }
+
+#: The diffusers classes the fixtures build (preloaded by the fork server).
+FIXTURE_CLASSES = (
+    "FluxTransformer2DModel", "Flux2Transformer2DModel", "QwenImageTransformer2DModel", "WanTransformer3DModel",
+    "LTXVideoTransformer3DModel",
+)

@@ -1,0 +1,250 @@
+"""The adapter to diffusers' internals: every private attribute paracheck reads or bends lives here.
+
+When a diffusers release renames one, this module and `tests/test_library.py` change, nothing else.
+Three kinds of access: reading the parallel state the library built (meshes, hooks, processor configs,
+TP shard specs), building that state for the composed route the library does not offer, and the scoped
+CPU shims gloo runs need. Every shim is a `with` block that restores what it changed, also on error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+#: Hook-name prefixes of diffusers' context-parallel hooks (`cp_input---<module id>`).
+CP_INPUT = "cp_input---"
+CP_OUTPUT = "cp_output---"
+#: The logger whose warnings say an input was left unsplit.
+CP_LOGGER = "diffusers.hooks.context_parallel"
+
+
+def cp_hook_name(module_id: str, is_input: bool) -> str:
+    return f"{CP_INPUT if is_input else CP_OUTPUT}{module_id}"
+
+
+# -- reading the library's parallel state --------------------------------------------------------
+
+
+def parallel_config(model):
+    return getattr(model, "_parallel_config", None)
+
+
+def cp_flattened_mesh(cp_config):
+    """The 1-D mesh the library's Ulysses/ring collectives use for the whole CP group."""
+    return cp_config._flattened_mesh
+
+
+def config_mesh(part_config):
+    return part_config._mesh
+
+
+def hook_names(module) -> list[str]:
+    registry = getattr(module, "_diffusers_hook", None)
+    return list(registry.hooks) if registry is not None else []
+
+
+def remove_hooks(model, prefixes: tuple[str, ...]) -> None:
+    for module in model.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        for name in [n for n in (registry.hooks if registry else {}) if n.startswith(prefixes)]:
+            registry.remove_hook(name)
+
+
+def attention_processors(model) -> list[tuple[str, object]]:
+    """Attention processors that take a parallel config (they have a `_parallel_config` slot)."""
+    found = []
+    for name, module in model.named_modules():
+        processor = getattr(module, "processor", None)
+        if processor is not None and hasattr(processor, "_parallel_config"):
+            found.append((name, processor))
+    return found
+
+
+def set_processor_config(model, config) -> None:
+    for _, processor in attention_processors(model):
+        processor._parallel_config = config
+
+
+def processor_config(processor):
+    return processor._parallel_config
+
+
+def tp_shard_specs(model, tp_degree: int) -> dict:
+    """The library's own reading of `_tp_plan`: parameter name -> shard spec (dim, block sizes)."""
+    from diffusers.hooks.tensor_parallel import resolve_tp_shard_specs
+
+    return resolve_tp_shard_specs(model, model._tp_plan, tp_degree)
+
+
+# -- building parallel state ---------------------------------------------------------------------
+
+
+def make_parallel_config(layout, mesh=None):
+    """The library's `ParallelConfig` for `layout`; raises ValueError where the library refuses it."""
+    from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig, TensorParallelConfig
+
+    cp = ContextParallelConfig(ring_degree=layout.ring, ulysses_degree=layout.ulysses) if layout.has_cp else None
+    tp = TensorParallelConfig(tp_degree=layout.tp) if layout.has_tp else None
+    return ParallelConfig(context_parallel_config=cp, tensor_parallel_config=tp)
+
+
+def library_accepts(layout) -> bool:
+    """Whether the installed diffusers takes this layout in one `ParallelConfig`."""
+    try:
+        make_parallel_config(layout)
+    except ValueError:
+        return False
+    return True
+
+
+def composed_config(layout, mesh, rank: int, world: int, device):
+    """A `ParallelConfig` holding both halves on one shared mesh, set up as `enable_parallelism` would.
+
+    diffusers 0.42's constructor refuses TP and CP at once, so it is built with one half and given the
+    other; each half gets the mesh (CP: the whole mesh; TP: its "tp" dimension) and its `setup`.
+    """
+    from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig, TensorParallelConfig
+
+    cp = tp = None
+    if layout.has_cp:
+        cp = ContextParallelConfig(ring_degree=layout.ring, ulysses_degree=layout.ulysses, mesh=mesh)
+        cp.setup(rank, world, device, mesh)
+    if layout.has_tp:
+        tp = TensorParallelConfig(mesh=mesh["tp"])
+        tp.setup(rank, world, device, mesh["tp"])
+    config = ParallelConfig(context_parallel_config=cp) if cp else ParallelConfig(tensor_parallel_config=tp)
+    config.context_parallel_config, config.tensor_parallel_config = cp, tp
+    config._rank, config._world_size, config._device, config._mesh = rank, world, device, mesh
+    return config
+
+
+def attach(model, config) -> None:
+    """Give a model (and its processors, with CP) the config the library's hooks will read."""
+    model._parallel_config = config
+    if config.context_parallel_config is not None:
+        set_processor_config(model, config)
+
+
+def apply_context_parallel(model, cp_config) -> None:
+    from diffusers.hooks.context_parallel import apply_context_parallel as apply
+
+    apply(model, cp_config, model._cp_plan)
+
+
+def apply_tensor_parallel(model, tp_config) -> None:
+    from diffusers.hooks.tensor_parallel import apply_tensor_parallel as apply
+
+    apply(model, tp_config, model._tp_plan)
+
+
+def shared_mesh(config):
+    return getattr(config, "_mesh", None)
+
+
+# -- CPU shims for gloo --------------------------------------------------------------------------
+# diffusers 0.42 assumes an accelerator in exactly two places; on CPU both refuse before any parallel
+# code runs. Each shim lifts one refusal inside a `with` block; tests/test_library.py fails if diffusers
+# changes under them.
+
+
+@contextlib.contextmanager
+def cpu_device_count():
+    """`ModelMixin._resolve_parallel_config` picks `rank % torch.accelerator.device_count()`, a modulo
+    by zero on CPU. Inside this block the count reads 1 when no accelerator exists, so the device is `cpu:0`."""
+    import torch
+
+    original = torch.accelerator.device_count
+    if original() > 0:
+        yield
+        return
+    torch.accelerator.device_count = lambda: 1
+    try:
+        yield
+    finally:
+        torch.accelerator.device_count = original
+
+
+@contextlib.contextmanager
+def cpu_tensor_parallel():
+    """`apply_tensor_parallel` allows only accelerator device types; torch's DTensor runs on CPU meshes
+    too, so inside this block `cpu` joins the allowlist."""
+    import diffusers.hooks.tensor_parallel as tp
+
+    original = tp._SUPPORTED_TP_DEVICES
+    tp._SUPPORTED_TP_DEVICES = tuple(original) + ("cpu",)
+    try:
+        yield
+    finally:
+        tp._SUPPORTED_TP_DEVICES = original
+
+
+@contextlib.contextmanager
+def shims(device_type: str):
+    """The shims the library's parallel entry points need on `device_type`; none off the CPU."""
+    if device_type != "cpu":
+        yield
+        return
+    with cpu_device_count(), cpu_tensor_parallel():
+        yield
+
+
+class Findings(logging.Filter):
+    """Collects the library's "split will not be applied" warnings on every rank, inside a `with`.
+
+    diffusers filters non-zero ranks out at the logger, so this filter goes first in line. It also
+    supplies `warning_once` where the installed logging lacks it (plain `logging.Logger` has none;
+    transformers adds one when imported), which would otherwise turn the warning into an AttributeError.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+        self._logger = logging.getLogger(CP_LOGGER)
+        self._added_warning_once = False
+
+    def filter(self, record):
+        message = record.getMessage()
+        if record.levelno >= logging.WARNING and message not in self.messages:
+            self.messages.append(message)
+        return True
+
+    def __enter__(self):
+        self._logger.filters.insert(0, self)
+        if not hasattr(self._logger, "warning_once"):
+            self._logger.warning_once = self._logger.warning
+            self._added_warning_once = True
+        return self
+
+    def __exit__(self, *exc):
+        self._logger.removeFilter(self)
+        if self._added_warning_once:
+            del self._logger.warning_once
+
+
+class LibraryError(Exception):
+    """An error raised inside one of the library's parallel entry points, with where it came from."""
+
+    def __init__(self, entry_point: str, route: str, cause: BaseException):
+        self.entry_point, self.route, self.cause = entry_point, route, cause
+        key = _plan_key(cause)
+        where = f" (plan key {key!r})" if key else ""
+        super().__init__(f"diffusers' {entry_point} raised on route {route}{where}: "
+                         f"{type(cause).__name__}: {cause}")
+
+
+@contextlib.contextmanager
+def entry_point(name: str, route: str):
+    """Name the library entry point (and route) in any error raised inside it."""
+    try:
+        yield
+    except LibraryError:
+        raise
+    except Exception as exc:
+        raise LibraryError(name, route, exc) from exc
+
+
+def _plan_key(exc: BaseException) -> str | None:
+    import re
+
+    match = re.search(r"'([\w.*]+)' is not a submodule", str(exc))
+    return match.group(1) if match else None

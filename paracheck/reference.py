@@ -1,0 +1,180 @@
+"""Single-device references: planned once per distinct model, fit, inputs and dtype, computed once per run.
+
+A case's *plan* (fit, route, skip reason, reference key) is pure arithmetic every rank repeats. The
+reference itself (weights, output, loss weights, gradients) is computed by one rank and written to the
+run directory as safetensors; every rank that needs it reads it. The keys are dealt out round-robin,
+so the ranks compute different references at the same time, and memory stays flat in the number of cases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .case import Case, call_factory
+from .fitting import Unfittable, cp_split_problems, fit_init_dict
+from .records import Route
+from .routes import resolve_route
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _DTYPES[name]
+
+
+@dataclass
+class Plan:
+    """What every rank decides about a case before any collective, identically."""
+    case: Case
+    model_class: type | None = None
+    init_dict: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)
+    fit: list[str] = field(default_factory=list)
+    route: Route | None = None
+    skip: str | None = None
+    never: bool = False
+    #: The source or fitting raised (not a misfit): the case errors on every rank.
+    error: str | None = None
+    key: str | None = None
+
+
+class Sources:
+    """Each factory or payload loaded once per process."""
+
+    def __init__(self):
+        self._loaded: dict[str, tuple] = {}
+
+    def get(self, case: Case):
+        name = case.payload or case.factory
+        if name not in self._loaded:
+            if case.payload:
+                from .payload import load
+
+                self._loaded[name] = load(case.payload)
+            else:
+                self._loaded[name] = call_factory(case.factory)
+        return self._loaded[name]
+
+
+def plan(case: Case, backend, sources: Sources) -> Plan:
+    """Load the case's source, fit it, resolve its route; the same on every rank, no collective."""
+    try:
+        model_class, init_dict, inputs = sources.get(case)
+    except Exception as exc:
+        return Plan(case, error=f"loading the model source raised {type(exc).__name__}: {exc}")
+    p = Plan(case, model_class, inputs=inputs)
+    try:
+        fit = fit_init_dict(model_class, init_dict, case.layout)
+        p.init_dict, p.fit = fit.init_dict, fit.changes
+        problems = backend.problems(case.layout) + cp_split_problems(model_class, inputs, case.layout)
+        if problems:
+            raise Unfittable("; ".join(problems))
+        p.route = resolve_route(case.route, case.layout)
+        if case.control:
+            from .controls import get_control
+
+            reason = get_control(case.control).skip_reason(case.layout, p.route)
+            if reason:
+                raise Unfittable(reason)
+    except Unfittable as exc:
+        p.skip, p.never = str(exc), exc.never
+        return p
+    p.key = _key(case, model_class, p.init_dict)
+    return p
+
+
+def _key(case: Case, model_class: type, init_dict: dict) -> str:
+    source = case.payload or case.factory
+    text = json.dumps([source, f"{model_class.__module__}.{model_class.__qualname__}", init_dict, case.variant,
+                       case.dtype, case.grads], sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def forward(model, inputs: dict):
+    return model(**dict(inputs), return_dict=False)[0]
+
+
+def _path(refs_dir: str, key: str) -> str:
+    return os.path.join(refs_dir, f"{key}.safetensors")
+
+
+def _error_path(refs_dir: str, key: str) -> str:
+    return os.path.join(refs_dir, f"{key}.error.json")
+
+
+def compute(p: Plan, refs_dir: str, device: torch.device) -> None:
+    """Build the fitted model on one device, run it forward (and backward), and write the result."""
+    from safetensors.torch import save_file
+
+    from .protocol import write_json
+
+    torch.manual_seed(0)
+    model = p.model_class(**p.init_dict).eval()
+    try:
+        out = forward(model, p.inputs)
+    except Exception as exc:
+        write_json(_error_path(refs_dir, p.key),
+                   {"error": f"the fitted config ({', '.join(p.fit) or 'unchanged'}) failed on one device: "
+                             f"{type(exc).__name__}: {exc}"})
+        return
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1234)).to(out.dtype)
+    tensors = {f"state.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+    if p.case.grads:
+        (out * weights).sum().backward()
+        tensors.update({f"grad.{n}": q.grad.contiguous() for n, q in model.named_parameters() if q.grad is not None})
+    tensors.update(out=out.detach().contiguous(), weights=weights)
+    tmp = _path(refs_dir, p.key) + f".tmp.{os.getpid()}"
+    save_file(tensors, tmp)
+    os.replace(tmp, _path(refs_dir, p.key))
+
+
+class Owners:
+    """Which rank computes each reference: keys dealt out round-robin in the order cases need them
+    (every rank sees the same order, so they agree without talking)."""
+
+    def __init__(self, world: int):
+        self.world, self._order = world, {}
+
+    def owner(self, key: str) -> int:
+        self._order.setdefault(key, len(self._order))
+        return self._order[key] % self.world
+
+
+def exists(p: Plan, refs_dir: str) -> bool:
+    return os.path.exists(_path(refs_dir, p.key)) or os.path.exists(_error_path(refs_dir, p.key))
+
+
+@dataclass
+class Reference:
+    model: torch.nn.Module
+    out: torch.Tensor
+    weights: torch.Tensor
+
+
+def load(p: Plan, refs_dir: str, wait: float = 3600.0) -> Reference:
+    """The reference for `p`, waiting for the rank that computes it; raises Unfittable if it failed."""
+    from safetensors.torch import load_file
+
+    from .protocol import read_json
+
+    deadline = time.time() + wait
+    while not os.path.exists(_path(refs_dir, p.key)):
+        failed = read_json(_error_path(refs_dir, p.key))
+        if failed:
+            raise Unfittable(failed["error"])
+        if time.time() > deadline:
+            raise TimeoutError(f"reference {p.key} never appeared")
+        time.sleep(0.02)
+    tensors = load_file(_path(refs_dir, p.key))
+    torch.manual_seed(0)
+    model = p.model_class(**p.init_dict).eval()
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("state.")})
+    for name, param in model.named_parameters():
+        param.grad = tensors.get(f"grad.{name}")
+    return Reference(model, tensors["out"], tensors["weights"])
