@@ -100,8 +100,13 @@ def _secondary(index: int, rank: int, end: WorldEnd, own: RankResult | None, cau
                       secondary=True, stack=stack)
 
 
+def lost_peer(text: str) -> bool:
+    """Whether an error is gloo saying the rank at the other end of a socket is gone."""
+    return bool(_PEER_LOST.search(text))
+
+
 def _lost_peer(result: RankResult) -> bool:
-    return bool(_PEER_LOST.search(result.traceback + result.reason))
+    return result.secondary or lost_peer(result.traceback + result.reason)
 
 
 def odd_ones_out(where: dict[int, str]) -> list[int]:

@@ -37,6 +37,7 @@ class Control:
     def skip_reason(self, layout: Layout, route: Route | None = None) -> str | None:
         """Why this control cannot run on `layout` (and `route`, once resolved); None when it can."""
         reason = self.applies(layout)
+        route = Route(route) if route is not None else None
         if reason is None and route is not None and self.routes and route not in self.routes:
             reason = f"{self.name} is planted by the {'/'.join(r.value for r in self.routes)} route, not {route.value}"
         return reason

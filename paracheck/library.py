@@ -226,10 +226,7 @@ class LibraryError(Exception):
 
     def __init__(self, entry_point: str, route: str, cause: BaseException):
         self.entry_point, self.route, self.cause = entry_point, route, cause
-        key = _plan_key(cause)
-        where = f" (plan key {key!r})" if key else ""
-        super().__init__(f"diffusers' {entry_point} raised on route {route}{where}: "
-                         f"{type(cause).__name__}: {cause}")
+        super().__init__(f"diffusers' {entry_point} raised on route {route}: {type(cause).__name__}: {cause}")
 
 
 @contextlib.contextmanager
@@ -242,9 +239,3 @@ def entry_point(name: str, route: str):
     except Exception as exc:
         raise LibraryError(name, route, exc) from exc
 
-
-def _plan_key(exc: BaseException) -> str | None:
-    import re
-
-    match = re.search(r"'([\w.*]+)' is not a submodule", str(exc))
-    return match.group(1) if match else None

@@ -97,7 +97,7 @@ def _backend_name(test, request) -> str:
 
 
 def _expect(test, request, layout_name: str, control: str | None, check_ids) -> None:
-    from .verdict import test_outcome
+    from .verdict import outcome_for_test
 
     layout = Layout.parse(layout_name)
     backend = resolve(_backend_name(test, request))
@@ -105,7 +105,7 @@ def _expect(test, request, layout_name: str, control: str | None, check_ids) -> 
     if missing:
         pytest.skip(f"{layout}: {missing}")
     verdict, ranks = _results(test, backend, layout.world)[(layout.name, control)]
-    outcome, why = test_outcome(verdict, check_ids)
+    outcome, why = outcome_for_test(verdict, check_ids)
     replay = f"pytest '{request.node.nodeid}'" + (f" --paracheck-backend {backend.name}"
                                                  if backend.name != "gloo" else "")
     if outcome == "skip":

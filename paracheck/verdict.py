@@ -76,14 +76,19 @@ def merge_checks(ranks: list[RankResult]) -> list[MergedCheck]:
         failed = [rank for rank, c in per_rank if c.status == Status.FAIL]
         statuses = {c.status for _, c in per_rank}
         status = Status.FAIL if failed else (Status.PASS if Status.PASS in statuses else Status.SKIP)
-        numbers = [c for _, c in per_rank if c.max_abs is not None]
-        shown = next(((r, c) for r, c in per_rank if c.status == Status.FAIL),
+        secondary = {r.rank for r in ranks if r.secondary}
+        shown = next(((r, c) for r, c in per_rank if c.status == Status.FAIL and r not in secondary),
+                     None) or next(((r, c) for r, c in per_rank if c.status == Status.FAIL),
                      next(((r, c) for r, c in per_rank if c.detail), per_rank[0]))
         merged.append(MergedCheck(
-            check_id, status, failed, max((c.max_abs for c in numbers), default=None),
-            max((c.max_rel for c in numbers), default=None), per_rank[0][1].atol, per_rank[0][1].rtol,
+            check_id, status, failed, _worst(c.max_abs for _, c in per_rank),
+            _worst(c.max_rel for _, c in per_rank), per_rank[0][1].atol, per_rank[0][1].rtol,
             shown[1].detail, shown[0] if shown[1].detail else None, _merge_data(per_rank)))
     return merged
+
+
+def _worst(values) -> float | None:
+    return max((v for v in values if v is not None), default=None)
 
 
 def _merge_data(per_rank) -> dict:
@@ -138,11 +143,9 @@ def _error(v: Verdict, ranks: list[RankResult]) -> Verdict:
     v.secondary_ranks = [r.rank for r in errors if r.secondary]
     v.reason = f"rank {root.rank}: {root.reason}"
     if len(causes) > 1:
-        v.reason += f" (also ranks {ranks_text(r.rank for r in causes[1:])})"
+        v.reason += f" (also rank{'s' if len(causes) > 2 else ''} {ranks_text(r.rank for r in causes[1:])})"
     if v.secondary_ranks:
-        why = "were waiting on it" if root.hung or any(not r.checks for r in errors if r.secondary) \
-            else "failed only because a peer vanished"
-        v.reason += f"; ranks {ranks_text(v.secondary_ranks)} {why}"
+        v.reason += f"; ranks {ranks_text(v.secondary_ranks)} were waiting on {'it' if len(causes) == 1 else 'them'}"
     v.traceback = root.traceback
     v.stacks = {r.rank: r.stack for r in errors if r.stack}
     return v
@@ -165,7 +168,7 @@ def inconclusive_rule(plain_status: CaseStatus) -> bool:
     return plain_status in (CaseStatus.FAIL, CaseStatus.ERROR, CaseStatus.XFAIL)
 
 
-def test_outcome(v: Verdict, check_ids) -> tuple[str, str]:
+def outcome_for_test(v: Verdict, check_ids) -> tuple[str, str]:
     """What one pytest test reading `v` does: ("pass" | "fail" | "skip" | "xfail", why).
 
     A plain test checks `check_ids` only; a control test (no ids) passes when the control was detected."""

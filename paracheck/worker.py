@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from . import library, reference
+from .attribution import lost_peer
 from .backends import get_backend
 from .case import Case
 from .checks import STRUCTURE, CheckContext, grads_skip_reason, run_checks, tolerance
@@ -71,6 +72,8 @@ def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str
     except Exception as exc:
         result.status, result.reason = RankStatus.ERROR, f"{type(exc).__name__}: {exc}"
         result.traceback = traceback.format_exc()
+    # A rank whose collective broke because a peer went away did not cause the failure: it says so.
+    result.secondary = result.raised_in_parallel and lost_peer(result.traceback + result.reason)
     result.seconds = round(time.time() - started, 3)
     return result
 

@@ -50,3 +50,19 @@ def rank1_hangs():
     if dist.is_initialized() and dist.get_rank() == 1:
         dist.all_reduce(torch.ones(1))
     return flux_spec()
+
+
+def raises_on_ranks_2_3():
+    """Flux whose parallel forward raises on ranks 2 and 3 only, so ranks 0-1 wait in a collective."""
+    from diffusers import FluxTransformer2DModel
+
+    class FluxRaisesOnTwoRanks(FluxTransformer2DModel):
+        def forward(self, *args, **kwargs):
+            import torch.distributed as dist
+
+            if dist.is_initialized() and dist.get_rank() in (2, 3) and getattr(self, "_parallel_config", None):
+                raise RuntimeError("planted: ranks 2-3 fail in the parallel forward")
+            return super().forward(*args, **kwargs)
+
+    _, init, inputs = flux_spec()
+    return FluxRaisesOnTwoRanks, init, inputs

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_paracheck
+from tests.support import ROOT, SPECS, run_paracheck
 
 pytestmark = pytest.mark.slow
-SPECS = os.path.join(ROOT, "tests", "specs.py")
+
 CP_CONTROLS = ["skip-cp-hooks", "skip-processor-config", "skip-output-gather", "backward-only"]
 HYBRID_CONTROLS = CP_CONTROLS + ["global-rank-shard-index", "swapped-mesh-order"]
 
@@ -83,9 +83,15 @@ def test_backward_only_leaves_forward_bit_identical(default_run):
     assert default_run.check("qwenimage", "tp2xu2", "parity.grads", "backward-only")["status"] == "fail"
 
 
-def test_table_is_printed(default_run):
-    assert "model" in default_run.out and "failed ranks" in default_run.out
-    assert "0 missed" in default_run.out and "(1 world)" in default_run.out
+def test_table_is_printed_with_skips_grouped_and_counts_last(default_run):
+    out = default_run.out
+    assert "model" in out and "failed ranks" in out
+    last = out.strip().splitlines()[-1]
+    assert " detected" in last and "missed" not in last and "(1 world, ranks " in last
+    assert "never wan, ltx: no _tp_plan" in out  # summarized once, not a row per layout
+    assert "\nwan        tp4" not in out
+    assert default_run.report["start_method"] in ("forkserver", "fresh")
+    assert 0 < default_run.report["references"] < len(default_run.report["cases"]) / 4
 
 
 def test_sharded_load_route(tmp_path):
@@ -94,12 +100,13 @@ def test_sharded_load_route(tmp_path):
     tp4 = {c["id"]: c for c in run.case("flux", "tp4")["checks"]}
     assert all(tp4[c]["status"] == "pass" for c in tp4 if c != "parity.grads"), run.out
     # Upstream finding (diffusers 0.42.1): the TP streaming loader leaves every parameter outside the
-    # _tp_plan with requires_grad=False. If this assertion breaks, diffusers changed: update the test.
+    # _tp_plan with requires_grad=False; declared in the shipped known failures, so it is xfail.
     assert tp4["parity.grads"]["status"] == "fail"
     assert "has no gradient (requires_grad=False)" in tp4["parity.grads"]["detail"]
+    assert run.case("flux", "tp4")["status"] == "xfail" and "requires_grad=False" in run.case("flux", "tp4")["known_failure"]
     hybrid = run.case("flux", "tp2xu2")
     assert hybrid["status"] == "skip" and "refuses tensor and context parallelism together" in hybrid["reason"]
-    assert run.code == 1
+    assert run.code == 0
 
 
 def test_failures_are_isolated_and_reported(tmp_path):
@@ -121,7 +128,7 @@ def test_failures_are_isolated_and_reported(tmp_path):
     assert grads["status"] == "fail" and grads["failed_ranks"] == [0, 1, 2, 3]
     died = run.case("rank2_dies", "u4")
     assert died["reason"].startswith("rank 2: rank 2 died by signal SIGKILL")
-    assert died["secondary_ranks"] == [0, 1, 3]
+    assert died["secondary_ranks"] == [0, 1, 3] and "were waiting on it" in died["reason"]
     assert run.case("flux_spec", "u4")["status"] == "pass"
     assert {e["kind"] for e in run.report["events"]} == {"hang", "signal"}
     _assert_clean(run.tmpdir)
@@ -151,7 +158,8 @@ def test_torchrun_worker_by_path(tmp_path):
     lines = [l for l in proc.stdout.splitlines() if l.startswith("[rank")]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(l.split()[0] for l in lines) == ["[rank0]", "[rank1]", "[rank2]", "[rank3]"]
-    assert all("OK tp2xu2 route=composed" in l and "failed=-" in l for l in lines), lines
+    assert all("OK flux_spec-tp2xu2-composed" in l and "failed=-" in l for l in lines), lines
+    assert "1 passed" in proc.stdout  # rank 0's table and counts
 
 
 def _workers_started(tmpdir) -> bool:
@@ -176,3 +184,19 @@ def test_two_runs_at_once_do_not_collide(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outs
     assert all("2 passed" in out for out in outs)
     _assert_clean(str(tmp_path))
+
+
+def test_a_rank_that_raises_is_blamed_within_seconds(tmp_path):
+    """Ranks 2-3 raise inside the parallel forward while 0-1 wait in a collective: the world is replaced
+    in seconds (not --timeout), 2-3 are the cause, 0-1 were waiting, and the next case still runs."""
+    args = ["--spec", f"{SPECS}:raises_on_ranks_2_3", "--spec", f"{SPECS}:flux_spec", "--layouts", "u4",
+            "--timeout", "300", "--no-grads"]
+    started = time.time()
+    run = run_paracheck(args, tmp_path)
+    assert time.time() - started < 120, run.out
+    case = run.case("raises_on_ranks_2_3", "u4")
+    assert case["status"] == "error" and case["error_ranks"] == [2, 3] and case["secondary_ranks"] == [0, 1], case
+    assert case["reason"].startswith("rank 2: RuntimeError: planted") and "ranks 0-1 were waiting on them" in case["reason"]
+    assert run.case("flux_spec", "u4")["status"] == "pass"
+    assert run.code == 1 and run.report["worlds"] == 2
+    _assert_clean(run.tmpdir)
