@@ -224,7 +224,8 @@ def _meta(backend, nproc: int, outcome=None) -> dict:
             versions[package] = None
     meta = {"paracheck": __version__, "backend": backend.name, "nproc": nproc, "versions": versions}
     if outcome is not None:
-        meta.update(worlds=outcome.worlds, start_method=outcome.start_method, references=outcome.references)
+        meta.update(worlds=outcome.worlds, start_method=outcome.start_method, references=outcome.references,
+                    start_seconds=round(outcome.start_seconds, 3))
     return meta
 
 

@@ -29,6 +29,8 @@ class Outcome:
     start_method: str = ""
     start_reason: str = ""
     references: int = 0
+    #: Seconds from starting each world until its first rank began a case, summed over worlds.
+    start_seconds: float = 0.0
 
 
 class Launcher:
@@ -58,7 +60,10 @@ class Launcher:
             before = len(remaining)
             outcome.worlds += 1
             self.supervisor.start(outcome.worlds, remaining)
-            end = self.supervisor.watch(outcome.worlds, tick=lambda: self._collect(rundir, remaining, outcome))
+            clock = _StartClock()
+            end = self.supervisor.watch(outcome.worlds, tick=lambda: (clock.tick(self.supervisor),
+                                                                      self._collect(rundir, remaining, outcome)))
+            outcome.start_seconds += clock.seconds
             self._collect(rundir, remaining, outcome)
             if not remaining:
                 return
@@ -101,6 +106,19 @@ class Launcher:
     def stop(self) -> None:
         if self.supervisor is not None:
             self.supervisor.stop()
+
+
+class _StartClock:
+    """How long a world took to start its first case (the cost of starting ranks)."""
+
+    def __init__(self):
+        import time
+
+        self._now, self.started, self.seconds = time.time, time.time(), 0.0
+
+    def tick(self, supervisor) -> None:
+        if not self.seconds and supervisor.progress():
+            self.seconds = self._now() - self.started
 
 
 def _current(progress: dict[int, dict], remaining: list[int]) -> int | None:

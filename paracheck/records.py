@@ -132,6 +132,10 @@ class RankResult:
     never: bool = False
     #: The model class's name, for known-failure entries that name it.
     model_class: str | None = None
+    #: Seconds spent per phase on this rank: reference, parallel, checks.
+    timings: dict = field(default_factory=dict)
+    #: This rank's peak resident memory so far, in MiB, when the case ended.
+    peak_rss_mb: float = 0.0
 
     def check(self, check_id: CheckId) -> CheckResult | None:
         return next((c for c in self.checks if c.id == check_id), None)

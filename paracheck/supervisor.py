@@ -9,6 +9,7 @@ reaches everything it started. Torch-free.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import multiprocessing
 import os
@@ -56,6 +57,20 @@ def start_method(backend_name: str) -> tuple[str, str]:
     return "forkserver", "forked from a parent that imported torch and diffusers once"
 
 
+@contextlib.contextmanager
+def _no_main_module():
+    """Start a process without multiprocessing re-running the caller's main module in it (a script with
+    no `if __name__ == "__main__"` guard would run again in every rank): ranks need only paracheck."""
+    import types
+
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
 class _Rank:
     """One rank process, however it was started."""
 
@@ -66,7 +81,8 @@ class _Rank:
             from .rankstart import rank_entry
 
             self._proc = context.Process(target=rank_entry, args=(rundir.path, env, log), daemon=False)
-            self._proc.start()
+            with _no_main_module():
+                self._proc.start()
             self.pid = self._proc.pid
         else:
             with open(log, "w") as handle:

@@ -35,6 +35,10 @@ class Verdict:
     attention_backend: str | None = None
     seconds: float = 0.0
     model_class: str | None = None
+    #: Seconds per phase, the slowest rank's.
+    timings: dict = field(default_factory=dict)
+    #: Every rank's peak resident memory (MiB) when the case ended.
+    peak_rss_mb: list[float] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -58,7 +62,7 @@ class Verdict:
                 "attention_backend": self.attention_backend, "status": self.status.value, "reason": self.reason,
                 "checks": [m.to_json() for m in self.checks], "fit": self.fit,
                 "findings": [f"input not split on ranks {ranks_text(f.ranks)}: {f.message}" for f in self.findings],
-                "seconds": self.seconds}
+                "seconds": self.seconds, "timings": self.timings, "peak_rss_mb": self.peak_rss_mb}
         if self.known:
             data["known_failure"] = self.known
         if self.status == CaseStatus.ERROR:
@@ -111,7 +115,9 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
     v = Verdict(case, CaseStatus.PASS, first.route or next((r.route for r in ranks if r.route), case.route),
                 fit=first.fit, findings=_findings(ranks), checks=merge_checks(ranks),
                 attention_backend=first.attention_backend, seconds=max(r.seconds for r in ranks),
-                model_class=first.model_class)
+                model_class=first.model_class,
+                timings={k: max(r.timings.get(k, 0.0) for r in ranks) for r in ranks for k in r.timings},
+                peak_rss_mb=[r.peak_rss_mb for r in ranks])
     statuses = {r.status for r in ranks}
     if RankStatus.ERROR in statuses and not (case.control and _judgeable(v, ranks)):
         return _error(v, ranks)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import resource
 import signal
 import sys
 import time
@@ -65,7 +66,8 @@ def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str
             raise Unfittable(p.skip, p.never)
         if p.error:
             raise RuntimeError(p.error)
-        ref = reference.load(p, refs_dir)
+        with _phase(result, "reference"):
+            ref = reference.load(p, refs_dir)
         _run_parallel(p, ref, backend, workdir, result)
     except Unfittable as exc:
         result.status, result.reason, result.never = RankStatus.SKIP, str(exc), exc.never
@@ -75,6 +77,7 @@ def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str
     # A rank whose collective broke because a peer went away did not cause the failure: it says so.
     result.secondary = result.raised_in_parallel and lost_peer(result.traceback + result.reason)
     result.seconds = round(time.time() - started, 3)
+    result.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return result
 
 
@@ -82,20 +85,27 @@ def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir:
     case = p.case
     control = get_control(case.control) if case.control else None
     atol, rtol = tolerance(ref.out.dtype, backend.device_type)
+    parallel, checking = _phase(result, "parallel"), _phase(result, "checks")
     with library.Findings() as findings:
-        model = p.model_class(**p.init_dict).eval()
-        model.load_state_dict(ref.model.state_dict())
-        result.raised_in_parallel = True  # from here on, a raise may leave peers inside a collective
-        model, applied = apply(p.route, model, case.layout, backend, control, ref.model, workdir)
+        with parallel:
+            model = p.model_class(**p.init_dict).eval()
+            model.load_state_dict(ref.model.state_dict())
+            result.raised_in_parallel = True  # from here on, a raise may leave peers inside a collective
+            model, applied = apply(p.route, model, case.layout, backend, control, ref.model, workdir)
         ctx = CheckContext(model, ref.model, applied, ref.out, ref.weights,
                            atol if case.atol is None else case.atol, rtol if case.rtol is None else case.rtol,
                            grads_requested=case.grads)
-        checks = run_checks(STRUCTURE, ctx)
-        ctx.out, ctx.forward_error = _attempt(lambda: reference.forward(model, p.inputs), result)
-        checks += run_checks([CheckId.FORWARD], ctx)
+        with checking:
+            checks = run_checks(STRUCTURE, ctx)
+        with parallel:
+            ctx.out, ctx.forward_error = _attempt(lambda: reference.forward(model, p.inputs), result)
+        with checking:
+            checks += run_checks([CheckId.FORWARD], ctx)
         if grads_skip_reason(ctx) is None:
-            _, ctx.backward_error = _attempt(lambda: (ctx.out * ref.weights).sum().backward(), result)
-        checks += run_checks([CheckId.GRADS], ctx)
+            with parallel:
+                _, ctx.backward_error = _attempt(lambda: (ctx.out * ref.weights).sum().backward(), result)
+        with checking:
+            checks += run_checks([CheckId.GRADS], ctx)
     result.raised_in_parallel = bool(ctx.forward_error or ctx.backward_error)
     result.findings = findings.messages
     result.checks = checks
@@ -103,6 +113,20 @@ def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir:
     if raised and not case.control:
         # A control may raise once its bug is planted; its checks still decide detection.
         result.status, result.reason = RankStatus.ERROR, raised
+
+
+class _phase:
+    """Adds the time spent inside each `with` to `result.timings[name]` (re-enterable)."""
+
+    def __init__(self, result: RankResult, name: str):
+        self.result, self.name = result, name
+
+    def __enter__(self):
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc):
+        spent = time.perf_counter() - self.started
+        self.result.timings[self.name] = round(self.result.timings.get(self.name, 0.0) + spent, 4)
 
 
 def _attempt(step, result: RankResult):
@@ -125,10 +149,13 @@ def run_world(rundir: RunDir, cases: list[Case], todo: list[int], backend, store
     for index in todo:
         write_json(rundir.progress(rank), {"index": index, "started": time.time()})
         p = reference.plan(cases[index], backend, sources)
+        computing = time.perf_counter()
         if p.key and owners.owner(p.key) == rank and not reference.exists(p, rundir.refs_dir):
             reference.compute(p, rundir.refs_dir, device)
+        computing = time.perf_counter() - computing
         os.makedirs(rundir.case_dir(index), exist_ok=True)
         result = run_case(index, p, backend, rundir.case_dir(index), rundir.refs_dir)
+        result.timings["reference"] = round(result.timings.get("reference", 0.0) + computing, 4)
         write_json(rundir.result(index, rank), result.to_json())
         store.set(store_done_key(index, rank), result.status.value)
         if result.raised_in_parallel and not world_intact(store, index, world, max(FAIL_FAST_GRACE, result.seconds)):
