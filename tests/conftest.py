@@ -9,6 +9,31 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _use_checkout_fixtures():
+    """Make `paracheck.fixtures` this checkout's fixtures/ for the in-process tests.
+
+    pyproject maps it there, but an editable install of another checkout maps it to that one's, and a
+    PYTHONPATH pointing here supplies `paracheck` but not `paracheck.fixtures`. (Ranks started in
+    subprocesses import what the installed mapping names.)"""
+    import importlib.util
+
+    path = os.path.join(ROOT, "fixtures", "__init__.py")
+    found = importlib.util.find_spec("paracheck.fixtures")
+    if found is not None and found.origin and os.path.realpath(found.origin) == os.path.realpath(path):
+        return
+    spec = importlib.util.spec_from_file_location("paracheck.fixtures", path,
+                                                  submodule_search_locations=[os.path.dirname(path)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["paracheck.fixtures"] = module
+    spec.loader.exec_module(module)
+    import paracheck
+
+    paracheck.fixtures = module
+
+
+_use_checkout_fixtures()
+
+
 @dataclass
 class Run:
     code: int
