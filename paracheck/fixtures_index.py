@@ -6,6 +6,11 @@ FIXTURES: dict[str, str] = {
     "qwenimage": "paracheck.fixtures:qwenimage",
     "wan": "paracheck.fixtures:wan",
     "ltx": "paracheck.fixtures:ltx",
+    "qwenimage21": "paracheck.fixtures:qwenimage21",
+    "chronoedit": "paracheck.fixtures:chronoedit",
+    "helios": "paracheck.fixtures:helios",
+    "ltx2": "paracheck.fixtures:ltx2",
+    "minimax_h3": "paracheck.fixtures:minimax_h3",
 }
 
 #: The diffusers classes the fixtures build (preloaded by the fork server).

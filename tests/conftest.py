@@ -1,6 +1,11 @@
 import pytest
+from hypothesis import settings
 
 from tests.support import run_paracheck
+
+# Two cores shared with rank processes: wall-clock deadlines measure the machine, not the code.
+settings.register_profile("paracheck", deadline=None)
+settings.load_profile("paracheck")
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,15 @@ def ltx_short_text():
     return cls, init, inputs
 
 
+def ltx2_cross_modal():
+    """LTX2 with its audio<->video cross-attentions on: diffusers 0.42.1's `_cp_plan` leaves
+    `cross_attn_rope` unsplit, so every CP forward raises (huggingface/diffusers#14316)."""
+    from paracheck.fixtures import ltx2
+
+    cls, init, inputs = ltx2()
+    return cls, init, dict(inputs, isolate_modalities=False)
+
+
 def no_heads():
     """A TP-capable model whose head count is not an integer, so no layout with TP can be fitted."""
     cls, init, inputs = flux_spec()
