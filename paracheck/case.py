@@ -47,8 +47,6 @@ class Case:
         parts = [self.model, self.layout.name, (route or self.route).value]
         if self.variant != "base":
             parts.append(self.variant)
-        if self.dtype != "fp32":
-            parts.append(self.dtype)
         if self.control:
             parts.append(self.control)
         return "-".join(parts)
@@ -59,8 +57,9 @@ class Case:
 
     @property
     def plain(self) -> "Case":
-        """The same case without its planted bug: what a control is judged against."""
-        return replace(self, control=None)
+        """The same case without its planted bug: what a control is judged against (controls always
+        run gradients, so the plain case is matched whatever its `grads`)."""
+        return replace(self, control=None, grads=True)
 
     def to_json(self) -> dict:
         data = asdict(self)

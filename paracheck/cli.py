@@ -28,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"paracheck {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run models over layouts and check every rank against one device")
-    run.add_argument("--backend", default="auto", help="auto|gloo|nccl|neuron (auto: nccl with CUDA, else gloo)")
+    run.add_argument("--backend", default="auto", help="auto|gloo|nccl|neuron (auto: nccl with CUDA devices, neuron with "
+                     "Neuron devices, else gloo)")
     run.add_argument("--nproc", type=int, default=None, help="ranks in the world (default 4; under torchrun "
                      "its WORLD_SIZE)")
     run.add_argument("--models", default="all", help="fixture names, comma separated, or all")
@@ -48,11 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=120.0, help="seconds one case may run before it is a hang")
     run.add_argument("--quiet", action="store_true", help="no per-case lines: only the table and the summary")
     topo = sub.add_parser("topology", help="which layouts a backend can run for a world size and head count")
-    topo.add_argument("--backend", required=True)
-    topo.add_argument("--world", type=int, required=True)
-    topo.add_argument("--heads", type=int, required=True)
-    topo.add_argument("--layout")
-    topo.add_argument("--order", default="cp-fastest")
+    topo.add_argument("--backend", required=True, help="gloo|nccl|neuron: whose topology rules apply")
+    topo.add_argument("--world", type=int, required=True, help="ranks in the world")
+    topo.add_argument("--heads", type=int, required=True, help="the model's attention head count")
+    topo.add_argument("--layout", help="one layout to judge (exit 1 when refused); default: every layout")
+    topo.add_argument("--order", default="cp-fastest", help="cp-fastest|tp-fastest (mesh order)")
     return parser
 
 
@@ -100,9 +101,11 @@ def build_cases(args, backend) -> list[Case]:
 
     layouts = _check_options(args, backend)
     built = {}
+    if args.spec and args.models != "all":
+        raise UsageError("--models with --spec: --models names bundled fixtures; give one or the other")
     if args.spec:
         built = {spec: call_factory(spec) for spec in args.spec}  # fail fast, exit 2, before any rank starts
-        models = [(spec.rpartition(":")[2], spec) for spec in args.spec]
+        models = _spec_names(args.spec)
     else:
         names = list(FIXTURES) if args.models == "all" else [m.strip() for m in args.models.split(",")]
         unknown = [n for n in names if n not in FIXTURES]
@@ -116,6 +119,12 @@ def build_cases(args, backend) -> list[Case]:
     return [case for model, factory in models
             for case in expand(model, factory, layouts, lambda layout: controls, plain=not args.only_control,
                                route=args.route, grads=not args.no_grads, dtype=args.dtype)]
+
+
+def _spec_names(specs: list[str]) -> list[tuple[str, str]]:
+    """A spec's model name is its function's name, or module:function where two functions share one."""
+    short = [spec.rpartition(":")[2] for spec in specs]
+    return [(name if short.count(name) == 1 else os.path.basename(spec), spec) for name, spec in zip(short, specs)]
 
 
 def _check_fits(models: list[tuple[str, str]], layouts: list[Layout], built: dict) -> None:

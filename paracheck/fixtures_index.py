@@ -16,5 +16,6 @@ FIXTURES: dict[str, str] = {
 #: The diffusers classes the fixtures build (preloaded by the fork server).
 FIXTURE_CLASSES = (
     "FluxTransformer2DModel", "Flux2Transformer2DModel", "QwenImageTransformer2DModel", "WanTransformer3DModel",
-    "LTXVideoTransformer3DModel",
+    "LTXVideoTransformer3DModel", "QwenImage21Transformer2DModel", "ChronoEditTransformer3DModel",
+    "HeliosTransformer3DModel", "LTX2VideoTransformer3DModel", "MiniMaxH3Transformer3DModel",
 )

@@ -15,12 +15,17 @@ class Progress:
         self.out = out or sys.stdout
         self.bar = bar if bar is not None else (sys.stderr if sys.stderr.isatty() and not quiet else None)
         self.done, self.failing, self.started = 0, 0, time.time()
+        self.plain = {}  # plain verdicts so far, so a control's line can say inconclusive
 
     def case_done(self, index: int, ranks) -> None:
         from .known import apply
+        from .verdict import judge_controls
 
         verdict = merge(self.cases[index], ranks)
         apply([verdict], self.entries)
+        if verdict.case.control is None:
+            self.plain[verdict.case] = verdict
+        judge_controls(list(self.plain.values()) + ([verdict] if verdict.case.control else []))
         self.done += 1
         self.failing += verdict.status.failing
         if not self.quiet:

@@ -119,9 +119,9 @@ def compute(p: Plan, refs_dir: str, device: torch.device) -> None:
     try:
         out = forward(model, p.inputs)
     except Exception as exc:
+        what = f"the fitted config ({', '.join(p.fit)})" if p.fit else "the model, unchanged,"
         write_json(_error_path(refs_dir, p.key),
-                   {"error": f"the fitted config ({', '.join(p.fit) or 'unchanged'}) failed on one device: "
-                             f"{type(exc).__name__}: {exc}"})
+                   {"error": f"{what} failed on one device: {type(exc).__name__}: {exc}", "fitted": bool(p.fit)})
         return
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1234)).to(out.dtype)
     tensors = {f"state.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
@@ -166,8 +166,10 @@ def load(p: Plan, refs_dir: str, wait: float = 3600.0) -> Reference:
     deadline = time.time() + wait
     while not os.path.exists(_path(refs_dir, p.key)):
         failed = read_json(_error_path(refs_dir, p.key))
+        if failed and failed["fitted"]:
+            raise Unfittable(failed["error"])  # fitting could not make the model take the layout
         if failed:
-            raise Unfittable(failed["error"])
+            raise RuntimeError(failed["error"])  # the user's model is broken on one device
         if time.time() > deadline:
             raise TimeoutError(f"reference {p.key} never appeared")
         time.sleep(0.02)

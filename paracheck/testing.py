@@ -84,7 +84,7 @@ def generate(metafunc) -> None:
     if "paracheck_control" in metafunc.fixturenames:
         pairs = [(l.name, c) for l in layouts for c in (applicable(l) if cls.paracheck_controls else [])]
         metafunc.parametrize("paracheck_layout,paracheck_control", pairs or [pytest.param(None, None, marks=pytest.mark.skip(
-            reason="no negative control applies to these layouts"))], ids=[f"{l}-{c}" for l, c in pairs] or None)
+            reason="no negative control applies to these layouts"))], ids=[f"{l}-{c}" for l, c in pairs] or ["no-control"])
     elif "paracheck_layout" in metafunc.fixturenames:
         metafunc.parametrize("paracheck_layout", [l.name for l in layouts], ids=[l.name for l in layouts])
 

@@ -159,7 +159,7 @@ def _error(v: Verdict, ranks: list[RankResult]) -> Verdict:
 
 def judge_controls(verdicts: list[Verdict]) -> None:
     """A control cannot be judged when its plain case fails: mark it inconclusive, never missed."""
-    plain = {v.case: v for v in verdicts if not v.case.control}
+    plain = {v.case.plain: v for v in verdicts if not v.case.control}
     for v in verdicts:
         if not v.case.control or v.status == CaseStatus.SKIP:
             continue

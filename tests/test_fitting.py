@@ -246,3 +246,9 @@ def test_fitted_helios_runs_on_one_device():
     assert len(model.blocks) == 40
     out = model(**inputs, return_dict=False)[0]
     assert out.shape == inputs["hidden_states"].shape and torch.isfinite(out).all()
+
+
+def test_fork_server_preloads_every_fixture_class():
+    from paracheck.fixtures_index import FIXTURE_CLASSES
+
+    assert _fixture_classes() == set(FIXTURE_CLASSES)
