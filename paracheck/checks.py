@@ -7,7 +7,7 @@ the forward (so a planted bug that breaks the forward still gets them), then the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -38,6 +38,9 @@ class CheckContext:
     atol: float
     rtol: float
     grads_requested: bool = True
+    #: For a reduced-precision run: the fp32 single-device output and gradients (see `compare`).
+    ref_out32: torch.Tensor | None = None
+    ref_grads32: dict = field(default_factory=dict)
     out: torch.Tensor | None = None
     forward_error: str | None = None
     backward_error: str | None = None
@@ -77,19 +80,44 @@ def tolerance(dtype: torch.dtype, device_type: str) -> tuple[float, float]:
     return _TOLERANCES[(torch.float32, "cuda")]
 
 
-def compare(check_id: CheckId, actual, expected, atol: float, rtol: float, what: str = "output") -> CheckResult:
-    """Shape, finiteness, then |a - b| <= atol + rtol * |b| elementwise; max_rel is relative to max |b|."""
+#: Reduced precision: the parallel result's error against the fp32 reference may be at most this many
+#: times the single-device run's own error at that dtype, plus FLOOR x max |fp32 reference|.
+BOUND_FACTOR = 2.0
+FLOOR = 1e-3
+
+
+def compare(check_id: CheckId, actual, expected, atol: float, rtol: float, what: str = "output",
+            expected32=None) -> CheckResult:
+    """Shape, finiteness, then the tolerance rule; all on the CPU in float64.
+
+    fp32: |a - b| <= atol + rtol * |b| elementwise, max_rel relative to max |b|. Reduced precision
+    (`expected32` given): max |a - ref32| <= BOUND_FACTOR * max |b - ref32| + FLOOR * max |ref32|, where b is
+    the single-device run at the same dtype; both errors are reported."""
     if tuple(actual.shape) != tuple(expected.shape):
         return CheckResult(check_id, Status.FAIL, f"{what} shape {tuple(actual.shape)} != reference {tuple(expected.shape)}")
     actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
     if not torch.isfinite(actual).all():
         return CheckResult(check_id, Status.FAIL, f"{what} has non-finite values", atol=atol, rtol=rtol)
+    if expected32 is not None:
+        return _compare_reduced(check_id, actual, expected, expected32.detach().double().cpu(), what)
     diff = (actual - expected).abs()
     max_abs = float(diff.max()) if diff.numel() else 0.0
     max_rel = max_abs / max(float(expected.abs().max()) if expected.numel() else 0.0, 1e-12)
     ok = bool((diff <= atol + rtol * expected.abs()).all())
     detail = "" if ok else f"{what} differs from the single-device reference"
     return CheckResult(check_id, Status.PASS if ok else Status.FAIL, detail, max_abs, max_rel, atol, rtol)
+
+
+def _compare_reduced(check_id: CheckId, actual, expected, expected32, what: str) -> CheckResult:
+    scale = float(expected32.abs().max()) if expected32.numel() else 0.0
+    error = float((actual - expected32).abs().max()) if actual.numel() else 0.0
+    own = float((expected - expected32).abs().max()) if actual.numel() else 0.0
+    bound = BOUND_FACTOR * own + FLOOR * scale
+    ok = error <= bound
+    detail = "" if ok else (f"{what}: error vs fp32 {error:.2e} > bound {bound:.2e} "
+                            f"({BOUND_FACTOR:g} x single-device error {own:.2e} + {FLOOR:g} x {scale:.2e})")
+    return CheckResult(check_id, Status.PASS if ok else Status.FAIL, detail, error, error / max(scale, 1e-12),
+                       data={"single_device_error": own, "bound": bound})
 
 
 # -- helpers shared with routes and controls ---------------------------------------------------
@@ -281,7 +309,7 @@ def _shard_problems(name: str, param, ref_param, spec, ctx: CheckContext) -> lis
 def check_forward(ctx: CheckContext) -> CheckResult:
     if ctx.forward_error:
         return CheckResult(CheckId.FORWARD, Status.FAIL, f"forward raised {ctx.forward_error}")
-    return compare(CheckId.FORWARD, ctx.out, ctx.ref_out, ctx.atol, ctx.rtol)
+    return compare(CheckId.FORWARD, ctx.out, ctx.ref_out, ctx.atol, ctx.rtol, expected32=ctx.ref_out32)
 
 
 def grads_skip_reason(ctx: CheckContext) -> str | None:
@@ -324,7 +352,8 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
         if ref_grad is None:
             failures.append(f"{name} has a gradient the reference lacks")
             continue
-        result = compare(CheckId.GRADS, grad, ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}")
+        result = compare(CheckId.GRADS, grad, ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
+                         expected32=ctx.ref_grads32.get(name))
         if result.status == Status.FAIL:
             failures.append(f"{name} (max_abs {result.max_abs if result.max_abs is not None else 'n/a'})")
         if result.max_abs is not None and result.max_abs >= (worst.max_abs or 0.0):

@@ -133,8 +133,15 @@ def _backward_only(model, applied, _):
         def backward(ctx, grad):
             return grad * 1.5
 
-    first_linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
-    first_linear.register_forward_hook(lambda module, args, output: ScaleGrad.apply(output))
+    # At the model's output, so every gradient scales and the bug stands out of bf16 noise on every
+    # model (a first or last Linear can feed a single noisy gradient, or an output that is not checked).
+    def scale_first_output(module, args, output):
+        if isinstance(output, tuple):
+            return (ScaleGrad.apply(output[0]),) + tuple(output[1:])
+        output.sample = ScaleGrad.apply(output.sample)
+        return output
+
+    model.register_forward_hook(scale_first_output)
 
 
 def _other_order(order: str) -> str:
@@ -156,7 +163,7 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
             (CheckId.TP_SHARDS, CheckId.FORWARD), _global_index_differs, _global_rank_shard_index),
     Control("tp-processor-config", "TP alone, yet processors handed the parallel config",
             (CheckId.PROCESSOR_CONFIG,), _needs_tp_alone, _tp_processor_config),
-    Control("backward-only", "first Linear's output gradient scaled by 1.5; forward bit-identical",
+    Control("backward-only", "the model output's gradient scaled by 1.5 on the way back; forward bit-identical",
             (CheckId.GRADS,), _always, _backward_only),
     Control("swapped-mesh-order", "shared mesh built in the order the layout did not ask for",
             (CheckId.MESH,), _needs_tp_and_cp, mesh_order=_other_order, routes=(Route.COMPOSED,)),

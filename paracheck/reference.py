@@ -108,30 +108,62 @@ def _error_path(refs_dir: str, key: str) -> str:
     return os.path.join(refs_dir, f"{key}.error.json")
 
 
-def compute(p: Plan, refs_dir: str, device: torch.device) -> None:
-    """Build the fitted model on one device, run it forward (and backward), and write the result."""
-    from safetensors.torch import save_file
+def place(value, device: torch.device, dtype: torch.dtype | None = None):
+    """Inputs on the rank's device: every tensor moved, floating ones also cast to the run's dtype."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, dtype) if dtype is not None and value.is_floating_point() else value.to(device)
+    if isinstance(value, dict):
+        return {k: place(v, device, dtype) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(place(v, device, dtype) for v in value)
+    return value
 
+
+def _run(model, inputs: dict, weights: torch.Tensor | None, grads: bool):
+    out = forward(model, inputs)
+    if weights is None:
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1234)).to(out.device, out.dtype)
+    if grads:
+        (out * weights.to(out.dtype)).sum().backward()
+    return out, weights
+
+
+def compute(p: Plan, refs_dir: str, device: torch.device) -> None:
+    """Run the fitted model on this rank's device alone, in fp32 and (if different) in the run's dtype,
+    forward and backward, and write the result for every rank to read."""
     from .protocol import write_json
 
+    dtype = torch_dtype(p.case.dtype)
     torch.manual_seed(0)
-    model = p.model_class(**p.init_dict).eval()
+    model32 = p.model_class(**p.init_dict).eval().to(device)
     try:
-        out = forward(model, p.inputs)
+        out32, weights = _run(model32, place(p.inputs, device, torch.float32), None, p.case.grads)
+        model, out = model32, out32
+        if dtype != torch.float32:
+            model = p.model_class(**p.init_dict).eval()
+            model.load_state_dict(model32.state_dict())
+            model = model.to(device, dtype)
+            out, _ = _run(model, place(p.inputs, device, dtype), weights, p.case.grads)
     except Exception as exc:
         what = f"the fitted config ({', '.join(p.fit)})" if p.fit else "the model, unchanged,"
         write_json(_error_path(refs_dir, p.key),
                    {"error": f"{what} failed on one device: {type(exc).__name__}: {exc}", "fitted": bool(p.fit)})
         return
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1234)).to(out.dtype)
-    tensors = {f"state.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
-    if p.case.grads:
-        (out * weights).sum().backward()
-        tensors.update({f"grad.{n}": q.grad.contiguous() for n, q in model.named_parameters() if q.grad is not None})
-    tensors.update(out=out.detach().contiguous(), weights=weights)
-    tmp = _path(refs_dir, p.key) + f".tmp.{os.getpid()}"
+    tensors = {f"state.{k}": v for k, v in model.state_dict().items()}
+    tensors.update({f"grad.{n}": q.grad for n, q in model.named_parameters() if q.grad is not None})
+    if dtype != torch.float32:
+        tensors.update({f"grad32.{n}": q.grad for n, q in model32.named_parameters() if q.grad is not None})
+        tensors["out32"] = out32
+    tensors.update(out=out, weights=weights)
+    _save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, _path(refs_dir, p.key))
+
+
+def _save(tensors: dict, path: str) -> None:
+    from safetensors.torch import save_file
+
+    tmp = f"{path}.tmp.{os.getpid()}"
     save_file(tensors, tmp)
-    os.replace(tmp, _path(refs_dir, p.key))
+    os.replace(tmp, path)
 
 
 class Owners:
@@ -152,13 +184,18 @@ def exists(p: Plan, refs_dir: str) -> bool:
 
 @dataclass
 class Reference:
+    """One device's answer, on this rank's device: the model (weights and gradients) in the run's dtype,
+    its output, the loss weights, and, for a reduced-precision run, the fp32 output and gradients."""
     model: torch.nn.Module
     out: torch.Tensor
     weights: torch.Tensor
+    out32: torch.Tensor | None = None
+    grads32: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)
 
 
-def load(p: Plan, refs_dir: str, wait: float = 3600.0) -> Reference:
-    """The reference for `p`, waiting for the rank that computes it; raises Unfittable if it failed."""
+def load(p: Plan, refs_dir: str, device: torch.device, wait: float = 3600.0) -> Reference:
+    """The reference for `p`, waiting for the rank that computes it; raises Unfittable if fitting failed."""
     from safetensors.torch import load_file
 
     from .protocol import read_json
@@ -173,10 +210,13 @@ def load(p: Plan, refs_dir: str, wait: float = 3600.0) -> Reference:
         if time.time() > deadline:
             raise TimeoutError(f"reference {p.key} never appeared")
         time.sleep(0.02)
-    tensors = load_file(_path(refs_dir, p.key))
+    tensors = {k: v.to(device) for k, v in load_file(_path(refs_dir, p.key)).items()}
+    dtype = torch_dtype(p.case.dtype)
     torch.manual_seed(0)
-    model = p.model_class(**p.init_dict).eval()
+    model = p.model_class(**p.init_dict).eval().to(device, dtype)
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("state.")})
     for name, param in model.named_parameters():
         param.grad = tensors.get(f"grad.{name}")
-    return Reference(model, tensors["out"], tensors["weights"])
+    grads32 = {k[7:]: v for k, v in tensors.items() if k.startswith("grad32.")}
+    return Reference(model, tensors["out"], tensors["weights"], tensors.get("out32"), grads32,
+                     place(p.inputs, device, dtype))

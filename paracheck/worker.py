@@ -67,7 +67,7 @@ def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str
         if p.error:
             raise RuntimeError(p.error)
         with _phase(result, "reference"):
-            ref = reference.load(p, refs_dir)
+            ref = reference.load(p, refs_dir, local_device(backend))
         _run_parallel(p, ref, backend, workdir, result)
     except Unfittable as exc:
         result.status, result.reason, result.never = RankStatus.SKIP, str(exc), exc.never
@@ -88,17 +88,17 @@ def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir:
     parallel, checking = _phase(result, "parallel"), _phase(result, "checks")
     with library.Findings() as findings:
         with parallel:
-            model = p.model_class(**p.init_dict).eval()
+            model = p.model_class(**p.init_dict).eval().to(ref.out.device, ref.out.dtype)
             model.load_state_dict(ref.model.state_dict())
             result.raised_in_parallel = True  # from here on, a raise may leave peers inside a collective
             model, applied = apply(p.route, model, case.layout, backend, control, ref.model, workdir)
         ctx = CheckContext(model, ref.model, applied, ref.out, ref.weights,
                            atol if case.atol is None else case.atol, rtol if case.rtol is None else case.rtol,
-                           grads_requested=case.grads)
+                           grads_requested=case.grads, ref_out32=ref.out32, ref_grads32=ref.grads32)
         with checking:
             checks = run_checks(STRUCTURE, ctx)
         with parallel:
-            ctx.out, ctx.forward_error = _attempt(lambda: reference.forward(model, p.inputs), result)
+            ctx.out, ctx.forward_error = _attempt(lambda: reference.forward(model, ref.inputs), result)
         with checking:
             checks += run_checks([CheckId.FORWARD], ctx)
         if grads_skip_reason(ctx) is None:
