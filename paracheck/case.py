@@ -33,6 +33,8 @@ class Case:
     grads: bool = True
     variant: str = "base"
     dtype: str = "fp32"
+    #: The library's context-parallel options for this case, e.g. (("ulysses_anything", True),).
+    cp_options: tuple = ()
     #: Set by the pytest mixins: a directory holding the init dict and inputs (see `payload`).
     payload: str | None = None
     #: Tolerances that override the ones from dtype and backend (the mixins' class attributes).
@@ -41,6 +43,7 @@ class Case:
 
     def __post_init__(self):
         object.__setattr__(self, "route", Route(self.route))
+        object.__setattr__(self, "cp_options", tuple(tuple(o) for o in self.cp_options))
 
     def id_with(self, route: Route | None = None) -> str:
         """`model-layout-route[-variant][-control]`; `route` is the resolved one once a rank knows it."""
@@ -80,11 +83,21 @@ def expand(model: str, factory: str, layouts, controls, plain: bool = True, vari
     cases = []
     for layout in layouts:
         for variant in variants:
+            options = cp_options_for(variant, layout)
             if plain:
-                cases.append(Case(model, factory, layout, variant=variant, **fields))
-            cases.extend(Case(model, factory, layout, variant=variant, **dict(fields, control=c, grads=True))
-                         for c in controls(layout))
+                cases.append(Case(model, factory, layout, variant=variant, cp_options=options, **fields))
+            cases.extend(Case(model, factory, layout, variant=variant, cp_options=options,
+                              **dict(fields, control=c, grads=True)) for c in controls(layout))
     return cases
+
+
+def cp_options_for(variant: str, layout: Layout) -> tuple:
+    """Uneven lengths run with the library's "anything" modes on the CP kinds the layout has (where it
+    has both, the library refuses, and says why)."""
+    if variant != "uneven" or not layout.has_cp:
+        return ()
+    return tuple((name, True) for name, degree in (("ring_anything", layout.ring), ("ulysses_anything", layout.ulysses))
+                 if degree > 1)
 
 
 def load_factory(path: str):
@@ -109,10 +122,16 @@ def load_factory(path: str):
     return factory
 
 
-def call_factory(path: str):
-    """Run a factory and check it returns `(model_class, init_dict, inputs)`."""
+def factory_variants(path: str) -> tuple[str, ...]:
+    """The input variants a factory offers: its `variants` attribute, else only "base"."""
+    return tuple(getattr(load_factory(path), "variants", ("base",)))
+
+
+def call_factory(path: str, variant: str = "base"):
+    """Run a factory (for `variant`, if not base) and check it returns `(model_class, init_dict, inputs)`."""
     try:
-        result = load_factory(path)()
+        factory = load_factory(path)
+        result = factory(variant=variant) if variant != "base" else factory()
     except SpecError:
         raise
     except Exception as exc:

@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--controls", action="store_true", help="also run every negative control")
     run.add_argument("--only-control", help="with --controls: run this control alone (and no plain cases)")
     run.add_argument("--dtype", default="fp32", help="fp32|bf16|fp16: the dtype the models run in")
+    run.add_argument("--variants", default="all", help="input variants: all, or some of base,batch2,masked,uneven "
+                     "(each model runs the ones it offers)")
     run.add_argument("--known-failures", default=None, help="TOML of declared upstream failures, or none "
                      "(default: the file paracheck ships)")
     run.add_argument("--report-json", help="write the JSON report here")
@@ -80,6 +82,7 @@ def _check_options(args, backend) -> list[Layout]:
     missing = missing_devices(backend, int(os.environ.get("LOCAL_WORLD_SIZE", args.nproc)))
     if missing:
         raise UsageError(missing)
+    _wanted_variants(args.variants)
     for flag, value, allowed in (("--order", args.order, ORDERS), ("--route", args.route, ROUTES),
                                  ("--dtype", args.dtype, DTYPES)):
         if value not in allowed:
@@ -116,9 +119,33 @@ def build_cases(args, backend) -> list[Case]:
         _check_fits(models, layouts, built)
     # Every control on every layout: one that cannot apply is reported as skipped, with the reason.
     controls = [args.only_control] if args.only_control else (list(CONTROLS) if args.controls else [])
+    wanted = _wanted_variants(args.variants)
     return [case for model, factory in models
             for case in expand(model, factory, layouts, lambda layout: controls, plain=not args.only_control,
+                               variants=[v for v in _offered(model, factory) if v in wanted],
                                route=args.route, grads=not args.no_grads, dtype=args.dtype)]
+
+
+def _wanted_variants(text: str) -> list[str]:
+    from .fixtures_index import VARIANTS
+
+    if text.strip() == "all":
+        return list(VARIANTS)
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown or not names:
+        raise UsageError(f"--variants {text!r}: {', '.join(unknown) or 'empty'}: variants are {', '.join(VARIANTS)} "
+                         "(or all)")
+    return names
+
+
+def _offered(model: str, factory: str) -> tuple[str, ...]:
+    from .case import factory_variants
+    from .fixtures_index import FIXTURE_VARIANTS, FIXTURES
+
+    if FIXTURES.get(model) == factory:
+        return FIXTURE_VARIANTS.get(model, ("base",))
+    return factory_variants(factory)
 
 
 def _spec_names(specs: list[str]) -> list[tuple[str, str]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .layout import Layout, fit_heads
+from .layout import Layout
 
 HEADS_KEY = "num_attention_heads"
 HEAD_DIM_KEY = "attention_head_dim"
@@ -64,8 +64,9 @@ class Fit:
     changes: list[str] = field(default_factory=list)
 
 
-def fit_init_dict(model_class: type, init_dict: dict, layout: Layout) -> Fit:
-    """A copy of `init_dict` whose heads (and what is tied to them) and block counts suit `layout`."""
+def fit_init_dict(model_class: type, init_dict: dict, layout: Layout, any_heads: bool = False) -> Fit:
+    """A copy of `init_dict` whose heads (and what is tied to them) and block counts suit `layout`.
+    `any_heads`: Ulysses takes any head count (the library's ulysses_anything), so only TP must divide them."""
     name = model_class.__name__
     if layout.has_tp and not getattr(model_class, "_tp_plan", None):
         raise Unfittable(f"{name} has no _tp_plan, so it cannot take tensor parallelism (layout {layout})", never=True)
@@ -73,11 +74,12 @@ def fit_init_dict(model_class: type, init_dict: dict, layout: Layout) -> Fit:
         raise Unfittable(f"{name} has no _cp_plan, so it cannot take context parallelism (layout {layout})", never=True)
     fitted = dict(init_dict)
     changes: list[str] = []
-    if layout.head_multiple > 1:
-        _fit_head_group(model_class, fitted, layout, HEADS_KEY, HEAD_DIM_KEY, TIED_TO_INNER_DIM.get(name, ()),
+    multiple = layout.tp if any_heads else layout.head_multiple
+    if multiple > 1:
+        _fit_head_group(model_class, fitted, multiple, HEADS_KEY, HEAD_DIM_KEY, TIED_TO_INNER_DIM.get(name, ()),
                         changes, required=True)
         for heads_key, head_dim_key, tied in OTHER_HEADS.get(name, ()):
-            _fit_head_group(model_class, fitted, layout, heads_key, head_dim_key, tied, changes, required=False)
+            _fit_head_group(model_class, fitted, multiple, heads_key, head_dim_key, tied, changes, required=False)
     plans = []
     if layout.has_cp:
         plans.append(("_cp_plan", model_class._cp_plan))
@@ -87,15 +89,15 @@ def fit_init_dict(model_class: type, init_dict: dict, layout: Layout) -> Fit:
     return Fit(fitted, changes + block_changes)
 
 
-def _fit_head_group(model_class, fitted: dict, layout: Layout, heads_key: str, head_dim_key: str,
+def _fit_head_group(model_class, fitted: dict, multiple: int, heads_key: str, head_dim_key: str,
                     tied: tuple[str, ...], changes: list[str], required: bool) -> None:
     name = model_class.__name__
     heads = fitted.get(heads_key, _default(model_class, heads_key))
     if not isinstance(heads, int):
         if not required and heads is None and heads_key not in fitted:
             return
-        raise Unfittable(f"{name}: no integer {heads_key} to fit to tp x ulysses = {layout.head_multiple}")
-    new_heads = fit_heads(heads, layout)
+        raise Unfittable(f"{name}: no integer {heads_key} to fit to a multiple of {multiple} (tp x ulysses)")
+    new_heads = -(-heads // multiple) * multiple
     if new_heads == heads:
         return
     fitted[heads_key] = new_heads

@@ -19,3 +19,10 @@ FIXTURE_CLASSES = (
     "LTXVideoTransformer3DModel", "QwenImage21Transformer2DModel", "ChronoEditTransformer3DModel",
     "HeliosTransformer3DModel", "LTX2VideoTransformer3DModel", "MiniMaxH3Transformer3DModel",
 )
+
+#: Input variants (see docs/variants.md): one sample; two with different timesteps; one sample's text
+#: padded and masked; lengths the CP degree does not divide (run with the library's "anything" modes).
+VARIANTS = ("base", "batch2", "masked", "uneven")
+
+#: The variants each fixture offers; a fixture absent here offers only "base".
+FIXTURE_VARIANTS: dict[str, tuple[str, ...]] = {}

@@ -79,13 +79,27 @@ def tp_shard_specs(model, tp_degree: int) -> dict:
 # -- building parallel state ---------------------------------------------------------------------
 
 
-def make_parallel_config(layout, mesh=None):
+def make_parallel_config(layout, cp_options: tuple = ()):
     """The library's `ParallelConfig` for `layout`; raises ValueError where the library refuses it."""
     from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig, TensorParallelConfig
 
-    cp = ContextParallelConfig(ring_degree=layout.ring, ulysses_degree=layout.ulysses) if layout.has_cp else None
+    cp = ContextParallelConfig(ring_degree=layout.ring, ulysses_degree=layout.ulysses,
+                               **dict(cp_options)) if layout.has_cp else None
     tp = TensorParallelConfig(tp_degree=layout.tp) if layout.has_tp else None
     return ParallelConfig(context_parallel_config=cp, tensor_parallel_config=tp)
+
+
+def cp_options_refused(layout, cp_options: tuple) -> str | None:
+    """The library's own words refusing these context-parallel options on `layout`; None when it takes them."""
+    from diffusers.models._modeling_parallel import ContextParallelConfig
+
+    if not layout.has_cp or not cp_options:
+        return None
+    try:
+        ContextParallelConfig(ring_degree=layout.ring, ulysses_degree=layout.ulysses, **dict(cp_options))
+    except (ValueError, NotImplementedError, TypeError) as exc:
+        return f"diffusers refuses {', '.join(f'{k}={v}' for k, v in cp_options)} on {layout}: {exc}"
+    return None
 
 
 def library_accepts(layout) -> bool:
@@ -97,7 +111,7 @@ def library_accepts(layout) -> bool:
     return True
 
 
-def composed_config(layout, mesh, rank: int, world: int, device):
+def composed_config(layout, mesh, rank: int, world: int, device, cp_options: tuple = ()):
     """A `ParallelConfig` holding both halves on one shared mesh, set up as `enable_parallelism` would.
 
     diffusers 0.42's constructor refuses TP and CP at once, so it is built with one half and given the
@@ -107,7 +121,8 @@ def composed_config(layout, mesh, rank: int, world: int, device):
 
     cp = tp = None
     if layout.has_cp:
-        cp = ContextParallelConfig(ring_degree=layout.ring, ulysses_degree=layout.ulysses, mesh=mesh)
+        cp = ContextParallelConfig(ring_degree=layout.ring, ulysses_degree=layout.ulysses, mesh=mesh,
+                                   **dict(cp_options))
         cp.setup(rank, world, device, mesh)
     if layout.has_tp:
         tp = TensorParallelConfig(mesh=mesh["tp"])

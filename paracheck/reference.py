@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import library
 from .case import Case, call_factory
 from .fitting import Unfittable, cp_split_problems, fit_init_dict
 from .records import Route
@@ -51,14 +52,14 @@ class Sources:
         self._loaded: dict[str, tuple] = {}
 
     def get(self, case: Case):
-        name = case.payload or case.factory
+        name = (case.payload or case.factory, case.variant)
         if name not in self._loaded:
             if case.payload:
                 from .payload import load
 
-                self._loaded[name] = load(case.payload)
+                self._loaded[name] = load(os.path.join(case.payload, case.variant))
             else:
-                self._loaded[name] = call_factory(case.factory)
+                self._loaded[name] = call_factory(case.factory, case.variant)
         return self._loaded[name]
 
 
@@ -70,9 +71,15 @@ def plan(case: Case, backend, sources: Sources) -> Plan:
         return Plan(case, error=f"loading the model source raised {type(exc).__name__}: {exc}")
     p = Plan(case, model_class, inputs=inputs)
     try:
-        fit = fit_init_dict(model_class, init_dict, case.layout)
+        options = dict(case.cp_options)
+        refused = library.cp_options_refused(case.layout, case.cp_options)
+        if refused:
+            raise Unfittable(refused)
+        fit = fit_init_dict(model_class, init_dict, case.layout, any_heads=bool(options.get("ulysses_anything")))
         p.init_dict, p.fit = fit.init_dict, fit.changes
-        problems = backend.problems(case.layout) + cp_split_problems(model_class, inputs, case.layout)
+        uneven_ok = options.get("ulysses_anything") or options.get("ring_anything")
+        problems = backend.problems(case.layout) + ([] if uneven_ok else
+                                                    cp_split_problems(model_class, inputs, case.layout))
         if problems:
             raise Unfittable("; ".join(problems))
         p.route = resolve_route(case.route, case.layout)

@@ -42,18 +42,18 @@ def resolve_route(route: Route, layout: Layout) -> Route:
     return Route.NATIVE if library.library_accepts(layout) else Route.COMPOSED
 
 
-def apply(route: Route, model, layout: Layout, backend, control, reference, workdir: str):
+def apply(route: Route, model, layout: Layout, backend, control, reference, workdir: str, cp_options: tuple = ()):
     """Parallelize `model` (a copy of `reference`) and plant `control`; returns (model, Applied)."""
     rank = dist.get_rank()
     if route == Route.NATIVE:
         with library.shims(backend.device_type), library.entry_point("enable_parallelism", route.value):
-            model.enable_parallelism(config=library.make_parallel_config(layout))
+            model.enable_parallelism(config=library.make_parallel_config(layout, cp_options))
         applied = _applied(route, model, layout, rank)
     elif route == Route.COMPOSED:
         order = control.order_for(layout.order) if control else layout.order
-        applied = _composed(model, layout, backend, rank, order)
+        applied = _composed(model, layout, backend, rank, order, cp_options)
     elif route == Route.SHARDED_LOAD:
-        model = _sharded_load(reference, layout, backend, workdir)
+        model = _sharded_load(reference, layout, backend, workdir, cp_options)
         applied = _applied(route, model, layout, rank)
     else:
         raise ValueError(f"route {route!r}: must be one of native, composed, sharded-load")
@@ -80,10 +80,10 @@ def build_mesh(layout: Layout, device_type: str, order: str):
     return init_device_mesh(device_type, shaped.mesh_shape, mesh_dim_names=shaped.mesh_dims)
 
 
-def _composed(model, layout: Layout, backend, rank: int, order: str) -> Applied:
+def _composed(model, layout: Layout, backend, rank: int, order: str, cp_options: tuple) -> Applied:
     mesh = build_mesh(layout, backend.device_type, order)
     device = torch.device(backend.device_for(int(os.environ.get("LOCAL_RANK", rank))))
-    config = library.composed_config(layout, mesh, rank, dist.get_world_size(), device)
+    config = library.composed_config(layout, mesh, rank, dist.get_world_size(), device, cp_options)
     library.attach(model, config)
     if config.context_parallel_config is not None:
         with library.entry_point("apply_context_parallel", Route.COMPOSED.value):
@@ -97,7 +97,7 @@ def _composed(model, layout: Layout, backend, rank: int, order: str) -> Applied:
     return Applied(Route.COMPOSED, layout, rank, config, meshes)
 
 
-def _sharded_load(reference, layout: Layout, backend, workdir: str):
+def _sharded_load(reference, layout: Layout, backend, workdir: str, cp_options: tuple):
     if layout.has_tp and layout.has_cp and not library.library_accepts(layout):
         raise Unfittable(REFUSES_BOTH)
     checkpoint = os.path.join(workdir, "checkpoint")
@@ -105,6 +105,6 @@ def _sharded_load(reference, layout: Layout, backend, workdir: str):
         reference.save_pretrained(checkpoint, safe_serialization=True)
     dist.barrier()
     with library.shims(backend.device_type), library.entry_point("from_pretrained", Route.SHARDED_LOAD.value):
-        model = type(reference).from_pretrained(checkpoint, parallel_config=library.make_parallel_config(layout),
+        model = type(reference).from_pretrained(checkpoint, parallel_config=library.make_parallel_config(layout, cp_options),
                                                 low_cpu_mem_usage=True)
     return model.eval()

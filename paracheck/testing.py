@@ -39,24 +39,27 @@ class _ParallelTesterMixin:
     paracheck_timeout: float = 300.0
     paracheck_controls: bool = True
     paracheck_dtype: str = "fp32"
+    #: Input variants: "base" (batch_size=1), "batch2" (batch_size=2); others come from the class's
+    #: `paracheck_variant_inputs(variant)` when it defines one.
+    paracheck_variants: tuple[str, ...] = ("base",)
     #: A known-failures TOML path, "none", or None for the file paracheck ships.
     paracheck_known_failures: str | None = None
 
     @pytest.mark.paracheck
-    def test_paracheck_structure(self, paracheck_layout, request):
-        _expect(self, request, paracheck_layout, None, STRUCTURE_IDS)
+    def test_paracheck_structure(self, paracheck_case, request):
+        _expect(self, request, paracheck_case, STRUCTURE_IDS)
 
     @pytest.mark.paracheck
-    def test_paracheck_forward(self, paracheck_layout, request):
-        _expect(self, request, paracheck_layout, None, (CheckId.FORWARD,))
+    def test_paracheck_forward(self, paracheck_case, request):
+        _expect(self, request, paracheck_case, (CheckId.FORWARD,))
 
     @pytest.mark.paracheck
-    def test_paracheck_grads(self, paracheck_layout, request):
-        _expect(self, request, paracheck_layout, None, (CheckId.GRADS,))
+    def test_paracheck_grads(self, paracheck_case, request):
+        _expect(self, request, paracheck_case, (CheckId.GRADS,))
 
     @pytest.mark.paracheck
-    def test_paracheck_control(self, paracheck_layout, paracheck_control, request):
-        _expect(self, request, paracheck_layout, paracheck_control, ())
+    def test_paracheck_control(self, paracheck_control_case, request):
+        _expect(self, request, paracheck_control_case, ())
 
 
 class HybridParallelTesterMixin(_ParallelTesterMixin):
@@ -76,17 +79,24 @@ class ContextParallelTesterMixin(_ParallelTesterMixin):
 
 
 def generate(metafunc) -> None:
-    """Parametrize the mixin's tests over the class's layouts (and controls that apply to them)."""
+    """Parametrize the mixin's tests over (layout, variant) and, for controls, the controls that apply."""
     cls = metafunc.cls
     if cls is None or not issubclass(cls, _ParallelTesterMixin):
         return
     layouts = [Layout.parse(name) for name in cls.paracheck_layouts]
-    if "paracheck_control" in metafunc.fixturenames:
-        pairs = [(l.name, c) for l in layouts for c in (applicable(l) if cls.paracheck_controls else [])]
-        metafunc.parametrize("paracheck_layout,paracheck_control", pairs or [pytest.param(None, None, marks=pytest.mark.skip(
-            reason="no negative control applies to these layouts"))], ids=[f"{l}-{c}" for l, c in pairs] or ["no-control"])
-    elif "paracheck_layout" in metafunc.fixturenames:
-        metafunc.parametrize("paracheck_layout", [l.name for l in layouts], ids=[l.name for l in layouts])
+    variants = list(cls.paracheck_variants)
+    plain = [(l.name, v, None) for l in layouts for v in variants]
+    if "paracheck_control_case" in metafunc.fixturenames:
+        cases = [(l, v, c) for l, v, _ in plain for c in (applicable(Layout.parse(l)) if cls.paracheck_controls else [])]
+        params = cases or [pytest.param(None, marks=pytest.mark.skip(reason="no negative control applies here"))]
+        metafunc.parametrize("paracheck_control_case", params, ids=[_id(c, variants) for c in cases] or ["no-control"])
+    elif "paracheck_case" in metafunc.fixturenames:
+        metafunc.parametrize("paracheck_case", plain, ids=[_id(c, variants) for c in plain])
+
+
+def _id(case: tuple, variants: list[str]) -> str:
+    layout, variant, control = case
+    return "-".join([layout] + ([variant] if variants != ["base"] else []) + ([control] if control else []))
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -96,15 +106,20 @@ def _backend_name(test, request) -> str:
     return request.config.getoption("--paracheck-backend", default=None) or test.paracheck_backend or "auto"
 
 
-def _expect(test, request, layout_name: str, control: str | None, check_ids) -> None:
+def _expect(test, request, case: tuple, check_ids) -> None:
     from .verdict import outcome_for_test
 
+    layout_name, variant, control = case
     layout = Layout.parse(layout_name)
     backend = resolve(_backend_name(test, request))
     missing = missing_devices(backend, layout.world)
     if missing:
         pytest.skip(f"{layout}: {missing}")
-    verdict, ranks = _results(test, backend, layout.world)[(layout.name, control)]
+    found = _results(test, backend, layout.world).get((layout.name, variant, control))
+    if found is None:
+        pytest.skip(f"the tester config has no inputs for variant {variant!r}: define "
+                    "paracheck_variant_inputs(variant), or get_dummy_inputs(batch_size=...) for batch2")
+    verdict, ranks = found
     outcome, why = outcome_for_test(verdict, check_ids)
     replay = f"pytest '{request.node.nodeid}'" + (f" --paracheck-backend {backend.name}"
                                                  if backend.name != "gloo" else "")
@@ -128,35 +143,51 @@ def _results(test, backend, world: int) -> dict:
 def _launch(test, backend, world: int) -> dict:
     from . import known
     from .launch import Launcher
-    from .payload import dump
     from .verdict import judge_controls, merge
 
     cls = type(test)
     layouts = [Layout.parse(n) for n in cls.paracheck_layouts if Layout.parse(n).world == world]
     folder = tempfile.mkdtemp(prefix="paracheck-mixin-")
     try:
-        payload = dump(folder, test.model_class, test.get_init_dict(), _dummy_inputs(test))
+        variants = [v for v in cls.paracheck_variants if _dump_variant(test, folder, v)]
         controls = applicable if cls.paracheck_controls else (lambda layout: [])
-        cases = expand(cls.__name__, "payload", layouts, controls, payload=payload, atol=cls.paracheck_atol,
-                       rtol=cls.paracheck_rtol, dtype=cls.paracheck_dtype)
+        cases = expand(cls.__name__, "payload", layouts, controls, variants=variants, payload=folder,
+                       atol=cls.paracheck_atol, rtol=cls.paracheck_rtol, dtype=cls.paracheck_dtype)
         outcome = Launcher(backend, world, cls.paracheck_timeout).run(cases)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     verdicts = [merge(c, outcome.results[i]) for i, c in enumerate(cases)]
     known.apply(verdicts, known.load(cls.paracheck_known_failures or known.SHIPPED))
     judge_controls(verdicts)
-    return {(v.case.layout.name, v.case.control): (v, outcome.results[i]) for i, v in enumerate(verdicts)}
+    return {(v.case.layout.name, v.case.variant, v.case.control): (v, outcome.results[i])
+            for i, v in enumerate(verdicts)}
 
 
-def _dummy_inputs(test) -> dict:
+def _dump_variant(test, folder: str, variant: str) -> bool:
+    """Write the variant's model and inputs for the ranks; False when the class cannot make them."""
+    import os
+
+    from .payload import dump
+
+    inputs = _variant_inputs(test, variant)
+    if inputs is None:
+        return False
+    dump(os.path.join(folder, variant), test.model_class, test.get_init_dict(), inputs)
+    return True
+
+
+def _variant_inputs(test, variant: str):
+    custom = getattr(test, "paracheck_variant_inputs", None)
+    if custom is not None and variant not in ("base", "batch2"):
+        return custom(variant)
     method = test.get_dummy_inputs
     parameters = inspect.signature(method).parameters
-    kwargs = {}
+    kwargs = {"device": "cpu"} if "device" in parameters else {}
     if "batch_size" in parameters:
-        kwargs["batch_size"] = 1
-    if "device" in parameters:
-        kwargs["device"] = "cpu"
-    return method(**kwargs)
+        kwargs["batch_size"] = 2 if variant == "batch2" else 1
+    elif variant == "batch2":
+        return custom(variant) if custom else None
+    return method(**kwargs) if variant in ("base", "batch2") else None
 
 
 def _failure(verdict, ranks, headline: str, replay: str) -> str:

@@ -58,7 +58,8 @@ class Verdict:
     def to_json(self) -> dict:
         c = self.case
         data = {"id": self.id, "model": c.model, "layout": c.layout.name, "order": c.layout.order,
-                "route": self.route.value, "variant": c.variant, "dtype": c.dtype, "control": c.control,
+                "route": self.route.value, "variant": c.variant, "dtype": c.dtype,
+                "cp_options": dict(c.cp_options), "control": c.control,
                 "attention_backend": self.attention_backend, "status": self.status.value, "reason": self.reason,
                 "checks": [m.to_json() for m in self.checks], "fit": self.fit,
                 "findings": [f"input not split on ranks {ranks_text(f.ranks)}: {f.message}" for f in self.findings],

@@ -91,7 +91,7 @@ def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir:
             model = p.model_class(**p.init_dict).eval().to(ref.out.device, ref.out.dtype)
             model.load_state_dict(ref.model.state_dict())
             result.raised_in_parallel = True  # from here on, a raise may leave peers inside a collective
-            model, applied = apply(p.route, model, case.layout, backend, control, ref.model, workdir)
+            model, applied = apply(p.route, model, case.layout, backend, control, ref.model, workdir, case.cp_options)
         ctx = CheckContext(model, ref.model, applied, ref.out, ref.weights,
                            atol if case.atol is None else case.atol, rtol if case.rtol is None else case.rtol,
                            grads_requested=case.grads, ref_out32=ref.out32, ref_grads32=ref.grads32)
