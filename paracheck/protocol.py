@@ -41,6 +41,10 @@ ENV_PG_TIMEOUT = "PARACHECK_PG_TIMEOUT"
 FAIL_FAST_GRACE = 5.0
 
 
+#: Set by a rank that gives up on its world; a peer that then finishes the case must not go on in it.
+STORE_BROKEN_KEY = "paracheck/broken"
+
+
 def store_done_key(index: int, rank: int) -> str:
     return f"paracheck/done/{index}/{rank}"
 

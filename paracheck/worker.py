@@ -26,8 +26,8 @@ from .case import Case
 from .checks import STRUCTURE, CheckContext, grads_skip_reason, run_checks, tolerance
 from .controls import get_control
 from .fitting import Unfittable
-from .protocol import ENV_PG_TIMEOUT, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE, RankExit, RunDir, read_json, \
-    store_done_key, write_json
+from .protocol import ENV_PG_TIMEOUT, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE, STORE_BROKEN_KEY, RankExit, RunDir, \
+    read_json, store_done_key, write_json
 from .records import CheckId, RankResult, RankStatus
 from .routes import apply
 
@@ -159,6 +159,7 @@ def run_world(rundir: RunDir, cases: list[Case], todo: list[int], backend, store
         write_json(rundir.result(index, rank), result.to_json())
         store.set(store_done_key(index, rank), result.status.value)
         if result.raised_in_parallel and not world_intact(store, index, world, max(FAIL_FAST_GRACE, result.seconds)):
+            store.set(STORE_BROKEN_KEY, str(rank))
             return RankExit.BROKEN
     write_json(rundir.progress(rank), {"index": None, "done": time.time()})
     return RankExit.DONE
@@ -169,9 +170,10 @@ def world_intact(store, index: int, world: int, grace: float) -> bool:
     is stuck in a collective and the next case can run here. The store is no collective: asking cannot hang."""
     try:
         store.wait([store_done_key(index, r) for r in range(world)], timedelta(seconds=grace))
-        return True
     except Exception:
         return False
+    # A peer finished only because another gave up (its collective broke when that one left).
+    return not store.check([STORE_BROKEN_KEY])
 
 
 def main(rundir_path: str) -> int:
