@@ -1,5 +1,6 @@
 """Real multi-process gloo worlds on real diffusers models. One launch serves many assertions."""
 
+import json
 import os
 import signal
 import subprocess
@@ -201,3 +202,29 @@ def test_a_rank_that_raises_is_blamed_within_seconds(tmp_path):
     assert run.case("flux_spec", "u4")["status"] == "pass"
     assert run.code == 1 and run.report["worlds"] == 2
     _assert_clean(run.tmpdir)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_two_agents_make_one_world(tmp_path):
+    """Two torchrun agents on 127.0.0.1 (two ranks each) are one 4-rank world: every rank runs the
+    cases, rank 0 (whichever agent holds it) prints the table and writes the report, all exit 0."""
+    report, port = tmp_path / "r.json", _free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+           f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=paracheck-test", "-m", "paracheck", "run",
+           "--models", "flux", "--layouts", "tp2xu2,u4", "--quiet", "--report-json", str(report)]
+    agents = [subprocess.Popen(cmd[:3] + [f"--node-rank={n}"] + cmd[3:], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True) for n in (0, 1)]
+    outs = [a.communicate(timeout=300)[0] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], outs
+    data = json.loads(report.read_text())
+    assert data["nproc"] == 4 and data["start_method"] == "torchrun"
+    assert [c["status"] for c in data["cases"]] == ["pass", "pass"]
+    lines = [l for out in outs for l in out.splitlines() if l.startswith("[rank")]
+    assert sorted({l.split()[0] for l in lines}) == ["[rank0]", "[rank1]", "[rank2]", "[rank3]"]
