@@ -5,8 +5,8 @@ diffusers' ring attention merges per-chunk results with their log-sum-exp (LSE);
 
 - `forward_op` / `backward_op`: the op pair diffusers' templated ring and Ulysses code calls, in the
   library's (B, S, H, D) layout with LSE as (B, S, H) float32. Both compute in float32 whatever the
-  input dtype (bf16 in, bf16 out) so bf16 runs differ from the float32 reference by the final rounding
-  only, not by accumulation order.
+  input dtype (bf16 in, bf16 out; LSE always float32), so a bf16 result is the float32 one rounded once.
+  (Under ring, diffusers casts the merged output to the input dtype before the backward reads it.)
 - `cpu_lse_attention()`: registers the pair under `BACKEND` and makes it the active backend, only
   inside a `with` block; `fault=` plants one of two ring-only bugs (negative controls).
 - `reversed_ring_rotation()`: test-only, hand-applies the fix for diffusers 0.42.1's ring backward
@@ -59,10 +59,13 @@ def _bias(attn_mask, dtype):
     return attn_mask.to(dtype)
 
 
+def _scale(q, scale):
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
 def _scores(q, k, attn_mask, scale):
     """q (B, Sq, H, D), k (B, Sk, H, D) -> float32 scores (B, H, Sq, Sk), mask broadcast as SDPA does."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * _scale(q, scale)
     bias = _bias(attn_mask, s.dtype)
     return s if bias is None else s + bias
 
@@ -126,7 +129,6 @@ def backward_op(ctx, grad_out, *args, query=None, key=None, value=None, out=None
 
 
 def _chunk_grads(grad_out, q, k, v, out, lse, attn_mask, scale):
-    scale_ = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     p = _probs(_scores(q, k, attn_mask, scale), lse.float().transpose(1, 2))
     do = grad_out.float()
     dv = torch.einsum("bhqk,bqhd->bkhd", p, do)
@@ -134,7 +136,7 @@ def _chunk_grads(grad_out, q, k, v, out, lse, attn_mask, scale):
     # Each row's softmax Jacobian term sum_j p_ij dp_ij equals dO_i . O_i over *all* chunks, which is
     # why the global (merged) out is needed and a chunk-local one would be wrong.
     delta = (do * out.float()).sum(-1).transpose(1, 2).unsqueeze(-1)
-    ds = p * (dp - delta) * scale_
+    ds = p * (dp - delta) * _scale(q, scale)
     dq = torch.einsum("bhqk,bkhd->bqhd", ds, k.float())
     dk = torch.einsum("bhqk,bqhd->bkhd", ds, q.float())
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
@@ -267,7 +269,8 @@ def reversed_ring_rotation():
     """TEST ONLY. diffusers 0.42.1's `TemplatedRingAttention.backward` passes each rank's KV-gradient
     accumulator to rank + 1 while step i computes the gradient of chunk rank + i, so an accumulator
     meets the wrong chunks once the ring degree exceeds 2. Passing it to rank - 1 instead (the fix,
-    applied here by hand) makes both walk the same way. Exists to prove that known failure is real."""
+    applied here by hand) keeps each accumulator on the rank that is computing its chunk. Exists only
+    so a test can prove that known failure is real."""
     import diffusers.models.attention_dispatch as dispatch
 
     original = dispatch.funcol

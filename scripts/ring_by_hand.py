@@ -4,6 +4,8 @@ Run with as many ranks as the layout needs, e.g.
     GLOO_SOCKET_IFNAME=lo python -m torch.distributed.run --nproc_per_node=4 scripts/ring_by_hand.py \
         --model flux --ring 4 --cases plain,stale-kv-backward,drop-ring-merge,fixed
 Prints, per case, the worst forward and gradient (summed over the CP group) error over all ranks.
+Cases: plain; a planted fault (stale-kv-backward, drop-ring-merge); fixed (reversed_ring_rotation).
+Models are the bundled fixtures with 4 heads; `--text-mask pad` pads QwenImage's last three text tokens.
 """
 
 import argparse
@@ -30,10 +32,12 @@ def fixtures():
     return module
 
 
-def build(name, masked):
+def build(name, text_mask):
     cls, init, inputs = getattr(fixtures(), name)()
     init = dict(init, num_attention_heads=4)
-    if masked:
+    if text_mask == "none":
+        inputs = dict(inputs, encoder_hidden_states_mask=None)
+    elif text_mask == "pad":
         mask = torch.ones(1, inputs["encoder_hidden_states"].shape[1], dtype=torch.long)
         mask[:, -3:] = 0  # the last three text tokens are padding
         inputs = dict(inputs, encoder_hidden_states_mask=mask)
@@ -88,14 +92,15 @@ def main():
     parser.add_argument("--model", default="flux")
     parser.add_argument("--ring", type=int, default=1)
     parser.add_argument("--ulysses", type=int, default=1)
-    parser.add_argument("--mask", action="store_true", help="qwenimage: pad the last three text tokens")
+    parser.add_argument("--text-mask", default="fixture", choices=("fixture", "none", "pad"),
+                        help="qwenimage: the fixture's all-ones mask, no mask, or the last three text tokens padded")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--cases", default="plain")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     dtype = getattr(torch, args.dtype)
-    cls, init, inputs = build(args.model, args.mask)
+    cls, init, inputs = build(args.model, args.text_mask)
     torch.manual_seed(0)
     reference = cls(**init).to(dtype).eval()
     inputs = {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
@@ -114,7 +119,7 @@ def main():
             break
         if dist.get_rank() == 0:
             line += f" unwaited_works={torch._C._distributed_c10d._get_work_registry_size()}"
-            mask = " masked" if args.mask else ""
+            mask = f" text-mask={args.text_mask}" if args.model == "qwenimage" else ""
             print(f"{args.model}{mask} {args.dtype} r{args.ring}xu{args.ulysses} {name}: {line}", flush=True)
     # Diffusers' ring all-gathers are consumed through views and never explicitly waited; tearing gloo
     # down while a peer may still hold such work aborts a rank now and then. A barrier first avoids it.
