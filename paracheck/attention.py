@@ -12,7 +12,7 @@ diffusers' ring attention merges per-chunk results with their log-sum-exp (LSE);
 - `reversed_ring_rotation()`: test-only, hand-applies the fix for diffusers 0.42.1's ring backward
   rotation (see docs/upstream/ring_backward_rotation.md).
 
-Every private diffusers name this module touches is listed in `TOUCHED`.
+The registry it plugs into is diffusers' private state, reached only through `library`.
 """
 
 from __future__ import annotations
@@ -26,17 +26,6 @@ import torch
 BACKEND = "paracheck_cpu_lse"
 FAULTS = ("stale-kv-backward", "drop-ring-merge")
 
-#: Private diffusers names used here (module attribute paths), for an adapter to own.
-TOUCHED = (
-    "diffusers.models.attention_dispatch._AttentionBackendRegistry.register",
-    "diffusers.models.attention_dispatch._AttentionBackendRegistry._backends",
-    "diffusers.models.attention_dispatch._AttentionBackendRegistry._constraints",
-    "diffusers.models.attention_dispatch._AttentionBackendRegistry._supported_arg_names",
-    "diffusers.models.attention_dispatch._AttentionBackendRegistry._supports_context_parallel",
-    "diffusers.models.attention_dispatch._AttentionBackendRegistry._active_backend",
-    "diffusers.models.attention_dispatch._templated_context_parallel_attention",
-    "diffusers.models.attention_dispatch.funcol",  # reversed_ring_rotation only
-)
 
 
 class _Name(str, enum.Enum):
@@ -178,7 +167,7 @@ def _ops(fault):
 def _backend(forward, backward):
     def paracheck_cpu_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                           enable_gqa=False, return_lse=False, _parallel_config=None):
-        from diffusers.models.attention_dispatch import _templated_context_parallel_attention
+        from .library import templated_context_parallel_attention
 
         # As the native backend does before SDPA: a (batch, keys) mask means "per key", not (queries, keys).
         if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape == (query.shape[0], key.shape[1]):
@@ -187,41 +176,12 @@ def _backend(forward, backward):
             _refuse(dropout_p, is_causal, enable_gqa)
             out, lse = attend(query, key, value, attn_mask, scale)
             return (out, lse) if return_lse else out
-        return _templated_context_parallel_attention(
+        return templated_context_parallel_attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
             forward_op=forward, backward_op=backward, _parallel_config=_parallel_config,
         )
 
     return paracheck_cpu_lse
-
-
-def _registry():
-    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
-
-    return _AttentionBackendRegistry
-
-
-def _snapshot(registry):
-    """What registering `_Name.CPU_LSE` can change, so exit restores exactly that (nesting included)."""
-    missing = object()
-    return dict(
-        maps={m: getattr(registry, m).get(_Name.CPU_LSE, missing)
-              for m in ("_backends", "_constraints", "_supported_arg_names")},
-        capable=BACKEND in registry._supports_context_parallel,
-        active=registry._active_backend,
-        missing=missing,
-    )
-
-
-def _restore(registry, snap):
-    for name, value in snap["maps"].items():
-        if value is snap["missing"]:
-            getattr(registry, name).pop(_Name.CPU_LSE, None)
-        else:
-            getattr(registry, name)[_Name.CPU_LSE] = value
-    if not snap["capable"]:
-        registry._supports_context_parallel.discard(BACKEND)
-    registry._active_backend = snap["active"]
 
 
 @contextlib.contextmanager
@@ -233,15 +193,11 @@ def cpu_lse_attention(fault: str | None = None):
     (forward exact, ring gradients wrong; diffusers #14265's shape) or "drop-ring-merge" (ring forward
     attends only the local KV chunk). On exit, also on error, the registry is as it was found.
     Processors with an explicit `_attention_backend` bypass the active backend and are not affected."""
+    from . import library
+
     forward, backward = _ops(fault)
-    registry = _registry()
-    snap = _snapshot(registry)
-    try:
-        registry.register(_Name.CPU_LSE, constraints=[], supports_context_parallel=True)(_backend(forward, backward))
-        registry._active_backend = _Name.CPU_LSE
+    with library.active_attention_backend(_Name.CPU_LSE, _backend(forward, backward)):
         yield _Name.CPU_LSE
-    finally:
-        _restore(registry, snap)
 
 
 # -- test-only: the upstream fix for the ring backward's rotation ---------------------------------
@@ -271,11 +227,53 @@ def reversed_ring_rotation():
     meets the wrong chunks once the ring degree exceeds 2. Passing it to rank - 1 instead (the fix,
     applied here by hand) keeps each accumulator on the rank that is computing its chunk. Exists only
     so a test can prove that known failure is real."""
-    import diffusers.models.attention_dispatch as dispatch
+    from . import library
 
-    original = dispatch.funcol
-    dispatch.funcol = _ReversedRotation(original)
-    try:
+    with library.attention_collectives(_ReversedRotation):
         yield
-    finally:
-        dispatch.funcol = original
+
+
+# -- choosing the backend a case runs ---------------------------------------------------------------
+
+#: Backends whose forward op returns the log-sum-exp ring needs (diffusers 0.42.1; the others raise).
+RING_CAPABLE = (BACKEND, "_native_cudnn", "_native_flash", "flash", "sage")
+#: Tried in order for `auto` ring layouts on GPUs.
+GPU_RING_ORDER = ("_native_cudnn", "_native_flash", "flash", "sage")
+
+
+def choose(requested: str, device_type: str, layout) -> tuple[str | None, str | None]:
+    """(the backend a case runs, None) or (None, why the case cannot run). `auto`: this module's op on
+    CPU; on accelerators the library's default, or for ring the first usable backend returning the LSE."""
+    from . import library
+
+    if requested == "auto":
+        if device_type == "cpu":
+            return BACKEND, None
+        if layout.ring == 1:
+            return "native", None
+        usable = [n for n in GPU_RING_ORDER if library.attention_backend_problem(n) is None]
+        if usable:
+            return usable[0], None
+        return None, (f"ring needs an attention backend that returns the log-sum-exp; none of "
+                      f"{', '.join(GPU_RING_ORDER)} is usable here")
+    if requested == BACKEND:
+        return BACKEND, None
+    problem = library.attention_backend_problem(requested)
+    if problem:
+        return None, f"--attention-backend {requested}: {problem}"
+    if layout.ring > 1 and requested not in RING_CAPABLE:
+        return None, f"--attention-backend {requested} returns no log-sum-exp, which ring attention needs"
+    return requested, None
+
+
+@contextlib.contextmanager
+def scope(name: str, fault: str | None = None):
+    """Run attention with backend `name` inside the block (`fault` only for this module's op)."""
+    from . import library
+
+    if name == BACKEND:
+        with cpu_lse_attention(fault):
+            yield
+    else:
+        with library.named_attention_backend(name):
+            yield

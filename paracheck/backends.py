@@ -16,12 +16,6 @@ BACKENDS = ("gloo", "nccl", "neuron")
 # Neuron's all-to-all accepts only contiguous replica groups of these sizes (or multiples of 32).
 _NEURON_ALLTOALL_SIZES = (4, 8, 16)
 
-RING_NEEDS_LSE = (
-    "ring attention needs the attention log-sum-exp, and diffusers' native attention backend "
-    "(the only one that runs on CPU) does not return it, so gloo has no ring backend"
-)
-
-
 @dataclass(frozen=True)
 class Backend:
     name: str
@@ -31,8 +25,6 @@ class Backend:
     def problems(self, layout: Layout) -> list[str]:
         """Why this backend cannot run `layout`; empty when it can."""
         found = []
-        if self.name == "gloo" and layout.ring > 1:
-            found.append(RING_NEEDS_LSE)
         if self.name == "neuron" and layout.ulysses > 1:
             u = layout.ulysses
             if u not in _NEURON_ALLTOALL_SIZES and u % 32 != 0:

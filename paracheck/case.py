@@ -35,6 +35,8 @@ class Case:
     dtype: str = "fp32"
     #: The library's context-parallel options for this case, e.g. (("ulysses_anything", True),).
     cp_options: tuple = ()
+    #: The attention backend asked for: "auto" or a name (see `attention.choose`).
+    attention_backend: str = "auto"
     #: Set by the pytest mixins: a directory holding the init dict and inputs (see `payload`).
     payload: str | None = None
     #: Tolerances that override the ones from dtype and backend (the mixins' class attributes).

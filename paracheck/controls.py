@@ -33,6 +33,8 @@ class Control:
     routes: tuple[Route, ...] | None = None
     #: A note for the report, given the checks that failed.
     note: Callable[[set], str] | None = None
+    #: A bug planted in paracheck's own CPU attention op (see `attention.FAULTS`), for ring.
+    attention_fault: str | None = None
 
     def skip_reason(self, layout: Layout, route: Route | None = None) -> str | None:
         """Why this control cannot run on `layout` (and `route`, once resolved); None when it can."""
@@ -81,6 +83,10 @@ def _global_index_differs(layout: Layout) -> str | None:
 
 def _needs_tp_and_cp(layout: Layout) -> str | None:
     return None if layout.has_tp and layout.has_cp else f"layout {layout} has one kind of parallelism; order is moot"
+
+
+def _needs_ring(layout: Layout) -> str | None:
+    return None if layout.ring > 1 else f"layout {layout} has no ring attention"
 
 
 def _always(layout: Layout) -> str | None:
@@ -167,6 +173,10 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
             (CheckId.GRADS,), _always, _backward_only),
     Control("swapped-mesh-order", "shared mesh built in the order the layout did not ask for",
             (CheckId.MESH,), _needs_tp_and_cp, mesh_order=_other_order, routes=(Route.COMPOSED,)),
+    Control("ring-stale-kv-backward", "ring backward reuses the local KV chunk at every step (diffusers #14265's "
+            "shape); forward exact", (CheckId.GRADS,), _needs_ring, attention_fault="stale-kv-backward"),
+    Control("ring-drop-merge", "ring forward drops the visiting KV chunks' partial results (no LSE merge)",
+            (CheckId.FORWARD,), _needs_ring, attention_fault="drop-ring-merge"),
 )}
 
 

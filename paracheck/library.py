@@ -156,6 +156,88 @@ def shared_mesh(config):
     return getattr(config, "_mesh", None)
 
 
+# -- attention backends --------------------------------------------------------------------------
+
+
+def _attention_registry():
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    return _AttentionBackendRegistry
+
+
+@contextlib.contextmanager
+def active_attention_backend(name, fn):
+    """Register `fn` under `name` (a str enum: the registry keys by member and reads `.value`) as a
+    context-parallel capable backend and make it the active one, inside the block only; on exit, also
+    on error or when nested, the registry is exactly as it was. Processors with an explicit
+    `_attention_backend` do not consult the active backend."""
+    registry = _attention_registry()
+    missing = object()
+    maps = {m: getattr(registry, m).get(name, missing) for m in ("_backends", "_constraints", "_supported_arg_names")}
+    capable, active = name.value in registry._supports_context_parallel, registry._active_backend
+    try:
+        registry.register(name, constraints=[], supports_context_parallel=True)(fn)
+        registry._active_backend = name
+        yield name
+    finally:
+        for attr, value in maps.items():
+            if value is missing:
+                getattr(registry, attr).pop(name, None)
+            else:
+                getattr(registry, attr)[name] = value
+        if not capable:
+            registry._supports_context_parallel.discard(name.value)
+        registry._active_backend = active
+
+
+def active_attention_backend_name() -> str:
+    active = _attention_registry()._active_backend
+    return getattr(active, "value", str(active))
+
+
+def attention_backend_problem(name: str) -> str | None:
+    """Why the library cannot run attention backend `name` here; None when it can."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _check_attention_backend_requirements
+
+    try:
+        backend = AttentionBackendName(name)
+    except ValueError:
+        return f"not one of diffusers' attention backends ({', '.join(b.value for b in AttentionBackendName)})"
+    if backend not in _attention_registry()._backends:
+        return "not registered in this diffusers"
+    try:
+        _check_attention_backend_requirements(backend)
+    except Exception as exc:  # the library says what is missing (a package, a version, a device)
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def named_attention_backend(name: str):
+    from diffusers.models.attention_dispatch import attention_backend
+
+    return attention_backend(name)
+
+
+def templated_context_parallel_attention(*args, **kwargs):
+    """The library's ring / Ulysses / unified machinery around a backend's forward and backward ops."""
+    from diffusers.models.attention_dispatch import _templated_context_parallel_attention
+
+    return _templated_context_parallel_attention(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def attention_collectives(wrap):
+    """Inside the block, the attention dispatcher's functional collectives are `wrap(original)`."""
+    import diffusers.models.attention_dispatch as dispatch
+
+    original = dispatch.funcol
+    dispatch.funcol = wrap(original)
+    try:
+        yield
+    finally:
+        dispatch.funcol = original
+
+
 # -- CPU shims for gloo --------------------------------------------------------------------------
 # diffusers 0.42 assumes an accelerator in exactly two places; on CPU both refuse before any parallel
 # code runs. Each shim lifts one refusal inside a `with` block; tests/test_library.py fails if diffusers

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import library
+from . import attention, library
 from .case import Case, call_factory
 from .fitting import Unfittable, cp_split_problems, fit_init_dict
 from .records import Route
@@ -40,6 +40,8 @@ class Plan:
     route: Route | None = None
     skip: str | None = None
     never: bool = False
+    #: The attention backend the case runs (`attention.choose`).
+    attention: str | None = None
     #: The source or fitting raised (not a misfit): the case errors on every rank.
     error: str | None = None
     key: str | None = None
@@ -83,23 +85,33 @@ def plan(case: Case, backend, sources: Sources) -> Plan:
         if problems:
             raise Unfittable("; ".join(problems))
         p.route = resolve_route(case.route, case.layout)
+        p.attention, refused = attention.choose(case.attention_backend, backend.device_type, case.layout)
+        if refused:
+            raise Unfittable(refused)
         if case.control:
-            from .controls import get_control
-
-            reason = get_control(case.control).skip_reason(case.layout, p.route)
-            if reason:
-                raise Unfittable(reason)
+            _control_fits(case, p)
     except Unfittable as exc:
         p.skip, p.never = str(exc), exc.never
         return p
-    p.key = _key(case, model_class, p.init_dict)
+    p.key = _key(case, model_class, p.init_dict, p.attention)
     return p
 
 
-def _key(case: Case, model_class: type, init_dict: dict) -> str:
+def _control_fits(case: Case, p: Plan) -> None:
+    from .controls import get_control
+
+    control = get_control(case.control)
+    reason = control.skip_reason(case.layout, p.route)
+    if not reason and control.attention_fault and p.attention != attention.BACKEND:
+        reason = f"{control.name} is planted in paracheck's CPU attention; this case runs {p.attention}"
+    if reason:
+        raise Unfittable(reason)
+
+
+def _key(case: Case, model_class: type, init_dict: dict, attention: str) -> str:
     source = case.payload or case.factory
     text = json.dumps([source, f"{model_class.__module__}.{model_class.__qualname__}", init_dict, case.variant,
-                       case.dtype, case.grads], sort_keys=True, default=str)
+                       case.dtype, case.grads, attention], sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
@@ -144,13 +156,14 @@ def compute(p: Plan, refs_dir: str, device: torch.device) -> None:
     torch.manual_seed(0)
     model32 = p.model_class(**p.init_dict).eval().to(device)
     try:
-        out32, weights = _run(model32, place(p.inputs, device, torch.float32), None, p.case.grads)
-        model, out = model32, out32
-        if dtype != torch.float32:
-            model = p.model_class(**p.init_dict).eval()
-            model.load_state_dict(model32.state_dict())
-            model = model.to(device, dtype)
-            out, _ = _run(model, place(p.inputs, device, dtype), weights, p.case.grads)
+        with attention.scope(p.attention):
+            out32, weights = _run(model32, place(p.inputs, device, torch.float32), None, p.case.grads)
+            model, out = model32, out32
+            if dtype != torch.float32:
+                model = p.model_class(**p.init_dict).eval()
+                model.load_state_dict(model32.state_dict())
+                model = model.to(device, dtype)
+                out, _ = _run(model, place(p.inputs, device, dtype), weights, p.case.grads)
     except Exception as exc:
         what = f"the fitted config ({', '.join(p.fit)})" if p.fit else "the model, unchanged,"
         write_json(_error_path(refs_dir, p.key),

@@ -159,20 +159,30 @@ def _error(v: Verdict, ranks: list[RankResult]) -> Verdict:
 
 
 def judge_controls(verdicts: list[Verdict]) -> None:
-    """A control cannot be judged when its plain case fails: mark it inconclusive, never missed."""
+    """A control cannot be judged where its plain case already fails what it must trip (or raised):
+    mark it inconclusive, never missed."""
     plain = {v.case.plain: v for v in verdicts if not v.case.control}
     for v in verdicts:
         if not v.case.control or v.status == CaseStatus.SKIP:
             continue
         base = plain.get(v.case.plain)
-        if base is not None and inconclusive_rule(base.status):
+        if base is not None and inconclusive_rule(base, get_control(v.case.control).must_trip):
             v.status = CaseStatus.INCONCLUSIVE
-            v.reason = f"its plain case is {base.status.value} ({base.reason}), so the control cannot be judged"
+            v.reason = (f"its plain case is {base.status.value} and does not pass "
+                        f"{', '.join(c.value for c in _not_passing(base, get_control(v.case.control).must_trip))}, "
+                        "so the control cannot be judged")
 
 
-def inconclusive_rule(plain_status: CaseStatus) -> bool:
-    """Whether a plain case's status leaves its controls unjudgeable."""
-    return plain_status in (CaseStatus.FAIL, CaseStatus.ERROR, CaseStatus.XFAIL)
+def _not_passing(plain: Verdict, must_trip) -> list:
+    return [c for c in must_trip if (plain.check(c) is None or plain.check(c).status != Status.PASS)]
+
+
+def inconclusive_rule(plain: Verdict, must_trip) -> bool:
+    """Whether a plain case leaves a control unjudgeable: it fails (or is known to) and one of the checks
+    the control must trip did not pass there (failed, or never ran because the case raised)."""
+    if plain.status not in (CaseStatus.FAIL, CaseStatus.ERROR, CaseStatus.XFAIL):
+        return False
+    return bool(_not_passing(plain, must_trip))
 
 
 def outcome_for_test(v: Verdict, check_ids) -> tuple[str, str]:

@@ -19,7 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import library, reference
+from . import attention, library, reference
 from .attribution import lost_peer
 from .backends import get_backend
 from .case import Case
@@ -60,7 +60,7 @@ def local_device(backend) -> torch.device:
 def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str) -> RankResult:
     started = time.time()
     result = RankResult(index, dist.get_rank(), RankStatus.OK, route=p.route, fit=p.fit,
-                        model_class=p.model_class.__name__ if p.model_class else None)
+                        model_class=p.model_class.__name__ if p.model_class else None, attention_backend=p.attention)
     try:
         if p.skip:
             raise Unfittable(p.skip, p.never)
@@ -86,7 +86,8 @@ def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir:
     control = get_control(case.control) if case.control else None
     atol, rtol = tolerance(ref.out.dtype, backend.device_type)
     parallel, checking = _phase(result, "parallel"), _phase(result, "checks")
-    with library.Findings() as findings:
+    fault = control.attention_fault if control else None
+    with library.Findings() as findings, attention.scope(p.attention, fault):
         with parallel:
             model = p.model_class(**p.init_dict).eval().to(ref.out.device, ref.out.dtype)
             model.load_state_dict(ref.model.state_dict())
@@ -188,6 +189,8 @@ def main(rundir_path: str) -> int:
     todo = read_json(os.path.join(rundir.path, os.environ[ENV_TODO]))
     code = run_world(rundir, cases, todo, backend, store)
     if code == RankExit.DONE:
+        # The library's ring all-gathers are never waited on; without a barrier gloo's teardown can abort.
+        dist.barrier()
         dist.destroy_process_group()
     return int(code)
 

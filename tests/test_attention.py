@@ -288,7 +288,7 @@ def exact(r):
 
 @pytest.mark.slow
 def test_two_ranks_ring_is_exact_and_its_faults_are_caught():
-    import ring_harness
+    from tests import ring_harness
 
     got = _by_layout(ring_harness.run(2, [
         dict(ring=2), dict(ulysses=2),
@@ -307,7 +307,7 @@ def test_four_ranks_known_ring_failures_are_real():
     """diffusers 0.42.1: ring degree 4 gets key/value gradients wrong (the accumulator rotation), and
     reversing that rotation by hand fixes them; a key mask is not rotated with its keys (wrong forward)
     and is not gathered by the unified ring x Ulysses path (raises). docs/upstream/ has the details."""
-    import ring_harness
+    from tests import ring_harness
 
     got = _by_layout(ring_harness.run(4, [
         dict(ring=4), dict(ring=4, fixed=True), dict(ring=2, ulysses=2), dict(ulysses=4),

@@ -11,8 +11,9 @@ layouts = strategies.layouts(8)
 
 
 @given(layouts)
-def test_gloo_refuses_exactly_the_ring_layouts(layout):
-    assert bool(get_backend("gloo").problems(layout)) == (layout.ring > 1)
+def test_gloo_takes_every_layout(layout):
+    """Ring too: on CPU it runs with paracheck's attention op that returns the log-sum-exp."""
+    assert get_backend("gloo").problems(layout) == []
 
 
 @given(layouts)

@@ -56,20 +56,35 @@ def test_secondary_ranks_do_not_hide_the_cause():
     assert v.reason.startswith("rank 1: RuntimeError: boom; ranks 0 were waiting on it")
 
 
-@pytest.mark.parametrize("plain, expected", [(CaseStatus.FAIL, True), (CaseStatus.ERROR, True),
-                                             (CaseStatus.XFAIL, True), (CaseStatus.PASS, False),
-                                             (CaseStatus.XPASS, False), (CaseStatus.SKIP, False)])
-def test_inconclusive_rule(plain, expected):
-    assert inconclusive_rule(plain) == expected
+@pytest.mark.parametrize("status, failing, must_trip, expected", [
+    (CaseStatus.FAIL, [CheckId.GRADS], (CheckId.GRADS,), True),
+    (CaseStatus.XFAIL, [CheckId.GRADS], (CheckId.GRADS,), True),
+    (CaseStatus.XFAIL, [CheckId.GRADS], (CheckId.FORWARD,), False),   # r4's known grads bug: forward controls judge
+    (CaseStatus.ERROR, [CheckId.FORWARD], (CheckId.MESH,), True),     # a raise leaves nothing to judge against
+    (CaseStatus.PASS, [], (CheckId.GRADS,), False),
+    (CaseStatus.XPASS, [], (CheckId.GRADS,), False),
+])
+def test_inconclusive_rule(status, failing, must_trip, expected):
+    plain = merge(_case(), _ranks({CheckId.FORWARD: [0] if CheckId.FORWARD in failing else [],
+                                   CheckId.GRADS: [0] if CheckId.GRADS in failing else []}))
+    plain.status = status
+    assert inconclusive_rule(plain, must_trip) == expected
 
 
 def test_a_control_of_a_failing_case_is_inconclusive_never_missed():
-    plain = merge(_case(), _ranks({CheckId.FORWARD: [0, 1, 2, 3], CheckId.GRADS: []}))
+    plain = merge(_case(), _ranks({CheckId.FORWARD: [0, 1, 2, 3], CheckId.GRADS: [1]}))
     control = merge(_case("backward-only"), _ranks({CheckId.FORWARD: [0, 1, 2, 3], CheckId.GRADS: []}))
     assert control.status == CaseStatus.MISSED
     judge_controls([plain, control])
-    assert control.status == CaseStatus.INCONCLUSIVE and "cannot be judged" in control.reason
+    assert control.status == CaseStatus.INCONCLUSIVE and "does not pass parity.grads" in control.reason
     assert outcome_for_test(control, ())[0] == "skip"
+
+
+def test_a_control_is_still_judged_on_checks_its_plain_case_passes():
+    plain = merge(_case(), _ranks({CheckId.FORWARD: [0, 1, 2, 3], CheckId.GRADS: []}))
+    control = merge(_case("backward-only"), _ranks({CheckId.FORWARD: [0, 1, 2, 3], CheckId.GRADS: []}))
+    judge_controls([plain, control])
+    assert control.status == CaseStatus.MISSED
 
 
 ENTRY = known.KnownFailure(reason="ring backward", model="flux", layout="r*", check="parity.grads")
