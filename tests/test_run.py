@@ -242,3 +242,16 @@ def test_torchrun_two_agents_make_one_world(tmp_path):
     assert [c["status"] for c in data["cases"]] == ["pass", "pass"]
     lines = [l for out in outs for l in out.splitlines() if l.startswith("[rank")]
     assert sorted({l.split()[0] for l in lines}) == ["[rank0]", "[rank1]", "[rank2]", "[rank3]"]
+
+
+def test_the_ring_known_failure_is_real(tmp_path):
+    """With the upstream fix applied by hand the declared r4 gradient failure passes: xpass, exit 0."""
+    run = run_paracheck(["--spec", f"{SPECS}:flux_fixed_ring", "--layouts", "r4"], tmp_path)
+    case = run.case("flux_fixed_ring", "r4")
+    assert case["status"] == "xpass" and "remove the entry" in case["reason"], run.out
+    assert run.code == 0 and run.report["summary"]["xpassed"] == 1
+
+
+def test_known_failures_none_shows_the_raw_failure(tmp_path):
+    run = run_paracheck(["--models", "flux", "--layouts", "r4", "--known-failures", "none"], tmp_path)
+    assert run.case("flux", "r4")["status"] == "fail" and run.code == 1
