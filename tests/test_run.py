@@ -43,7 +43,7 @@ def test_ring_runs_on_cpu_with_the_kits_attention(default_run):
         for layout in ("r2xu2", "tp2xr2", "r4"):
             case = [c for c in default_run.report["cases"] if c["model"] == model and c["layout"] == layout
                     and c["control"] is None and c["variant"] == "base"]
-            if not case or case[0]["status"] == "skip":
+            if not case or case[0]["status"] == "skip" or "unified ring x Ulysses" in case[0].get("known_failure", ""):
                 continue
             assert case[0]["attention_backend"] == "paracheck_cpu_lse"
             forward = next(c for c in case[0]["checks"] if c["id"] == "parity.forward")
