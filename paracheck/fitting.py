@@ -74,12 +74,13 @@ def fit_init_dict(model_class: type, init_dict: dict, layout: Layout, any_heads:
         raise Unfittable(f"{name} has no _cp_plan, so it cannot take context parallelism (layout {layout})", never=True)
     fitted = dict(init_dict)
     changes: list[str] = []
-    multiple = layout.tp if any_heads else layout.head_multiple
-    if multiple > 1:
-        _fit_head_group(model_class, fitted, multiple, HEADS_KEY, HEAD_DIM_KEY, TIED_TO_INNER_DIM.get(name, ()),
+    fit = (lambda h: uneven_heads(h, layout)) if any_heads and layout.ulysses > 1 else \
+        (lambda h: -(-h // layout.head_multiple) * layout.head_multiple)
+    if layout.head_multiple > 1:
+        _fit_head_group(model_class, fitted, fit, HEADS_KEY, HEAD_DIM_KEY, TIED_TO_INNER_DIM.get(name, ()),
                         changes, required=True)
         for heads_key, head_dim_key, tied in OTHER_HEADS.get(name, ()):
-            _fit_head_group(model_class, fitted, multiple, heads_key, head_dim_key, tied, changes, required=False)
+            _fit_head_group(model_class, fitted, fit, heads_key, head_dim_key, tied, changes, required=False)
     plans = []
     if layout.has_cp:
         plans.append(("_cp_plan", model_class._cp_plan))
@@ -89,15 +90,29 @@ def fit_init_dict(model_class: type, init_dict: dict, layout: Layout, any_heads:
     return Fit(fitted, changes + block_changes)
 
 
-def _fit_head_group(model_class, fitted: dict, multiple: int, heads_key: str, head_dim_key: str,
+def uneven_heads(heads: int, layout: Layout) -> int:
+    """The smallest head count >= `heads` that TP divides and Ulysses does not, within what the library's
+    ulysses_anything takes: it pads each rank to ceil(h / u) heads and asserts the padding is smaller
+    than that (diffusers 0.42.1), so 3 heads fit u2 but u4 needs 7."""
+    h = max(heads, layout.tp)
+    while True:
+        per_tp, rem = divmod(h, layout.tp)
+        local = -(-per_tp // layout.ulysses)
+        pad = layout.ulysses * local - per_tp
+        if rem == 0 and 0 < pad < local:
+            return h
+        h += 1
+
+
+def _fit_head_group(model_class, fitted: dict, fit, heads_key: str, head_dim_key: str,
                     tied: tuple[str, ...], changes: list[str], required: bool) -> None:
     name = model_class.__name__
     heads = fitted.get(heads_key, _default(model_class, heads_key))
     if not isinstance(heads, int):
         if not required and heads is None and heads_key not in fitted:
             return
-        raise Unfittable(f"{name}: no integer {heads_key} to fit to a multiple of {multiple} (tp x ulysses)")
-    new_heads = -(-heads // multiple) * multiple
+        raise Unfittable(f"{name}: no integer {heads_key} to fit to tp x ulysses")
+    new_heads = fit(heads)
     if new_heads == heads:
         return
     fitted[heads_key] = new_heads

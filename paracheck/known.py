@@ -97,16 +97,31 @@ def _entry(path: str, i: int, raw: dict) -> KnownFailure:
 
 
 def apply(verdicts: list, entries: list[KnownFailure]) -> None:
-    """Mark plain cases that fail as declared `xfail`, and declared failures that passed `xpass`."""
+    """Mark plain cases as `xfail` when declared entries explain every way they failed, and declared
+    failures that passed as `xpass`."""
     for v in verdicts:
-        if v.case.control or v.status in (CaseStatus.SKIP,):
+        if v.case.control or v.status == CaseStatus.SKIP:
             continue
-        for entry in entries:
-            if v.status in (CaseStatus.FAIL, CaseStatus.ERROR) and entry.explains(v):
-                v.status, v.known = CaseStatus.XFAIL, entry.text
-                v.reason = f"known upstream failure: {entry.reason} ({v.reason})"
-                break
-            if entry.matches_case(v) and entry.passes_in(v):
-                v.status, v.known = CaseStatus.XPASS, entry.text
-                v.reason = f"declared as a known failure but passed; remove the entry: {entry.reason}"
-                break
+        matching = [e for e in entries if e.matches_case(v)]
+        if v.status in (CaseStatus.FAIL, CaseStatus.ERROR):
+            explaining = _explaining(v, matching)
+            if explaining:
+                v.status, v.known = CaseStatus.XFAIL, "; ".join(e.text for e in explaining)
+                v.reason = f"known upstream failure: {'; '.join(e.reason for e in explaining)} ({v.reason})"
+            continue
+        passed = next((e for e in matching if e.passes_in(v)), None)
+        if passed is not None:
+            v.status, v.known = CaseStatus.XPASS, passed.text
+            v.reason = f"declared as a known failure but passed; remove the entry: {passed.reason}"
+
+
+def _explaining(verdict, matching: list[KnownFailure]) -> list[KnownFailure]:
+    """The entries that together explain every failing check (or the raise); empty when one is unexplained."""
+    whole = [e for e in matching if e.check == "*" or (e.check == "error" and verdict.status == CaseStatus.ERROR)]
+    if whole:
+        return whole[:1]
+    by_check = {CheckId(e.check): e for e in matching if e.check not in ("*", "error")}
+    failing = verdict.failing_checks
+    if not failing or not failing <= set(by_check):
+        return []
+    return [by_check[c] for c in CheckId if c in failing]

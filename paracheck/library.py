@@ -276,6 +276,46 @@ def cpu_tensor_parallel():
 
 
 @contextlib.contextmanager
+def gloo_uneven_all_gather():
+    """diffusers' ulysses_anything / ring_anything gather shards of unequal length with `dist.all_gather`;
+    NCCL takes unequal outputs, gloo refuses them. Inside this block such a gather pads every shard to the
+    largest shape, gathers, and trims each piece back; equal gathers are untouched."""
+    import torch
+    import torch.distributed as dist
+
+    original = dist.all_gather
+
+    def all_gather(tensor_list, tensor, group=None, async_op=False):
+        shapes = {tuple(t.shape) for t in tensor_list} | {tuple(tensor.shape)}
+        if len(shapes) == 1 or async_op:
+            return original(tensor_list, tensor, group=group, async_op=async_op)
+        big = tuple(max(s[d] for s in shapes) for d in range(tensor.dim()))
+        padded = tensor.new_zeros(big)
+        padded[tuple(slice(0, n) for n in tensor.shape)] = tensor
+        pieces = [torch.empty_like(padded) for _ in tensor_list]
+        original(pieces, padded, group=group)
+        for out, piece in zip(tensor_list, pieces):
+            out.copy_(piece[tuple(slice(0, n) for n in out.shape)])
+        return None
+
+    dist.all_gather = all_gather
+    try:
+        yield
+    finally:
+        dist.all_gather = original
+
+
+@contextlib.contextmanager
+def parallel_shims(device_type: str):
+    """The shims the parallel forward and backward need on `device_type`; none off the CPU."""
+    if device_type != "cpu":
+        yield
+        return
+    with gloo_uneven_all_gather():
+        yield
+
+
+@contextlib.contextmanager
 def shims(device_type: str):
     """The shims the library's parallel entry points need on `device_type`; none off the CPU."""
     if device_type != "cpu":

@@ -87,7 +87,8 @@ def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir:
     atol, rtol = tolerance(ref.out.dtype, backend.device_type)
     parallel, checking = _phase(result, "parallel"), _phase(result, "checks")
     fault = control.attention_fault if control else None
-    with library.Findings() as findings, attention.scope(p.attention, fault):
+    with library.Findings() as findings, attention.scope(p.attention, fault), \
+            library.parallel_shims(backend.device_type):
         with parallel:
             model = p.model_class(**p.init_dict).eval().to(ref.out.device, ref.out.dtype)
             model.load_state_dict(ref.model.state_dict())

@@ -10,5 +10,6 @@ settings.load_profile("paracheck")
 
 @pytest.fixture(scope="session")
 def default_run(tmp_path_factory):
-    """The default job with every control: all fixtures x every 4-rank layout, in one launch."""
-    return run_paracheck(["--controls"], tmp_path_factory.mktemp("default"))
+    """Every control on every fixture x every 4-rank layout, base inputs, in one launch (the variants have
+    their own run: see test_variants)."""
+    return run_paracheck(["--controls", "--variants", "base"], tmp_path_factory.mktemp("default"))

@@ -255,3 +255,21 @@ def test_the_ring_known_failure_is_real(tmp_path):
 def test_known_failures_none_shows_the_raw_failure(tmp_path):
     run = run_paracheck(["--models", "flux", "--layouts", "r4", "--known-failures", "none"], tmp_path)
     assert run.case("flux", "r4")["status"] == "fail" and run.code == 1
+
+
+def test_variants_find_what_base_inputs_cannot(tmp_path):
+    """batch2, masked and uneven inputs on Ulysses and ring: correct paths pass, the upstream bugs they
+    expose are declared (xfail), and uneven runs with the library's anything modes (forward exact)."""
+    run = run_paracheck(["--models", "qwenimage,ltx,flux", "--layouts", "u4,r4", "--variants", "batch2,masked,uneven",
+                         "--no-grads"], tmp_path)
+    assert run.code == 0, run.out
+    for model in ("qwenimage", "ltx", "flux"):
+        assert run.case(model, "u4", variant="batch2")["status"] == "pass"
+    assert run.case("qwenimage", "u4", variant="masked")["status"] == "pass"
+    assert "expands the encoder mask" in run.case("ltx", "u4", variant="masked")["known_failure"]
+    masked_ring = run.case("qwenimage", "r4", variant="masked")
+    assert masked_ring["status"] == "xfail" and "own attention mask" in masked_ring["known_failure"]
+    uneven = run.case("flux", "u4", variant="uneven")
+    assert uneven["status"] == "pass" and uneven["cp_options"] == {"ulysses_anything": True}
+    assert run.case("flux", "r4", variant="uneven")["cp_options"] == {"ring_anything": True}
+    assert run.case("flux", "r4", variant="uneven")["status"] == "pass"
