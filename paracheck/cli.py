@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--controls", action="store_true", help="also run every negative control")
     run.add_argument("--only-control", help="with --controls: run this control alone (and no plain cases)")
     run.add_argument("--dtype", default="fp32", help="fp32|bf16|fp16: the dtype the models run in")
+    run.add_argument("--attention-backend", default="auto", help="auto (CPU: paracheck's attention op, which "
+                     "returns the log-sum-exp ring needs; GPUs: native, or for ring the first usable of _native_cudnn, "
+                     "_native_flash, flash, sage) or a diffusers attention backend name")
     run.add_argument("--variants", default="all", help="input variants: all, or some of base,batch2,masked,uneven "
                      "(each model runs the ones it offers)")
     run.add_argument("--known-failures", default=None, help="TOML of declared upstream failures, or none "
@@ -83,6 +86,7 @@ def _check_options(args, backend) -> list[Layout]:
     if missing:
         raise UsageError(missing)
     _wanted_variants(args.variants)
+    _check_attention_backend(args.attention_backend)
     for flag, value, allowed in (("--order", args.order, ORDERS), ("--route", args.route, ROUTES),
                                  ("--dtype", args.dtype, DTYPES)):
         if value not in allowed:
@@ -97,6 +101,19 @@ def _check_options(args, backend) -> list[Layout]:
     if not layouts:
         raise UsageError(f"--nproc {args.nproc}: one rank has no parallel layout; use --nproc 2 or more")
     return layouts
+
+
+def _check_attention_backend(name: str) -> None:
+    """A name other than auto or paracheck's own is checked against diffusers' list (importing it, so
+    only then)."""
+    if name in ("auto", "paracheck_cpu_lse"):
+        return
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    names = [b.value for b in AttentionBackendName]
+    if name not in names:
+        raise UsageError(f"--attention-backend {name!r}: must be auto, paracheck_cpu_lse or one of diffusers' "
+                         f"backends ({', '.join(names)})")
 
 
 def build_cases(args, backend) -> list[Case]:
@@ -123,7 +140,8 @@ def build_cases(args, backend) -> list[Case]:
     return [case for model, factory in models
             for case in expand(model, factory, layouts, lambda layout: controls, plain=not args.only_control,
                                variants=[v for v in _offered(model, factory) if v in wanted],
-                               route=args.route, grads=not args.no_grads, dtype=args.dtype)]
+                               route=args.route, grads=not args.no_grads, dtype=args.dtype,
+                               attention_backend=args.attention_backend)]
 
 
 def _wanted_variants(text: str) -> list[str]:

@@ -37,6 +37,8 @@ def replay_command(v: Verdict, argv_extra: list[str]) -> str:
         args += ["--variants", c.variant]
     if c.dtype != "fp32":
         args += ["--dtype", c.dtype]
+    if c.attention_backend != "auto":
+        args += ["--attention-backend", c.attention_backend]
     if c.control:
         args += ["--controls", "--only-control", c.control]
     if c.layout.order != "cp-fastest":

@@ -9,7 +9,8 @@ generates structure, forward, gradient and negative-control tests per layout (id
 All cases of one class and world size run in one launch, the first test that needs them starts it,
 and every test reads its own verdict; one fork server serves every launch of the session. Optional
 class attributes: `paracheck_layouts`, `paracheck_backend`, `paracheck_atol`, `paracheck_rtol`,
-`paracheck_timeout`, `paracheck_controls`, `paracheck_dtype`, `paracheck_known_failures`.
+`paracheck_timeout`, `paracheck_controls`, `paracheck_dtype`, `paracheck_variants`,
+`paracheck_known_failures`, `paracheck_attention_backend`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class _ParallelTesterMixin:
     paracheck_variants: tuple[str, ...] = ("base",)
     #: A known-failures TOML path, "none", or None for the file paracheck ships.
     paracheck_known_failures: str | None = None
+    #: "auto" or a diffusers attention backend name (see `paracheck.attention.choose`).
+    paracheck_attention_backend: str = "auto"
 
     @pytest.mark.paracheck
     def test_paracheck_structure(self, paracheck_case, request):
@@ -152,7 +155,8 @@ def _launch(test, backend, world: int) -> dict:
         variants = [v for v in cls.paracheck_variants if _dump_variant(test, folder, v)]
         controls = applicable if cls.paracheck_controls else (lambda layout: [])
         cases = expand(cls.__name__, "payload", layouts, controls, variants=variants, payload=folder,
-                       atol=cls.paracheck_atol, rtol=cls.paracheck_rtol, dtype=cls.paracheck_dtype)
+                       atol=cls.paracheck_atol, rtol=cls.paracheck_rtol, dtype=cls.paracheck_dtype,
+                       attention_backend=cls.paracheck_attention_backend)
         outcome = Launcher(backend, world, cls.paracheck_timeout).run(cases)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -320,3 +320,17 @@ def test_four_ranks_known_ring_failures_are_real():
     assert got[4, 1, None, False, True]["out"] > 1e-1
     assert exact(got[1, 4, None, False, True])
     assert "must match the size of tensor b" in got[2, 2, None, False, True]["raised"]
+
+
+def test_choose_names_the_backend_or_why_a_case_cannot_run():
+    from paracheck.attention import BACKEND, choose
+    from paracheck.layout import Layout
+
+    ring, ulysses = Layout.parse("r4"), Layout.parse("u4")
+    assert choose("auto", "cpu", ring) == (BACKEND, None) and choose("auto", "cpu", ulysses) == (BACKEND, None)
+    assert choose("auto", "cuda", ulysses) == ("native", None)
+    assert choose("native", "cpu", ulysses) == ("native", None)
+    name, why = choose("native", "cpu", ring)
+    assert name is None and "returns no log-sum-exp" in why
+    name, why = choose("not_a_backend", "cpu", ulysses)
+    assert name is None and "not one of diffusers' attention backends" in why

@@ -5,8 +5,7 @@ import os
 import pytest
 
 from paracheck.cli import main
-
-SPECS = os.path.join(os.path.dirname(__file__), "specs.py")
+from tests.support import SPECS
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -30,6 +29,10 @@ SPECS = os.path.join(os.path.dirname(__file__), "specs.py")
     (["topology", "--backend", "gloo", "--world", "0", "--heads", "8"], "--world 0"),
     (["run", "--models", "wan", "--layouts", "tp2xu2"], "--layouts tp2xu2 with wan: WanTransformer3DModel has no _tp_plan"),
     (["run", "--spec", f"{SPECS}:no_heads", "--layouts", "tp4"], "no integer num_attention_heads"),
+    (["run", "--attention-backend", "nope"], "--attention-backend 'nope': must be auto, paracheck_cpu_lse or one of"),
+    (["run", "--variants", "batch3"], "--variants 'batch3': batch3: variants are base, batch2, masked, uneven"),
+    (["run", "--dtype", "fp8"], "--dtype 'fp8': must be one of fp32, bf16, fp16"),
+    (["run", "--spec", f"{SPECS}:flux_spec", "--models", "flux"], "--models with --spec"),
 ])
 def test_usage_errors_exit_2(argv, fragment, capsys):
     assert main(argv) == 2
