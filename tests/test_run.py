@@ -111,7 +111,7 @@ def test_table_is_printed_with_skips_grouped_and_counts_last(default_run):
 
 
 def test_sharded_load_route(tmp_path):
-    run = run_paracheck(["--models", "flux", "--layouts", "tp4,u4,tp2xu2", "--route", "sharded-load"], tmp_path)
+    run = run_paracheck(["--models", "flux", "--layouts", "tp4,u4,tp2xu2", "--route", "sharded-load", "--variants", "base"], tmp_path)
     assert run.case("flux", "u4")["status"] == "pass", run.out
     tp4 = {c["id"]: c for c in run.case("flux", "tp4")["checks"]}
     assert all(tp4[c]["status"] == "pass" for c in tp4 if c != "parity.grads"), run.out
@@ -193,7 +193,7 @@ def test_two_runs_at_once_do_not_collide(tmp_path):
     """No rendezvous port and private run dirs: two worlds on one machine at the same time."""
     env = dict(os.environ, TMPDIR=str(tmp_path))
     cmd = [sys.executable, "-m", "paracheck", "run", "--nproc", "2", "--models", "flux", "--layouts", "tp2,u2",
-           "--no-grads"]
+           "--no-grads", "--variants", "base"]
     procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -232,7 +232,7 @@ def test_torchrun_two_agents_make_one_world(tmp_path):
     report, port = tmp_path / "r.json", _free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
            f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=paracheck-test", "-m", "paracheck", "run",
-           "--models", "flux", "--layouts", "tp2xu2,u4", "--quiet", "--report-json", str(report)]
+           "--models", "flux", "--layouts", "tp2xu2,u4", "--variants", "base", "--quiet", "--report-json", str(report)]
     agents = [subprocess.Popen(cmd[:3] + [f"--node-rank={n}"] + cmd[3:], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True) for n in (0, 1)]
     outs = [a.communicate(timeout=300)[0] for a in agents]
@@ -253,7 +253,7 @@ def test_the_ring_known_failure_is_real(tmp_path):
 
 
 def test_known_failures_none_shows_the_raw_failure(tmp_path):
-    run = run_paracheck(["--models", "flux", "--layouts", "r4", "--known-failures", "none"], tmp_path)
+    run = run_paracheck(["--models", "flux", "--layouts", "r4", "--known-failures", "none", "--variants", "base"], tmp_path)
     assert run.case("flux", "r4")["status"] == "fail" and run.code == 1
 
 
