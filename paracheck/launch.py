@@ -48,7 +48,7 @@ class Launcher:
         outcome = Outcome(start_method=self.supervisor.method, start_reason=self.supervisor.method_reason)
         try:
             self._loop(rundir, list(range(len(cases))), outcome)
-            outcome.references = len([n for n in os.listdir(rundir.refs_dir) if n.endswith((".safetensors", ".json"))])
+            outcome.references = len([n for n in os.listdir(rundir.refs_dir) if n.endswith(".safetensors")])
         finally:
             self.stop()
             if not self.keep:
@@ -59,8 +59,8 @@ class Launcher:
         while remaining:
             before = len(remaining)
             outcome.worlds += 1
+            clock = _StartClock()  # before start: forking waits for the fork server's imports
             self.supervisor.start(outcome.worlds, remaining)
-            clock = _StartClock()
             end = self.supervisor.watch(outcome.worlds, tick=lambda: (clock.tick(self.supervisor),
                                                                       self._collect(rundir, remaining, outcome)))
             outcome.start_seconds += clock.seconds

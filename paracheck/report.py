@@ -33,8 +33,7 @@ def replay_command(v: Verdict, argv_extra: list[str]) -> str:
     c = v.case
     args = ["paracheck", "run", "--layouts", c.layout.name, "--route", v.route.value, *argv_extra]
     args += ["--models", c.model] if c.factory.startswith("paracheck.fixtures:") else ["--spec", c.factory]
-    if c.variant != "base":
-        args += ["--variants", c.variant]
+    args += ["--variants", c.variant]
     if c.dtype != "fp32":
         args += ["--dtype", c.dtype]
     if c.attention_backend != "auto":
@@ -124,7 +123,8 @@ def _skip_groups(verdicts: list[Verdict]) -> list[str]:
             layouts.append(v.case.layout.name)
         elif v.case.control:
             models = controls.setdefault(v.reason, {}).setdefault(v.case.control, [])
-            models.append(v.case.model)
+            if v.case.model not in models:
+                models.append(v.case.model)
         else:
             cases.setdefault(v.reason, []).append(_label(v))
     out = [f"skip  {reason}\n      {', '.join(where)}" for reason, where in cases.items()]

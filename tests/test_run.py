@@ -273,3 +273,16 @@ def test_variants_find_what_base_inputs_cannot(tmp_path):
     assert uneven["status"] == "pass" and uneven["cp_options"] == {"ulysses_anything": True}
     assert run.case("flux", "r4", variant="uneven")["cp_options"] == {"ring_anything": True}
     assert run.case("flux", "r4", variant="uneven")["status"] == "pass"
+
+
+def test_bf16_clean_cases_pass_and_controls_are_still_detected(tmp_path):
+    run = run_paracheck(["--models", "flux", "--layouts", "u4,tp2xu2", "--variants", "base", "--dtype", "bf16",
+                         "--controls"], tmp_path)
+    assert run.code == 0, run.out
+    for layout in ("u4", "tp2xu2"):
+        case = run.case("flux", layout)
+        forward = next(c for c in case["checks"] if c["id"] == "parity.forward")
+        assert case["status"] == "pass" and case["dtype"] == "bf16"
+        own = max(d["single_device_error"] for d in forward["data"]["per_rank"].values())
+        assert 1e-4 < own < 5e-2 and forward["max_abs"] <= 2 * own + 1e-2
+    assert run.report["summary"]["missed"] == 0 and run.report["summary"]["detected"] >= 10

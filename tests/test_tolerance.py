@@ -1,0 +1,43 @@
+"""The reduced-precision rule, on synthetic errors: the parallel error against fp32 may be at most
+BOUND_FACTOR times the single-device error at the run's dtype, plus a floor; fp32 keeps atol/rtol."""
+
+import torch
+from hypothesis import given, strategies as st
+
+from paracheck.checks import BOUND_FACTOR, FLOOR, compare
+from paracheck.records import CheckId, Status
+
+REF32 = torch.linspace(-1.0, 1.0, 64, dtype=torch.float64)
+
+
+@given(st.floats(1e-4, 1e-2), st.floats(0.0, 4.0))
+def test_bound_is_a_multiple_of_the_single_device_error(own, ratio):
+    single = REF32 + own                     # the single-device run at the reduced dtype
+    parallel = REF32 + own * ratio           # the parallel run
+    result = compare(CheckId.FORWARD, parallel, single, 2e-2, 2e-2, expected32=REF32)
+    bound = BOUND_FACTOR * own + FLOOR * 1.0
+    assert result.data["single_device_error"] == pytest_approx(own)
+    assert (result.status == Status.PASS) == (own * ratio <= bound + 1e-12)
+
+
+def test_a_parallel_run_as_accurate_as_one_device_passes_and_reports_both_errors():
+    result = compare(CheckId.FORWARD, REF32 + 3e-3, REF32 + 3e-3, 2e-2, 2e-2, expected32=REF32)
+    assert result.status == Status.PASS and abs(result.max_abs - 3e-3) < 1e-12
+    assert abs(result.data["bound"] - (BOUND_FACTOR * 3e-3 + FLOOR)) < 1e-12
+
+
+def test_a_bug_several_times_the_noise_fails_even_under_a_loose_fixed_tolerance():
+    """A fixed bf16 tolerance (2e-2) would pass this 1.5e-2 shift; the measured rule does not."""
+    result = compare(CheckId.FORWARD, REF32 + 1.5e-2, REF32 + 3e-3, 2e-2, 2e-2, expected32=REF32)
+    assert result.status == Status.FAIL and "single-device error" in result.detail
+
+
+def test_fp32_keeps_elementwise_tolerances():
+    assert compare(CheckId.FORWARD, REF32 + 1e-7, REF32, 1e-5, 1e-5).status == Status.PASS
+    assert compare(CheckId.FORWARD, REF32 + 3e-2, REF32, 1e-5, 1e-5).status == Status.FAIL
+
+
+def pytest_approx(x):
+    import pytest
+
+    return pytest.approx(x, rel=1e-9, abs=1e-12)
