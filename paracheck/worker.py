@@ -35,6 +35,10 @@ from .routes import apply
 def join(backend, store_path: str | None = None):
     """Set this process up as one rank and join the world; returns the rendezvous store."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if backend.name == "neuron":
+        # torch-neuronx registers the "neuron" device and process-group backend when imported, and must
+        # be imported before the process group exists (each rank is a fresh interpreter on Neuron).
+        import torch_neuronx  # noqa: F401
     if backend.device_type == "cpu":
         # Ranks share the machine's cores; more threads per rank only oversubscribe them.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
