@@ -286,3 +286,17 @@ def test_bf16_clean_cases_pass_and_controls_are_still_detected(tmp_path):
         own = max(d["single_device_error"] for d in forward["data"]["per_rank"].values())
         assert 1e-4 < own < 5e-2 and forward["max_abs"] <= 2 * own + 1e-2
     assert run.report["summary"]["missed"] == 0 and run.report["summary"]["detected"] >= 10
+
+
+def test_the_other_fixtures_pass_every_layout_they_take(tmp_path):
+    models = ["qwenimage21", "chronoedit", "helios", "ltx2", "minimax_h3"]
+    run = run_paracheck(["--variants", "base", "--models", ",".join(models)], tmp_path)
+    assert run.code == 0, run.out
+    ran = [c for c in run.report["cases"] if c["status"] != "skip"]
+    assert {c["model"] for c in ran} == set(models)
+    assert all(c["status"] in ("pass", "xfail") for c in ran), [(c["id"], c["status"]) for c in ran]
+    assert run.case("qwenimage21", "tp4")["status"] == "pass"
+    # Helios's per-sublayer split/gather plan cannot give correct CP gradients: declared upstream.
+    assert "HeliosTransformer3DModel" in run.case("helios", "u4")["known_failure"] or \
+        "Helios" in run.case("helios", "u4")["known_failure"]
+    assert "num_layers 2->40" in " ".join(run.case("helios", "u4")["fit"])
