@@ -43,9 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     topo = sub.add_parser("topology", help="which layouts a backend can run for a world size and head count")
     topo.add_argument("--backend", required=True)
     topo.add_argument("--world", type=int, required=True)
-    topo.add_argument("--heads", type=int, required=True)
+    topo.add_argument("--heads", type=int, help="attention heads (required without --simulate; with it, "
+                      "overrides the model config's num_attention_heads)")
     topo.add_argument("--layout")
     topo.add_argument("--order", default="cp-fastest")
+    from .simulate_cli import add_arguments
+
+    add_arguments(topo)
     return parser
 
 
@@ -187,7 +191,13 @@ def _meta(backend, nproc: int) -> dict:
 
 def topology(args) -> int:
     from .layout import fit_heads
+    from .simulate_cli import reject_simulate_only, topology_simulate
 
+    if args.simulate:
+        return topology_simulate(args, UsageError)
+    reject_simulate_only(args, UsageError)
+    if args.heads is None:
+        raise UsageError("--heads: required without --simulate (with --simulate the model's config gives it)")
     backend = get_backend(args.backend)
     if args.world < 1:
         raise UsageError(f"--world {args.world}: must be >= 1")

@@ -719,6 +719,16 @@ def compress(ranks) -> str:
     return ",".join(parts)
 
 
+def short_reason(result: LayoutResult) -> str:
+    """The table's reason: failing checks by rank (their details follow the table), or why not simulated."""
+    if not result.failures:
+        return result.reason
+    parts = [f"{_SHORT.get(c, c)} fails on ranks {compress(f['ranks'])}" for c, f in result.failures.items()]
+    if result.status == "no" and result.layout.ring > 1 and RING_NEEDS_LSE in result.reason:
+        parts.insert(0, "no ring backend on gloo")
+    return "; ".join(parts)
+
+
 def table(results: list[LayoutResult]) -> str:
     header = ["layout", "verdict"] + [_SHORT[c] for c in SIM_CHECKS] + ["ranks", "ms/rank", "cpu ms", "reason"]
     rows = []
@@ -732,7 +742,7 @@ def table(results: list[LayoutResult]) -> str:
             else:
                 cells.append("-")
         cells += [str(r.ranks or "-"), f"{1000 * r.per_rank:.0f}" if r.ranks else "-",
-                  f"{1000 * r.cpu_per_rank:.0f}" if r.ranks else "-", r.reason]
+                  f"{1000 * r.cpu_per_rank:.0f}" if r.ranks else "-", short_reason(r)]
         if r.control:
             cells[1] = f"{r.status} ({'detected' if r.detected else 'MISSED' if r.detected is False else r.status})"
         rows.append(cells)
