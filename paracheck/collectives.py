@@ -214,7 +214,9 @@ def verdict(counts: Counts, layout: Layout, rank: int | None = None) -> CheckRes
     """`structure.collectives` for one rank, from its counts alone."""
     rank = counts.rank if rank is None else rank
     groups = expected_groups(layout, rank)
-    known = {tuple(sorted(g)): role for role, g in groups.items()}
+    known: dict[tuple, list[str]] = {}
+    for role, members in groups.items():
+        known.setdefault(tuple(sorted(members)), []).append(role)
     calls = counts.attention_calls
     problems: list[str] = []
 
@@ -265,12 +267,12 @@ def verdict(counts: Counts, layout: Layout, rank: int | None = None) -> CheckRes
         members = tuple(sorted(group))
         if len(members) == 1:
             continue  # a collective over oneself moves nothing
-        role = known.get(members)
-        if role is None:
+        roles = known.get(members)
+        if roles is None:
             problems.append(f"{n} {kind} over ranks {list(members)}, which form no group of {layout}")
-        elif kind == "all_to_all" and role != "ulysses" and not (role == "cp" and layout.ring == 1):
-            problems.append(f"{n} all-to-all over the {role} group {list(members)}")
-        elif kind == "all_reduce" and role != "tp":
-            problems.append(f"{n} all-reduce over the {role} group {list(members)}")
+        elif kind == "all_to_all" and "ulysses" not in roles:
+            problems.append(f"{n} all-to-all over the {'/'.join(roles)} group {list(members)}")
+        elif kind == "all_reduce" and "tp" not in roles:
+            problems.append(f"{n} all-reduce over the {'/'.join(roles)} group {list(members)}")
     return CheckResult(CHECK_ID, "fail" if problems else "pass",
                        "; ".join(problems) if problems else counts.summary())

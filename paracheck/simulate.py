@@ -656,7 +656,10 @@ def _simulate_rank(model_class, init_dict, layout, backend, gloo, route, control
         t = time.perf_counter()
         try:
             with torch.no_grad(), count_collectives(model, rank) as counts:
-                model(**dict(forward_inputs), return_dict=False)
+                out = model(**dict(forward_inputs), return_dict=False)
+                for tensor in out if isinstance(out, (tuple, list)) else (out,):
+                    if hasattr(tensor, "wait") and callable(tensor.wait):
+                        tensor.wait()  # an AsyncCollectiveTensor from the output gather: settle it
             checks.append(verdict(counts, layout, rank))
         except Exception as exc:
             checks.append(CheckResult("structure.collectives", "fail",
