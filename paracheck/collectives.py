@@ -254,7 +254,7 @@ def verdict(counts: Counts, layout: Layout, rank: int | None = None) -> CheckRes
         if gathered == 0:
             problems.append(f"the output is not gathered over the CP group {list(groups['cp'])}")
         if cp_total == 0:
-            problems.insert(0, "a CP layout issued no CP collective")
+            problems.insert(0, "a CP layout issued no collective over its CP groups")
     if layout.tp > 1:
         got = over("all_reduce", "tp")
         if got == 0:

@@ -526,82 +526,116 @@ def simulate_layout(model_class: type, init_dict: dict, layout: Layout, backend:
                     route: str = "auto", control: str | None = None, ranks=None, collectives: bool = False,
                     inputs: dict | None = None) -> LayoutResult:
     """Simulate every rank (or `ranks`) of `layout`; see the module docstring for the checks."""
+    return simulate_layout_on(model_class, init_dict, layout, [backend], route=route, control=control, ranks=ranks,
+                              collectives=collectives, inputs=inputs)[0]
+
+
+def simulate_layout_on(model_class: type, init_dict: dict, layout: Layout, backends, *, route: str = "auto",
+                       control: str | None = None, ranks=None, collectives: bool = False,
+                       inputs: dict | None = None) -> list[LayoutResult]:
+    """One simulation of `layout`, judged by each of `backends` (one result each, in order).
+
+    The structure does not depend on the backend (the meshes are CPU meshes either way), so the ranks are
+    simulated once and only each backend's rules are applied per backend."""
     from .routes import apply, resolve_route
 
-    backend = get_backend(backend) if isinstance(backend, str) else backend
+    backends = [get_backend(b) if isinstance(b, str) else b for b in backends]
     started = time.perf_counter()
     cpu_started = time.process_time()
     if route not in ROUTES:
         raise SimulationError(f"--route {route!r}: a simulation takes one of {', '.join(ROUTES)}")
-    result = LayoutResult(layout, "ok", control=control)
+    shared = LayoutResult(layout, "ok", control=control)
+
+    def finish(status: str, reason: str) -> list[LayoutResult]:
+        return [_done(_copy(shared), status, reason, started) for _ in backends]
+
     try:
         fit = fit_init_dict(model_class, init_dict, layout)
     except Unfittable as exc:
-        return _done(result, "unfit", str(exc), started)
+        return finish("unfit", str(exc))
     if fit.changes:
         heads = heads_of(model_class, init_dict)
-        return _done(result, "unfit", f"{heads} heads: tp x ulysses = {layout.head_multiple} must divide them "
-                                      f"(nearest fit: {fit.init_dict[HEADS_KEY]})", started)
-    result.route = route = resolve_route(route, layout)
+        return finish("unfit", f"{heads} heads: tp x ulysses = {layout.head_multiple} must divide them "
+                               f"(nearest fit: {fit.init_dict[HEADS_KEY]})")
+    shared.route = route = resolve_route(route, layout)
     if control:
         reason = get_control(control).skip_reason(layout, route)
         if reason:
-            return _done(result, "skip", reason, started)
+            return finish("skip", reason)
     template = build_meta(model_class, init_dict)
     try:
         specs = tp_specs(template, layout.tp) if layout.has_tp else {}
     except ValueError as exc:
-        return _done(result, "unfit", f"the library refuses the TP plan: {exc}", started)
-    static = static_problems(backend, layout)
-    forward_inputs = _forward_inputs(model_class, inputs, layout, collectives, result)
-    gloo = get_backend("gloo")  # the meshes are CPU meshes: build them with the CPU shims, judge by `backend`
+        return finish("unfit", f"the library refuses the TP plan: {exc}")
+    forward_inputs = _forward_inputs(model_class, inputs, layout, collectives, shared)
+    gloo = get_backend("gloo")  # the meshes are CPU meshes: build them with the CPU shims, judge by `backends`
     ledger_cls = _ledger_mode()
     timings = dict.fromkeys(("world", "build", "apply", "checks", "forward"), 0.0)
     per_check: dict[str, dict] = {}
+    per_backend: list[dict[str, dict]] = [{} for _ in backends]
     ranks = list(range(layout.world)) if ranks is None else list(ranks)
     with _quiet():
         for rank in ranks:
             t = time.perf_counter()
             with fake_world(rank, layout.world):
                 timings["world"] += time.perf_counter() - t
-                checks, counts = _simulate_rank(model_class, init_dict, layout, backend, gloo, route, control,
-                                                template, specs, ledger_cls, forward_inputs, timings, apply)
+                checks, counts, applied = _simulate_rank(model_class, init_dict, layout, gloo, route, control,
+                                                         template, specs, ledger_cls, forward_inputs, timings, apply)
+                judged = [[check_backend_groups(b, applied, counts)] if applied is not None else [] for b in backends]
                 t = time.perf_counter()
             timings["world"] += time.perf_counter() - t
             if counts is not None:
-                result.counts[rank] = counts.to_json()
-            for check in checks:
-                entry = per_check.setdefault(check.id, {"fail": [], "pass": 0, "skip": "", "detail": ""})
-                if check.status == "fail":
-                    if not entry["fail"]:
-                        entry["detail"] = f"rank {rank}: {check.detail}"
-                    entry["fail"].append(rank)
-                elif check.status == "skip":
-                    entry["skip"] = check.detail
-                else:
-                    entry["pass"] += 1
-    result.ranks = len(ranks)
-    result.timings = timings
-    for check_id, entry in per_check.items():
-        if entry["fail"]:
-            result.failures[check_id] = {"ranks": entry["fail"], "detail": entry["detail"]}
-        elif entry["pass"]:
-            result.passed.append(check_id)
+                shared.counts[rank] = counts.to_json()
+            _tally(per_check, checks, rank)
+            for table_, checks_ in zip(per_backend, judged):
+                _tally(table_, checks_, rank)
+    shared.ranks = len(ranks)
+    shared.timings = timings
+    cpu = time.process_time() - cpu_started
+    results = []
+    for backend, own in zip(backends, per_backend):
+        result = _copy(shared)
+        for check_id, entry in list(per_check.items()) + list(own.items()):
+            if entry["fail"]:
+                result.failures[check_id] = {"ranks": entry["fail"], "detail": entry["detail"]}
+            elif entry["pass"]:
+                result.passed.append(check_id)
+            else:
+                result.skipped[check_id] = entry["skip"]
+        if backend.name == "neuron":
+            rule = backend.problems(layout)
+            derived = "backend.groups" in result.failures
+            if bool(rule) != derived:
+                result.notes.append(f"backend rule table says {'no' if rule else 'ok'}, the library's groups "
+                                    f"say {'no' if derived else 'ok'}")
+        static = static_problems(backend, layout)
+        reasons = [f"{c} fails on ranks {compress(f['ranks'])}: {f['detail']}" for c, f in result.failures.items()]
+        if control:
+            result.detected = any(c in result.failures for c in get_control(control).must_trip
+                                  + ("structure.collectives",))
+        result.cpu_seconds = cpu
+        results.append(_done(result, "no" if static or result.failures else "ok", "; ".join(static + reasons),
+                             started))
+    return results
+
+
+def _tally(table: dict, checks, rank: int) -> None:
+    for check in checks:
+        entry = table.setdefault(check.id, {"fail": [], "pass": 0, "skip": "", "detail": ""})
+        if check.status == "fail":
+            if not entry["fail"]:
+                entry["detail"] = f"rank {rank}: {check.detail}"
+            entry["fail"].append(rank)
+        elif check.status == "skip":
+            entry["skip"] = check.detail
         else:
-            result.skipped[check_id] = entry["skip"]
-    if backend.name == "neuron":
-        rule = backend.problems(layout)
-        derived = "backend.groups" in result.failures
-        if bool(rule) != derived:
-            result.notes.append(f"backend rule table says {'no' if rule else 'ok'}, the library's groups say "
-                                f"{'no' if derived else 'ok'}")
-    reasons = [f"{c} fails on ranks {compress(f['ranks'])}: {f['detail']}" for c, f in result.failures.items()]
-    status = "no" if static or result.failures else "ok"
-    if control:
-        result.detected = any(c in result.failures for c in get_control(control).must_trip
-                              + ("structure.collectives",))
-    result.cpu_seconds = time.process_time() - cpu_started
-    return _done(result, status, "; ".join(static + reasons), started)
+            entry["pass"] += 1
+
+
+def _copy(result: LayoutResult) -> LayoutResult:
+    import copy
+
+    return copy.deepcopy(result)
 
 
 def _forward_inputs(model_class, inputs, layout: Layout, collectives: bool, result: LayoutResult):
@@ -618,8 +652,9 @@ def _forward_inputs(model_class, inputs, layout: Layout, collectives: bool, resu
     return meta_inputs(inputs)
 
 
-def _simulate_rank(model_class, init_dict, layout, backend, gloo, route, control, template, specs, ledger_cls,
+def _simulate_rank(model_class, init_dict, layout, gloo, route, control, template, specs, ledger_cls,
                    forward_inputs, timings, apply):
+    """One rank, inside its fake world: (structure checks, collective counts or None, Applied or None)."""
     rank = dist.get_rank()
     t = time.perf_counter()
     model = build_meta(model_class, init_dict)
@@ -635,11 +670,11 @@ def _simulate_rank(model_class, init_dict, layout, backend, gloo, route, control
         if name in specs:
             ledger.register(param, name)
     try:
-        with ledger:
+        with ledger if specs else contextlib.nullcontext():  # without TP there are no shards to follow
             model, applied = apply(route, model, layout, gloo, control, template, None)
     except Exception as exc:
         timings["apply"] += time.perf_counter() - t
-        return [CheckResult("simulate.apply", "fail", f"{type(exc).__name__}: {exc}")], None
+        return [CheckResult("simulate.apply", "fail", f"{type(exc).__name__}: {exc}")], None, None
     timings["apply"] += time.perf_counter() - t
     t = time.perf_counter()
     checks = [
@@ -666,8 +701,7 @@ def _simulate_rank(model_class, init_dict, layout, backend, gloo, route, control
                                       f"forward on meta raised {type(exc).__name__}: {exc}"))
             counts = None
         timings["forward"] += time.perf_counter() - t
-    checks.append(check_backend_groups(backend, applied, counts))
-    return checks, counts
+    return checks, counts, applied
 
 
 def _done(result: LayoutResult, status: str, reason: str, started: float) -> LayoutResult:
@@ -684,6 +718,16 @@ def simulate(model_class: type, init_dict: dict, backend: Backend | str, world: 
              order: str = "cp-fastest", route: str = "auto", control: str | None = None,
              collectives: bool = False, inputs: dict | None = None, progress=None) -> list[LayoutResult]:
     """Every layout of `world` (or `layouts`: Layout objects or names), each simulated on every rank."""
+    name = backend if isinstance(backend, str) else backend.name
+    return simulate_on(model_class, init_dict, [backend], world, layouts, order=order, route=route, control=control,
+                       collectives=collectives, inputs=inputs, progress=progress)[name]
+
+
+def simulate_on(model_class: type, init_dict: dict, backends, world: int, layouts=None, *,
+                order: str = "cp-fastest", route: str = "auto", control: str | None = None,
+                collectives: bool = False, inputs: dict | None = None, progress=None) -> dict[str, list[LayoutResult]]:
+    """`simulate` judged by several backends from one simulation: backend name -> results."""
+    backends = [get_backend(b) if isinstance(b, str) else b for b in backends]
     if not isinstance(world, int) or not 2 <= world <= MAX_WORLD:
         raise SimulationError(f"--world {world}: a simulation takes 2 to {MAX_WORLD} ranks")
     if layouts is None:
@@ -693,14 +737,15 @@ def simulate(model_class: type, init_dict: dict, backend: Backend | str, world: 
         for layout in chosen:
             if layout.world != world:
                 raise SimulationError(f"--layout {layout}: its world size is {layout.world}, but --world is {world}")
-    results = []
+    out: dict[str, list[LayoutResult]] = {b.name: [] for b in backends}
     for layout in chosen:
-        result = simulate_layout(model_class, init_dict, layout, backend, route=route, control=control,
-                                 collectives=collectives, inputs=inputs)
-        results.append(result)
+        results = simulate_layout_on(model_class, init_dict, layout, backends, route=route, control=control,
+                                     collectives=collectives, inputs=inputs)
+        for backend, result in zip(backends, results):
+            out[backend.name].append(result)
         if progress:
-            progress(result)
-    return results
+            progress(results[0])
+    return out
 
 
 # -- reporting --------------------------------------------------------------------------------

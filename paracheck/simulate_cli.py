@@ -69,9 +69,12 @@ def topology_simulate(args, usage_error) -> int:
     from .backends import get_backend
     from .controls import CONTROLS
     from .layout import ORDERS
-    from .simulate import MAX_WORLD, ROUTES, heads_of, simulate, table
+    from .simulate import MAX_WORLD, ROUTES, heads_of, simulate_on, table
 
-    backend = get_backend(args.backend)
+    names = [b.strip() for b in args.backend.split(",") if b.strip()]
+    backends = [get_backend(name) for name in dict.fromkeys(names)]
+    if not backends:
+        raise usage_error(f"--backend {args.backend!r}: name one or more of gloo, nccl, neuron")
     if not 2 <= args.world <= MAX_WORLD:
         raise usage_error(f"--world {args.world}: --simulate takes 2 to {MAX_WORLD} ranks")
     if args.order not in ORDERS:
@@ -94,29 +97,33 @@ def topology_simulate(args, usage_error) -> int:
     started = time.perf_counter()
     report, code, total_ranks, total_cpu = [], 0, 0, 0.0
     for name, model_class, init_dict, inputs in models:
-        print(f"{name} ({model_class.__name__}, {heads_of(model_class, init_dict)} heads) on {backend.name}, "
-              f"world {args.world}, order {args.order}, route {route}"
-              + (f", control {args.control}" if args.control else ""), flush=True)
-        results = simulate(model_class, init_dict, backend, args.world, layouts, order=args.order, route=route,
-                           control=args.control, collectives=args.collectives, inputs=inputs)
-        print(table(results))
-        for r in results:
-            for check, failure in r.failures.items():
-                print(f"  {r.layout}: {check} fails on ranks {_ranks(failure['ranks'])}: {failure['detail']}")
-            for note in r.notes:
-                print(f"  {r.layout}: note: {note}")
-        simulated = [r for r in results if r.ranks]
+        by_backend = simulate_on(model_class, init_dict, backends, args.world, layouts, order=args.order, route=route,
+                                 control=args.control, collectives=args.collectives, inputs=inputs)
+        for backend in backends:
+            results = by_backend[backend.name]
+            print(f"{name} ({model_class.__name__}, {heads_of(model_class, init_dict)} heads) on {backend.name}, "
+                  f"world {args.world}, order {args.order}, route {route}"
+                  + (f", control {args.control}" if args.control else ""))
+            print(table(results))
+            for r in results:
+                for check, failure in r.failures.items():
+                    print(f"  {r.layout}: {check} fails on ranks {_ranks(failure['ranks'])}: {failure['detail']}")
+                for note in r.notes:
+                    print(f"  {r.layout}: note: {note}")
+            code = max(code, _exit_code(results, args))
+            report.append({"model": name, "class": model_class.__name__, "backend": backend.name,
+                           "heads": heads_of(model_class, init_dict), "results": [r.to_json() for r in results]})
+        # One simulation served every backend: count its ranks and time once.
+        simulated = [r for r in by_backend[backends[0].name] if r.ranks]
         ranks = sum(r.ranks for r in simulated)
         wall = sum(r.seconds for r in simulated)
         cpu = sum(r.cpu_seconds for r in simulated)
         total_ranks, total_cpu = total_ranks + ranks, total_cpu + cpu
         if ranks:
             print(f"  {ranks} ranks simulated in {wall:.1f} s: {1000 * wall / ranks:.0f} ms/rank wall, "
-                  f"{1000 * cpu / ranks:.0f} ms/rank CPU")
-        print()
-        code = max(code, _exit_code(results, args))
-        report.append({"model": name, "class": model_class.__name__, "heads": heads_of(model_class, init_dict),
-                       "results": [r.to_json() for r in results]})
+                  f"{1000 * cpu / ranks:.0f} ms/rank CPU" + (f" (judged by {', '.join(b.name for b in backends)})"
+                                                            if len(backends) > 1 else ""))
+        print(flush=True)
     elapsed = time.perf_counter() - started
     print(f"{total_ranks} ranks in {elapsed:.1f} s" + (f" ({1000 * total_cpu / total_ranks:.0f} ms CPU per rank)"
                                                        if total_ranks else ""))
@@ -124,7 +131,7 @@ def topology_simulate(args, usage_error) -> int:
         import json
 
         with open(args.report_json, "w") as handle:
-            json.dump({"backend": backend.name, "world": args.world, "order": args.order, "route": route,
+            json.dump({"backends": [b.name for b in backends], "world": args.world, "order": args.order, "route": route,
                        "control": args.control, "models": report, "seconds": round(elapsed, 3)}, handle, indent=1)
     sys.stdout.flush()
     return code

@@ -39,7 +39,7 @@ def test_ulysses_without_alltoall_fails():
 
 def test_cp_layout_without_any_cp_collective_fails():
     result = verdict(counts(0, []), Layout.parse("u4"))
-    assert result.status == "fail" and result.detail.startswith("a CP layout issued no CP collective")
+    assert result.status == "fail" and result.detail.startswith("a CP layout issued no collective over its CP groups")
 
 
 def test_too_few_alltoalls_for_the_attention_calls():

@@ -213,3 +213,15 @@ def test_every_layout_of_a_world_is_listed():
     cls, init, _ = _flux(2)
     results = simulate(cls, init, "nccl", 4)
     assert [r.layout.name for r in results] == [l.name for l in layouts_for(4)]
+
+
+def test_one_simulation_judged_by_two_backends(capsys):
+    from paracheck.simulate import simulate_on
+
+    cls, init, _ = _flux(16)
+    out = simulate_on(cls, init, ["neuron", "nccl"], 16, ["tp4xu4"], order="tp-fastest")
+    assert out["neuron"][0].status == "no" and out["nccl"][0].status == "ok"
+    assert main(["topology", "--simulate", "--backend", "neuron,nccl", "--world", "16", "--models", "flux",
+                 "--heads", "16", "--layout", "tp4xu4", "--order", "tp-fastest"]) == 1
+    text = capsys.readouterr().out
+    assert "on neuron" in text and "on nccl" in text and "judged by neuron, nccl" in text
