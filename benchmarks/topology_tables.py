@@ -39,6 +39,11 @@ def reason_key(result: dict) -> str:
     return "; ".join(keys) or result["status"]
 
 
+def _head_multiple(name: str) -> int:
+    degrees = dict(re.findall(r"(tp|r|u)(\d+)", name))
+    return int(degrees.get("tp", 1)) * int(degrees.get("u", 1))
+
+
 def tables(paths: list[str]) -> str:
     rows = defaultdict(dict)  # (model, heads, backend, order) -> world -> data
     for path in paths:
@@ -60,8 +65,17 @@ def tables(paths: list[str]) -> str:
             for r in results:
                 if r["status"] != "ok":
                     grouped[reason_key(r)].append(r["layout"])
-            why = "<br>".join(f"{len(names)} layouts with tp > 1: {reason}" if reason.startswith("no `_tp_plan`")
-                              else f"{', '.join(names)}: {reason}" for reason, names in grouped.items())
+            parts = []
+            for reason, names in grouped.items():
+                if reason.startswith("no `_tp_plan`"):
+                    parts.append(f"{len(names)} layouts with tp > 1: {reason}")
+                elif "heads: tp x ulysses" in reason:
+                    products = sorted({_head_multiple(name) for name in names})
+                    parts.append(f"{len(names)} layouts with tp x ulysses in {{{', '.join(map(str, products))}}}: "
+                                 f"{reason.split(':')[0]} are not a multiple")
+                else:
+                    parts.append(f"{', '.join(names)}: {reason}")
+            why = "<br>".join(parts)
             ranks = sum(r["ranks"] for r in results)
             cpu = sum(r.get("cpu_seconds", 0) for r in results)
             per = f"{1000 * cpu / ranks:.0f}" if ranks else "-"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ class SimulationError(ValueError):
 @dataclass
 class LayoutResult:
     layout: Layout
-    #: ok | no (the backend cannot run it, or a structure check failed) | unfit | skip | error
+    #: ok | no (the backend cannot run it, or a check failed) | unfit (not simulated) | skip (control n/a)
     status: str
     reason: str = ""
     route: str = ""
@@ -99,8 +100,8 @@ class LayoutResult:
             "layout": self.layout.name, "order": self.layout.order, "status": self.status, "reason": self.reason,
             "route": self.route, "failures": self.failures, "passed": self.passed, "skipped": self.skipped,
             "notes": self.notes, "ranks": self.ranks, "seconds": round(self.seconds, 3),
-            "per_rank": round(self.per_rank, 4),
-            "cpu_seconds": round(self.cpu_seconds, 3), "cpu_per_rank": round(self.cpu_per_rank, 4), "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "per_rank": round(self.per_rank, 4), "cpu_seconds": round(self.cpu_seconds, 3),
+            "cpu_per_rank": round(self.cpu_per_rank, 4), "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "control": self.control, "detected": self.detected,
         }
 
@@ -174,11 +175,13 @@ def fake_world(rank: int, world: int):
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialized; a simulation needs the process to itself")
     _forget_meshes()
+    hook = sys.excepthook  # init_process_group wraps it with a "[rankN]" prefix, once per simulated rank
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         yield
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
         _forget_meshes()
 
 
