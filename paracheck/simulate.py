@@ -394,6 +394,12 @@ def _ledger_mode():
     return ShardLedger
 
 
+def shard_ledger():
+    """A fresh `ShardLedger` (a `TorchDispatchMode`): `register(tensor, name)`, then use it as a context
+    manager around code that slices/copies; `provenance(tensor)` tells which rows of `name` it holds."""
+    return _ledger_mode()()
+
+
 # -- checks on meta ---------------------------------------------------------------------------
 
 

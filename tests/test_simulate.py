@@ -12,13 +12,13 @@ from paracheck.fixtures import flux
 from paracheck.layout import Layout, layouts_for
 from paracheck.simulate import (
     Provenance,
-    _ledger_mode,
     _merge,
     _sub,
     compress,
     expected_intervals,
     neuron_alltoall_problems,
     shard_index,
+    shard_ledger,
     simulate,
     simulate_layout,
 )
@@ -151,7 +151,7 @@ def test_intervals():
 
 
 def test_ledger_follows_narrow_cat_and_copy_into_a_view():
-    ledger = _ledger_mode()()
+    ledger = shard_ledger()
     full = torch.empty(8, 4, device="meta")
     local = torch.empty(2, 4, device="meta")
     ledger.register(full, "w")
