@@ -12,6 +12,7 @@ Rank 0 prints one line per case and rank; `--json` writes everything.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -20,7 +21,7 @@ import tempfile
 
 import torch
 
-DEFAULT_CASES = "tp4,u4,tp2xu2,u4:skip-processor-config,tp2xu2:skip-processor-config"
+DEFAULT_CASES = "tp4,u4,tp2xu2,r4,tp2xr2,u4:skip-processor-config,tp2xu2:skip-processor-config,r4:skip-output-gather"
 
 
 def _free_port() -> int:
@@ -30,19 +31,24 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]], outdir: str):
-    import logging
     import warnings
 
     import torch.distributed as dist
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from paracheck.backends import get_backend, shims
+    from paracheck import library
+    from paracheck.attention import cpu_lse_attention
+    from paracheck.backends import get_backend
     from paracheck.collectives import count_collectives, verdict
+    from paracheck.controls import get_control
     from paracheck.fixtures import flux
     from paracheck.layout import Layout
+    from paracheck.records import Route
     from paracheck.routes import apply, resolve_route
 
-    logging.getLogger("diffusers").setLevel(logging.ERROR)
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.set_verbosity_error()
     warnings.simplefilter("ignore")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)
@@ -59,9 +65,13 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]
         layout = Layout.parse(name)
         model = cls(**init).eval()
         model.load_state_dict(reference.state_dict())
-        with shims(backend):
-            model, applied = apply(resolve_route("auto", layout), model, layout, backend, control, reference, outdir)
-        with torch.no_grad():
+        planted = get_control(control) if control else None
+        with library.shims(backend.device_type):
+            model, applied = apply(resolve_route(Route.AUTO, layout), model, layout, backend, planted, reference,
+                                   outdir)
+        # Ring needs the attention's log-sum-exp: paracheck's CPU op gives it (diffusers' native one does not).
+        ring = cpu_lse_attention() if layout.ring > 1 else contextlib.nullcontext()
+        with torch.no_grad(), ring:
             with CommDebugMode() as comm:
                 out = model(**inputs, return_dict=False)[0]
             with count_collectives(model) as counts:
@@ -72,7 +82,8 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]
             "case": name + (f":{control}" if control else ""), "rank": rank,
             "comm_debug_mode": {str(op): n for op, n in comm.get_comm_counts().items()},
             "counts": counts.to_json(), "verdict": check.status, "detail": check.detail,
-            "max_abs": float((out - expected).abs().max()),
+            "max_abs": float((out - expected).abs().max()) if out.shape == expected.shape else None,
+            "shape": list(out.shape),
         })
         dist.barrier()
     with open(os.path.join(outdir, f"{rank}.json"), "w") as handle:
@@ -110,7 +121,8 @@ def main(argv=None) -> int:
     rows = run(parse_cases(args.cases))
     for row in rows:
         comm = ", ".join(f"{n} {op.split('.')[-1]}" for op, n in sorted(row["comm_debug_mode"].items())) or "none"
-        print(f"{row['case']:28} rank {row['rank']}  {row['verdict']:4}  max_abs {row['max_abs']:.1e}  "
+        error = f"{row['max_abs']:.1e}" if row["max_abs"] is not None else f"shape {row['shape']}"
+        print(f"{row['case']:28} rank {row['rank']}  {row['verdict']:4}  max_abs {error}  "
               f"CommDebugMode: {comm}\n{'':36}groups: {row['detail']}")
     if args.json:
         with open(args.json, "w") as handle:

@@ -1,12 +1,11 @@
-"""Backends: which collectives a platform has, which layouts it can run, and the CPU shims for gloo.
+"""Backends: which collectives a platform has, which layouts it can run, and where its ranks live.
 
-The topology rules are pure (no process group), so `paracheck topology` and the tests can ask them
-anywhere. The shims are the only place paracheck bends diffusers, and each is scoped to a `with` block.
+Pure and torch-free (no process group), so `paracheck topology` and usage errors answer anywhere.
 """
 
 from __future__ import annotations
 
-import contextlib
+import glob
 import os
 from dataclasses import dataclass
 
@@ -17,12 +16,6 @@ BACKENDS = ("gloo", "nccl", "neuron")
 # Neuron's all-to-all accepts only contiguous replica groups of these sizes (or multiples of 32).
 _NEURON_ALLTOALL_SIZES = (4, 8, 16)
 
-RING_NEEDS_LSE = (
-    "ring attention needs the attention log-sum-exp, and diffusers' native attention backend "
-    "(the only one that runs on CPU) does not return it, so gloo has no ring backend"
-)
-
-
 @dataclass(frozen=True)
 class Backend:
     name: str
@@ -32,8 +25,6 @@ class Backend:
     def problems(self, layout: Layout) -> list[str]:
         """Why this backend cannot run `layout`; empty when it can."""
         found = []
-        if self.name == "gloo" and layout.ring > 1:
-            found.append(RING_NEEDS_LSE)
         if self.name == "neuron" and layout.ulysses > 1:
             u = layout.ulysses
             if u not in _NEURON_ALLTOALL_SIZES and u % 32 != 0:
@@ -85,7 +76,32 @@ def device_limit(backend: Backend) -> int | None:
     """How many ranks the backend can place on this machine; None when unbounded (gloo)."""
     if backend.name == "nccl":
         return _cuda_count()
+    if backend.name == "neuron":
+        return _neuron_count()
     return None
+
+
+def missing_devices(backend: Backend, nproc: int) -> str | None:
+    """Why this machine cannot place `nproc` ranks on `backend`; None when it can."""
+    limit = device_limit(backend)
+    if limit is None or nproc <= limit:
+        return None
+    if backend.name == "neuron" and limit == 0:
+        return (f"--backend neuron: no Neuron device here (no /dev/neuron*, NEURON_RT_VISIBLE_CORES unset); "
+                f"--nproc {nproc} needs {nproc} NeuronCores")
+    return f"--nproc {nproc}: backend {backend.name} sees only {limit} devices here"
+
+
+def _neuron_count() -> int | None:
+    cores = os.environ.get("NEURON_RT_VISIBLE_CORES")
+    if cores:
+        count = 0
+        for part in cores.split(","):
+            low, _, high = part.strip().partition("-")
+            count += int(high) - int(low) + 1 if high else 1
+        return count
+    # Device nodes without the variable: cores per device vary by generation, so do not bound.
+    return None if glob.glob("/dev/neuron[0-9]*") else 0
 
 
 def _cuda_count() -> int:
@@ -93,57 +109,11 @@ def _cuda_count() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        return 0  # no driver device nodes: no CUDA device, and no torch import to learn it
     try:
         import torch
 
         return torch.cuda.device_count()
     except Exception:
         return 0
-
-
-# --------------------------------------------------------------------------------------------
-# gloo shims. diffusers 0.42 assumes an accelerator in exactly two places; on CPU both refuse
-# before any parallel code runs. Each shim lifts one refusal, only inside a `with` block.
-# tests/test_shims.py fails if diffusers changes under them.
-# --------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def cpu_device_count():
-    """`ModelMixin._resolve_parallel_config` picks `rank % torch.accelerator.device_count()`, a modulo
-    by zero on CPU. Inside this block the count reads 1 when no accelerator exists, so the device is `cpu:0`."""
-    import torch
-
-    original = torch.accelerator.device_count
-    if original() > 0:
-        yield
-        return
-    torch.accelerator.device_count = lambda: 1
-    try:
-        yield
-    finally:
-        torch.accelerator.device_count = original
-
-
-@contextlib.contextmanager
-def cpu_tensor_parallel():
-    """`apply_tensor_parallel` allows only accelerator device types; torch's DTensor runs on CPU meshes
-    too, so inside this block `cpu` joins the allowlist."""
-    import diffusers.hooks.tensor_parallel as tp
-
-    original = tp._SUPPORTED_TP_DEVICES
-    tp._SUPPORTED_TP_DEVICES = tuple(original) + ("cpu",)
-    try:
-        yield
-    finally:
-        tp._SUPPORTED_TP_DEVICES = original
-
-
-@contextlib.contextmanager
-def shims(backend: Backend):
-    """The shims a backend needs around the library's parallel entry points; none off gloo."""
-    if backend.name != "gloo":
-        yield
-        return
-    with cpu_device_count(), cpu_tensor_parallel():
-        yield

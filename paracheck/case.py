@@ -10,11 +10,13 @@ import importlib
 import importlib.util
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .layout import Layout
+from .records import Route
 
-ROUTES = ("auto", "native", "composed", "sharded-load")
+ROUTES = tuple(r.value for r in Route)
+DTYPES = ("fp32", "bf16", "fp16")
 
 
 class SpecError(ValueError):
@@ -26,24 +28,47 @@ class Case:
     model: str
     factory: str
     layout: Layout
-    route: str = "auto"
+    route: Route = Route.AUTO
     control: str | None = None
     grads: bool = True
+    variant: str = "base"
+    dtype: str = "fp32"
+    #: The library's context-parallel options for this case, e.g. (("ulysses_anything", True),).
+    cp_options: tuple = ()
+    #: The attention backend asked for: "auto" or a name (see `attention.choose`).
+    attention_backend: str = "auto"
     #: Set by the pytest mixins: a directory holding the init dict and inputs (see `payload`).
     payload: str | None = None
     #: Tolerances that override the ones from dtype and backend (the mixins' class attributes).
     atol: float | None = None
     rtol: float | None = None
 
-    @property
-    def id(self) -> str:
-        parts = [self.model, self.layout.name, self.route]
+    def __post_init__(self):
+        object.__setattr__(self, "route", Route(self.route))
+        object.__setattr__(self, "cp_options", tuple(tuple(o) for o in self.cp_options))
+
+    def id_with(self, route: Route | None = None) -> str:
+        """`model-layout-route[-variant][-control]`; `route` is the resolved one once a rank knows it."""
+        parts = [self.model, self.layout.name, (route or self.route).value]
+        if self.variant != "base":
+            parts.append(self.variant)
         if self.control:
             parts.append(self.control)
         return "-".join(parts)
 
+    @property
+    def id(self) -> str:
+        return self.id_with()
+
+    @property
+    def plain(self) -> "Case":
+        """The same case without its planted bug: what a control is judged against (controls always
+        run gradients, so the plain case is matched whatever its `grads`)."""
+        return replace(self, control=None, grads=True)
+
     def to_json(self) -> dict:
         data = asdict(self)
+        data["route"] = self.route.value
         data["layout"] = {"name": self.layout.name, "order": self.layout.order}
         return data
 
@@ -54,14 +79,27 @@ class Case:
         return cls(layout=Layout.parse(layout["name"], layout["order"]), **data)
 
 
-def expand(model: str, factory: str, layouts, controls, plain: bool = True, **fields) -> list[Case]:
-    """Per layout: the plain case (unless `plain` is off), then one case per control name."""
+def expand(model: str, factory: str, layouts, controls, plain: bool = True, variants=("base",),
+           **fields) -> list[Case]:
+    """Per layout and variant: the plain case (unless `plain` is off), then one case per control name."""
     cases = []
     for layout in layouts:
-        if plain:
-            cases.append(Case(model, factory, layout, **fields))
-        cases.extend(Case(model, factory, layout, **dict(fields, control=c, grads=True)) for c in controls(layout))
+        for variant in variants:
+            options = cp_options_for(variant, layout)
+            if plain:
+                cases.append(Case(model, factory, layout, variant=variant, cp_options=options, **fields))
+            cases.extend(Case(model, factory, layout, variant=variant, cp_options=options,
+                              **dict(fields, control=c, grads=True)) for c in controls(layout))
     return cases
+
+
+def cp_options_for(variant: str, layout: Layout) -> tuple:
+    """Uneven lengths run with the library's "anything" modes on the CP kinds the layout has (where it
+    has both, the library refuses, and says why)."""
+    if variant != "uneven" or not layout.has_cp:
+        return ()
+    return tuple((name, True) for name, degree in (("ring_anything", layout.ring), ("ulysses_anything", layout.ulysses))
+                 if degree > 1)
 
 
 def load_factory(path: str):
@@ -86,10 +124,16 @@ def load_factory(path: str):
     return factory
 
 
-def call_factory(path: str):
-    """Run a factory and check it returns `(model_class, init_dict, inputs)`."""
+def factory_variants(path: str) -> tuple[str, ...]:
+    """The input variants a factory offers: its `variants` attribute, else only "base"."""
+    return tuple(getattr(load_factory(path), "variants", ("base",)))
+
+
+def call_factory(path: str, variant: str = "base"):
+    """Run a factory (for `variant`, if not base) and check it returns `(model_class, init_dict, inputs)`."""
     try:
-        result = load_factory(path)()
+        factory = load_factory(path)
+        result = factory(variant=variant) if variant != "base" else factory()
     except SpecError:
         raise
     except Exception as exc:

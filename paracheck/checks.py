@@ -1,26 +1,20 @@
-"""Checks: structure and numbers, computed on every rank against a reference built in the same process.
+"""Checks: structure and numbers on every rank, registered by id, each taking one `CheckContext`.
 
-Each check returns one `CheckResult` for this rank; the report merges ranks and names the failing ones.
-The stable ids are in CONTRACT.md.
+Each check returns one `CheckResult` for this rank; the launcher merges ranks and names the failing
+ones. The stable ids (and the report's short names) are `records.CheckId`. Structure checks run before
+the forward (so a planted bug that breaks the forward still gets them), then the forward, then grads.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from .layout import Layout
-
-CHECK_IDS = (
-    "structure.mesh",
-    "structure.cp_hooks",
-    "structure.processor_config",
-    "structure.tp_shards",
-    "parity.forward",
-    "parity.grads",
-)
+from . import library
+from .records import CheckId, CheckResult, Status
 
 # (atol, rtol) by dtype and device type. fp32 on CPU agrees to ~1e-7 on the fixtures (measured), so
 # these leave two orders of magnitude of headroom and still fail a 3e-2 shift by three.
@@ -34,17 +28,49 @@ _TOLERANCES = {
 
 
 @dataclass
-class CheckResult:
-    id: str
-    status: str  # pass | fail | skip
-    detail: str = ""
-    max_abs: float | None = None
-    max_rel: float | None = None
-    atol: float | None = None
-    rtol: float | None = None
+class CheckContext:
+    """Everything a check may read about one case on this rank; later phases fill in the rest."""
+    model: torch.nn.Module
+    reference: torch.nn.Module
+    applied: object  # routes.Applied
+    ref_out: torch.Tensor
+    weights: torch.Tensor
+    atol: float
+    rtol: float
+    grads_requested: bool = True
+    #: For a reduced-precision run: the fp32 single-device output and gradients (see `compare`).
+    ref_out32: torch.Tensor | None = None
+    ref_grads32: dict = field(default_factory=dict)
+    out: torch.Tensor | None = None
+    forward_error: str | None = None
+    backward_error: str | None = None
 
-    def to_json(self) -> dict:
-        return asdict(self)
+    @property
+    def layout(self):
+        return self.applied.layout
+
+    @property
+    def rank(self) -> int:
+        return self.applied.rank
+
+
+CHECKS: dict[CheckId, Callable[[CheckContext], CheckResult]] = {}
+STRUCTURE = (CheckId.MESH, CheckId.CP_HOOKS, CheckId.PROCESSOR_CONFIG, CheckId.TP_SHARDS)
+
+
+def check(check_id: CheckId):
+    def register(fn):
+        CHECKS[check_id] = fn
+        return fn
+    return register
+
+
+def run_checks(ids, ctx: CheckContext) -> list[CheckResult]:
+    return [CHECKS[i](ctx) for i in ids]
+
+
+def _verdict(check_id: CheckId, problems: list[str]) -> CheckResult:
+    return CheckResult(check_id, Status.FAIL if problems else Status.PASS, _summary(problems))
 
 
 def tolerance(dtype: torch.dtype, device_type: str) -> tuple[float, float]:
@@ -54,38 +80,47 @@ def tolerance(dtype: torch.dtype, device_type: str) -> tuple[float, float]:
     return _TOLERANCES[(torch.float32, "cuda")]
 
 
-def compare(check_id: str, actual, expected, atol: float, rtol: float, what: str = "output") -> CheckResult:
-    """Shape, finiteness, then |a - b| <= atol + rtol * |b| elementwise; max_rel is relative to max |b|."""
+#: Reduced precision: the parallel result's error against the fp32 reference may be at most this many
+#: times the single-device run's own error at that dtype, plus FLOOR x max |fp32 reference|.
+BOUND_FACTOR = 2.0
+FLOOR = 1e-3
+
+
+def compare(check_id: CheckId, actual, expected, atol: float, rtol: float, what: str = "output",
+            expected32=None) -> CheckResult:
+    """Shape, finiteness, then the tolerance rule; all on the CPU in float64.
+
+    fp32: |a - b| <= atol + rtol * |b| elementwise, max_rel relative to max |b|. Reduced precision
+    (`expected32` given): max |a - ref32| <= BOUND_FACTOR * max |b - ref32| + FLOOR * max |ref32|, where b is
+    the single-device run at the same dtype; both errors are reported."""
     if tuple(actual.shape) != tuple(expected.shape):
-        return CheckResult(check_id, "fail", f"{what} shape {tuple(actual.shape)} != reference {tuple(expected.shape)}")
-    actual, expected = actual.detach().double(), expected.detach().double()
+        return CheckResult(check_id, Status.FAIL, f"{what} shape {tuple(actual.shape)} != reference {tuple(expected.shape)}")
+    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
     if not torch.isfinite(actual).all():
-        return CheckResult(check_id, "fail", f"{what} has non-finite values", atol=atol, rtol=rtol)
+        return CheckResult(check_id, Status.FAIL, f"{what} has non-finite values", atol=atol, rtol=rtol)
+    if expected32 is not None:
+        return _compare_reduced(check_id, actual, expected, expected32.detach().double().cpu(), what)
     diff = (actual - expected).abs()
     max_abs = float(diff.max()) if diff.numel() else 0.0
     max_rel = max_abs / max(float(expected.abs().max()) if expected.numel() else 0.0, 1e-12)
     ok = bool((diff <= atol + rtol * expected.abs()).all())
     detail = "" if ok else f"{what} differs from the single-device reference"
-    return CheckResult(check_id, "pass" if ok else "fail", detail, max_abs, max_rel, atol, rtol)
+    return CheckResult(check_id, Status.PASS if ok else Status.FAIL, detail, max_abs, max_rel, atol, rtol)
+
+
+def _compare_reduced(check_id: CheckId, actual, expected, expected32, what: str) -> CheckResult:
+    scale = float(expected32.abs().max()) if expected32.numel() else 0.0
+    error = float((actual - expected32).abs().max()) if actual.numel() else 0.0
+    own = float((expected - expected32).abs().max()) if actual.numel() else 0.0
+    bound = BOUND_FACTOR * own + FLOOR * scale
+    ok = error <= bound
+    detail = "" if ok else (f"{what}: error vs fp32 {error:.2e} > bound {bound:.2e} "
+                            f"({BOUND_FACTOR:g} x single-device error {own:.2e} + {FLOOR:g} x {scale:.2e})")
+    return CheckResult(check_id, Status.PASS if ok else Status.FAIL, detail, error, error / max(scale, 1e-12),
+                       data={"single_device_error": own, "bound": bound})
 
 
 # -- helpers shared with routes and controls ---------------------------------------------------
-
-
-def attention_processors(model) -> list[tuple[str, object]]:
-    """Attention processors that take a parallel config (they have a `_parallel_config` slot)."""
-    found = []
-    for name, module in model.named_modules():
-        processor = getattr(module, "processor", None)
-        if processor is not None and hasattr(processor, "_parallel_config"):
-            found.append((name, processor))
-    return found
-
-
-def tp_specs(model, tp_degree: int) -> dict:
-    from diffusers.hooks.tensor_parallel import resolve_tp_shard_specs
-
-    return resolve_tp_shard_specs(model, model._tp_plan, tp_degree)
 
 
 def local_slice(full: torch.Tensor, spec, index: int, tp: int) -> torch.Tensor:
@@ -125,48 +160,53 @@ def _summary(items: list[str], limit: int = 3) -> str:
 # -- structure ---------------------------------------------------------------------------------
 
 
-def check_mesh(applied) -> CheckResult:
-    layout: Layout = applied.layout
-    rank = applied.rank
-    coords = layout.coords(rank)
+@check(CheckId.MESH)
+def check_mesh(ctx: CheckContext) -> CheckResult:
+    applied, layout, rank = ctx.applied, ctx.layout, ctx.rank
     problems = []
     expected = {}
     if layout.has_cp:
         expected["cp"] = (("ring", "ulysses"), layout.cp_group(rank))
     if layout.has_tp:
         expected["tp"] = (("tp",), layout.tp_group(rank))
-    if applied.route == "composed":
-        shared = applied.parallel_config._mesh
+    shared = library.shared_mesh(applied.parallel_config)
+    if applied.route.value == "composed" and shared is not None:
         got = (tuple(shared.mesh_dim_names or ()), tuple(shared.shape))
         if got != (layout.mesh_dims, layout.mesh_shape):
             problems.append(f"shared mesh {got} != layout's {(layout.mesh_dims, layout.mesh_shape)}")
     for part, (dims, members) in expected.items():
-        mesh = applied.meshes.get(part)
-        if mesh is None:
-            problems.append(f"no {part} mesh")
+        problems.extend(_mesh_part_problems(applied, part, dims, members))
+    return _verdict(CheckId.MESH, problems)
+
+
+def _mesh_part_problems(applied, part: str, dims: tuple[str, ...], members: list[int]) -> list[str]:
+    layout, rank = applied.layout, applied.rank
+    mesh = applied.meshes.get(part)
+    if mesh is None:
+        return [f"no {part} mesh"]
+    problems = []
+    names = tuple(mesh.mesh_dim_names or ())
+    coords = layout.coords(rank)
+    for dim in dims:
+        if dim not in names:
+            problems.append(f"{part} mesh lacks dim {dim!r}")
             continue
-        names = tuple(mesh.mesh_dim_names or ())
-        for dim in dims:
-            if dim not in names:
-                problems.append(f"{part} mesh lacks dim {dim!r}")
-                continue
-            size = mesh.size(names.index(dim))
-            if size != getattr(layout, dim):
-                problems.append(f"{part} mesh dim {dim} has size {size}, layout says {getattr(layout, dim)}")
-            local = mesh.get_local_rank(dim)
-            if local != coords[dim]:
-                problems.append(f"rank {rank} sits at {dim}={local}, layout says {coords[dim]}")
-        if all(d in names for d in dims):
-            got = _library_group(applied, part)
-            if got != members:
-                problems.append(f"{part} group {got} != layout's {members}")
-    return CheckResult("structure.mesh", "fail" if problems else "pass", _summary(problems))
+        size = mesh.size(names.index(dim))
+        if size != getattr(layout, dim):
+            problems.append(f"{part} mesh dim {dim} has size {size}, layout says {getattr(layout, dim)}")
+        if mesh.get_local_rank(dim) != coords[dim]:
+            problems.append(f"rank {rank} sits at {dim}={mesh.get_local_rank(dim)}, layout says {coords[dim]}")
+    if all(d in names for d in dims):
+        got = _library_group(applied, part)
+        if got != members:
+            problems.append(f"{part} group {got} != layout's {members}")
+    return problems
 
 
 def _library_group(applied, part: str) -> list[int]:
     """The ranks the library will actually communicate with for `part`."""
     if part == "cp":
-        return group_ranks(applied.parallel_config.context_parallel_config._flattened_mesh)
+        return group_ranks(library.cp_flattened_mesh(applied.parallel_config.context_parallel_config))
     return group_ranks(applied.meshes["tp"], "tp")
 
 
@@ -176,137 +216,145 @@ def _plan_modules(model, module_id: str) -> list:
     for atom in [a for a in module_id.split(".") if a] if module_id else []:
         nxt = []
         for module in modules:
-            if atom == "*":
-                nxt.extend(list(module))
-            else:
-                nxt.append(getattr(module, atom))
+            nxt.extend(list(module) if atom == "*" else [getattr(module, atom)])
         modules = nxt
     return modules
 
 
-def check_cp_hooks(model, layout: Layout) -> CheckResult:
-    problems = []
-    if layout.has_cp:
+@check(CheckId.CP_HOOKS)
+def check_cp_hooks(ctx: CheckContext) -> CheckResult:
+    model, problems = ctx.model, []
+    if ctx.layout.has_cp:
         for module_id, entry in model._cp_plan.items():
-            kind = "cp_input" if isinstance(entry, dict) else "cp_output"
-            hook = f"{kind}---{module_id}"
+            hook = library.cp_hook_name(module_id, is_input=isinstance(entry, dict))
             for module in _plan_modules(model, module_id):
-                registry = getattr(module, "_diffusers_hook", None)
-                if registry is None or hook not in registry.hooks:
+                if hook not in library.hook_names(module):
                     problems.append(f"{module_id or '<root>'} lacks {hook}")
     else:
         for name, module in model.named_modules():
-            registry = getattr(module, "_diffusers_hook", None)
-            stray = [h for h in (registry.hooks if registry else {}) if h.startswith(("cp_input---", "cp_output---"))]
+            stray = [h for h in library.hook_names(module) if h.startswith((library.CP_INPUT, library.CP_OUTPUT))]
             problems.extend(f"{name or '<root>'} carries {h} without CP" for h in stray)
-    return CheckResult("structure.cp_hooks", "fail" if problems else "pass", _summary(problems))
+    return _verdict(CheckId.CP_HOOKS, problems)
 
 
-def check_processor_config(model, applied) -> CheckResult:
-    layout = applied.layout
-    processors = attention_processors(model)
+@check(CheckId.PROCESSOR_CONFIG)
+def check_processor_config(ctx: CheckContext) -> CheckResult:
+    layout = ctx.layout
+    processors = library.attention_processors(ctx.model)
     problems = []
-    if layout.has_cp:
-        if not processors:
-            problems.append("no attention processor takes a parallel config, so attention cannot run Ulysses/ring")
-        for name, processor in processors:
-            config = processor._parallel_config
-            cp = getattr(config, "context_parallel_config", None)
-            if config is None or cp is None:
-                problems.append(f"{name}: processor holds no CP config")
-            elif config is not applied.parallel_config:
-                problems.append(f"{name}: processor holds another config than the run's")
-            elif (cp.ring_degree, cp.ulysses_degree) != (layout.ring, layout.ulysses):
-                problems.append(f"{name}: CP degrees {(cp.ring_degree, cp.ulysses_degree)} != layout's")
-    else:
-        problems.extend(
-            f"{name}: TP alone, yet processor holds a parallel config" for name, p in processors
-            if p._parallel_config is not None
-        )
-    return CheckResult("structure.processor_config", "fail" if problems else "pass", _summary(problems))
+    if not layout.has_cp:
+        problems.extend(f"{name}: TP alone, yet processor holds a parallel config"
+                        for name, p in processors if library.processor_config(p) is not None)
+        return _verdict(CheckId.PROCESSOR_CONFIG, problems)
+    if not processors:
+        problems.append("no attention processor takes a parallel config, so attention cannot run Ulysses/ring")
+    for name, processor in processors:
+        config = library.processor_config(processor)
+        cp = getattr(config, "context_parallel_config", None)
+        if config is None or cp is None:
+            problems.append(f"{name}: processor holds no CP config")
+        elif config is not ctx.applied.parallel_config:
+            problems.append(f"{name}: processor holds another config than the run's")
+        elif (cp.ring_degree, cp.ulysses_degree) != (layout.ring, layout.ulysses):
+            problems.append(f"{name}: CP degrees {(cp.ring_degree, cp.ulysses_degree)} != layout's")
+    return _verdict(CheckId.PROCESSOR_CONFIG, problems)
 
 
-def check_tp_shards(model, reference, applied) -> CheckResult:
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+@check(CheckId.TP_SHARDS)
+def check_tp_shards(ctx: CheckContext) -> CheckResult:
+    from torch.distributed.tensor import DTensor
 
-    layout = applied.layout
-    params = dict(model.named_parameters())
-    ref_state = dict(reference.named_parameters())
+    layout = ctx.layout
+    params = dict(ctx.model.named_parameters())
+    ref_params = dict(ctx.reference.named_parameters())
+    planned = library.tp_shard_specs(ctx.reference, layout.tp) if layout.has_tp else {}
     problems = []
-    planned = tp_specs(reference, layout.tp) if layout.has_tp else {}
-    if layout.has_tp:
-        index = layout.coords(applied.rank)["tp"]
-        members = layout.tp_group(applied.rank)
-        for name, spec in planned.items():
-            param = params.get(name)
-            if not isinstance(param, DTensor):
-                problems.append(f"{name} is not a DTensor")
-                continue
-            if group_ranks(param.device_mesh) != members:
-                problems.append(f"{name} lives on ranks {group_ranks(param.device_mesh)}, TP group is {members}")
-            want = Replicate() if spec.dim is None else Shard(spec.dim)
-            if tuple(param.placements) != (want,):
-                problems.append(f"{name} placed {param.placements}, plan says {want}")
-                continue
-            expected = local_slice(ref_state[name].detach(), spec, index, layout.tp)
-            local = param.to_local()
-            if local.shape != expected.shape or not torch.equal(local, expected):
-                problems.append(f"{name} local tensor is not TP shard {index} of {layout.tp}")
+    for name, spec in planned.items():
+        problems.extend(_shard_problems(name, params.get(name), ref_params[name], spec, ctx))
     for name, param in params.items():
         if name in planned:
             continue
         if isinstance(param, DTensor):
             problems.append(f"{name} is outside the TP plan but is a DTensor")
-        elif not torch.equal(param.detach(), ref_state[name].detach()):
+        elif not torch.equal(param.detach(), ref_params[name].detach().to(param.device)):
             problems.append(f"{name} is outside the TP plan but differs from the reference")
-    return CheckResult("structure.tp_shards", "fail" if problems else "pass", _summary(problems))
+    return _verdict(CheckId.TP_SHARDS, problems)
+
+
+def _shard_problems(name: str, param, ref_param, spec, ctx: CheckContext) -> list[str]:
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    layout, rank = ctx.layout, ctx.rank
+    if not isinstance(param, DTensor):
+        return [f"{name} is not a DTensor"]
+    members = layout.tp_group(rank)
+    problems = []
+    if group_ranks(param.device_mesh) != members:
+        problems.append(f"{name} lives on ranks {group_ranks(param.device_mesh)}, TP group is {members}")
+    want = Replicate() if spec.dim is None else Shard(spec.dim)
+    if tuple(param.placements) != (want,):
+        return problems + [f"{name} placed {param.placements}, plan says {want}"]
+    index = layout.coords(rank)["tp"]
+    expected = local_slice(ref_param.detach(), spec, index, layout.tp)
+    local = param.to_local()
+    if local.shape != expected.shape or not torch.equal(local.cpu(), expected.cpu()):
+        problems.append(f"{name} local tensor is not TP shard {index} of {layout.tp}")
+    return problems
 
 
 # -- numbers -----------------------------------------------------------------------------------
 
 
-def check_grads(model, reference, applied, atol: float, rtol: float) -> CheckResult:
-    """Reassemble every gradient, then compare with the reference's; reports the worst parameter."""
-    from torch.distributed.tensor import DTensor
+@check(CheckId.FORWARD)
+def check_forward(ctx: CheckContext) -> CheckResult:
+    if ctx.forward_error:
+        return CheckResult(CheckId.FORWARD, Status.FAIL, f"forward raised {ctx.forward_error}")
+    return compare(CheckId.FORWARD, ctx.out, ctx.ref_out, ctx.atol, ctx.rtol, expected32=ctx.ref_out32)
 
-    layout = applied.layout
-    specs = tp_specs(reference, layout.tp) if layout.has_tp else {}
-    cp_group = _cp_process_group(applied)
-    tp_group = applied.meshes["tp"].get_group() if layout.has_tp else None
-    ref_params = dict(reference.named_parameters())
-    worst = CheckResult("parity.grads", "pass", atol=atol, rtol=rtol, max_abs=0.0, max_rel=0.0)
+
+def grads_skip_reason(ctx: CheckContext) -> str | None:
+    """Why the backward is not run for this case; None when it is."""
+    if not ctx.grads_requested:
+        return "--no-grads"
+    if ctx.forward_error:
+        return "forward raised"
+    if tuple(ctx.out.shape) != tuple(ctx.ref_out.shape):
+        return "the output shape differs, so the loss cannot match"
+    return None
+
+
+@check(CheckId.GRADS)
+def check_grads(ctx: CheckContext) -> CheckResult:
+    skip = grads_skip_reason(ctx)
+    if skip:
+        return CheckResult(CheckId.GRADS, Status.SKIP, skip)
+    if ctx.backward_error:
+        return CheckResult(CheckId.GRADS, Status.FAIL, f"backward raised {ctx.backward_error}")
+    return _compare_grads(ctx)
+
+
+def _compare_grads(ctx: CheckContext) -> CheckResult:
+    """Reassemble every gradient, then compare with the reference's; reports the worst parameter."""
+    layout, applied = ctx.layout, ctx.applied
+    specs = library.tp_shard_specs(ctx.reference, layout.tp) if layout.has_tp else {}
+    groups = _Groups(_cp_process_group(applied), applied.meshes["tp"].get_group() if layout.has_tp else None)
+    ref_params = dict(ctx.reference.named_parameters())
+    worst = CheckResult(CheckId.GRADS, Status.PASS, atol=ctx.atol, rtol=ctx.rtol, max_abs=0.0, max_rel=0.0)
     failures, tp_partial = [], []
-    for name, param in sorted(model.named_parameters()):
+    for name, param in sorted(ctx.model.named_parameters()):
         ref_grad = ref_params[name].grad
-        grad = param.grad
-        if grad is None:
+        if param.grad is None:
             # Every rank takes the same branch: a missing grad comes from the model's structure.
             if ref_grad is not None and bool(ref_grad.abs().max() > 0):
-                why = "" if param.requires_grad else " (requires_grad=False)"
-                failures.append(f"{name} has no gradient{why}")
+                failures.append(f"{name} has no gradient" + ("" if param.requires_grad else " (requires_grad=False)"))
             continue
-        if isinstance(grad, DTensor):
-            spec = specs.get(name)
-            if spec is not None and spec.dim is not None:
-                grad = assemble(_all_gather(grad.to_local(), tp_group), spec)
-            else:
-                grad = grad.full_tensor()
-        elif tp_group is not None:
-            # Outside the plan but fed by sharded activations (QK-norms after the head split), each TP
-            # rank holds a partial gradient; computed redundantly, every TP rank holds the whole one.
-            pieces = _all_gather(grad, tp_group)
-            if any(not torch.equal(p, pieces[0]) for p in pieces[1:]):
-                grad = torch.stack(pieces).sum(0)
-                tp_partial.append(name)
-        if cp_group is not None:
-            # Under CP each rank's gradient covers its slice of the sequence: sum over the CP group only.
-            grad = grad.clone()
-            dist.all_reduce(grad, group=cp_group)
+        grad = _whole_grad(param.grad, specs.get(name), groups, name, tp_partial)
         if ref_grad is None:
             failures.append(f"{name} has a gradient the reference lacks")
             continue
-        result = compare("parity.grads", grad, ref_grad, atol, rtol, what=f"grad of {name}")
-        if result.status == "fail":
+        result = compare(CheckId.GRADS, grad, ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
+                         expected32=ctx.ref_grads32.get(name))
+        if result.status == Status.FAIL:
             failures.append(f"{name} (max_abs {result.max_abs if result.max_abs is not None else 'n/a'})")
         if result.max_abs is not None and result.max_abs >= (worst.max_abs or 0.0):
             worst.max_abs, worst.max_rel, worst.detail = result.max_abs, result.max_rel, f"worst: {name}"
@@ -314,16 +362,45 @@ def check_grads(model, reference, applied, atol: float, rtol: float) -> CheckRes
     if tp_partial:
         notes.append(f"{len(tp_partial)} params outside the TP plan have TP-partial grads (e.g. {tp_partial[0]})")
     if failures:
-        worst.status = "fail"
+        worst.status = Status.FAIL
         notes.insert(0, f"{len(failures)} grads differ: {_summary(failures)}")
     worst.detail = "; ".join(notes)
     return worst
 
 
+@dataclass
+class _Groups:
+    cp: object
+    tp: object
+
+
+def _whole_grad(grad, spec, groups: _Groups, name: str, tp_partial: list[str]) -> torch.Tensor:
+    """This parameter's gradient over the whole model: TP shards assembled, CP slices summed."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(grad, DTensor):
+        if spec is not None and spec.dim is not None:
+            grad = assemble(_all_gather(grad.to_local(), groups.tp), spec)
+        else:
+            grad = grad.full_tensor()
+    elif groups.tp is not None:
+        # Outside the plan but fed by sharded activations (QK-norms after the head split), each TP
+        # rank holds a partial gradient; computed redundantly, every TP rank holds the whole one.
+        pieces = _all_gather(grad, groups.tp)
+        if any(not torch.equal(p, pieces[0]) for p in pieces[1:]):
+            grad = torch.stack(pieces).sum(0)
+            tp_partial.append(name)
+    if groups.cp is not None:
+        # Under CP each rank's gradient covers its slice of the sequence: sum over the CP group only.
+        grad = grad.clone()
+        dist.all_reduce(grad, group=groups.cp)
+    return grad
+
+
 def _cp_process_group(applied):
     if not applied.layout.has_cp:
         return None
-    return applied.parallel_config.context_parallel_config._flattened_mesh.get_group()
+    return library.cp_flattened_mesh(applied.parallel_config.context_parallel_config).get_group()
 
 
 def _all_gather(tensor: torch.Tensor, group) -> list[torch.Tensor]:

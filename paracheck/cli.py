@@ -1,4 +1,7 @@
-"""`paracheck run` and `paracheck topology`. Exit codes: 0 pass, 1 check failed, 2 usage, 3 run broke."""
+"""The command line: `paracheck run`, `paracheck topology`. Exit codes are `protocol.Exit`.
+
+Parsing, usage errors and `topology` import no torch; `run` imports it only to load `--spec` factories.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +12,11 @@ import sys
 import time
 
 from . import __version__
-from .backends import BackendError, device_limit, get_backend, resolve
-from .case import ROUTES, Case, SpecError, call_factory, expand
+from .backends import BackendError, get_backend, missing_devices, resolve
+from .case import DTYPES, ROUTES, Case, SpecError, call_factory, expand
 from .controls import CONTROLS
 from .layout import ORDERS, Layout, LayoutError, layouts_for, parse_layouts
-
-USAGE, BROKEN = 2, 3
+from .protocol import Exit
 
 
 class UsageError(Exception):
@@ -26,8 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"paracheck {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run models over layouts and check every rank against one device")
-    run.add_argument("--backend", default="auto", help="auto|gloo|nccl|neuron (auto: nccl with CUDA, else gloo)")
-    run.add_argument("--nproc", type=int, default=4, help="ranks in the world (default 4)")
+    run.add_argument("--backend", default="auto", help="auto|gloo|nccl|neuron (auto: nccl with CUDA devices, neuron with "
+                     "Neuron devices, else gloo)")
+    run.add_argument("--nproc", type=int, default=None, help="ranks in the world (default 4; under torchrun "
+                     "its WORLD_SIZE)")
     run.add_argument("--models", default="all", help="fixture names, comma separated, or all")
     run.add_argument("--layouts", default="all", help="layouts like tp4,u4,tp2xu2, or all for --nproc")
     run.add_argument("--route", default="auto", help="auto|native|composed|sharded-load")
@@ -37,16 +41,23 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-grads", action="store_true", help="skip parity.grads")
     run.add_argument("--controls", action="store_true", help="also run every negative control")
     run.add_argument("--only-control", help="with --controls: run this control alone (and no plain cases)")
+    run.add_argument("--dtype", default="fp32", help="fp32|bf16|fp16: the dtype the models run in")
+    run.add_argument("--variants", default="all", help="input variants: all, or some of base,batch2,masked,uneven "
+                     "(each model runs the ones it offers)")
+    run.add_argument("--known-failures", default=None, help="TOML of declared upstream failures, or none "
+                     "(default: the file paracheck ships)")
     run.add_argument("--report-json", help="write the JSON report here")
     run.add_argument("--junit", help="write JUnit XML here")
     run.add_argument("--timeout", type=float, default=120.0, help="seconds one case may run before it is a hang")
+    run.add_argument("--quiet", action="store_true", help="no per-case lines: only the table and the summary")
     topo = sub.add_parser("topology", help="which layouts a backend can run for a world size and head count")
-    topo.add_argument("--backend", required=True)
-    topo.add_argument("--world", type=int, required=True)
-    topo.add_argument("--heads", type=int, help="attention heads (required without --simulate; with it, "
-                      "overrides the model config's num_attention_heads)")
-    topo.add_argument("--layout")
-    topo.add_argument("--order", default="cp-fastest")
+    topo.add_argument("--backend", required=True, help="gloo|nccl|neuron: whose topology rules apply "
+                      "(with --simulate, a comma list judges one simulation by each)")
+    topo.add_argument("--world", type=int, required=True, help="ranks in the world")
+    topo.add_argument("--heads", type=int, help="the model's attention head count (required without --simulate; "
+                      "with it, overrides the model config's num_attention_heads)")
+    topo.add_argument("--layout", help="one layout to judge (exit 1 when refused); default: every layout")
+    topo.add_argument("--order", default="cp-fastest", help="cp-fastest|tp-fastest (mesh order)")
     from .simulate_cli import add_arguments
 
     add_arguments(topo)
@@ -55,27 +66,32 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    from .known import KnownFailuresError
+
     try:
         if args.command == "topology":
             return topology(args)
         return run(args)
-    except (UsageError, LayoutError, BackendError, SpecError) as exc:
+    except (UsageError, LayoutError, BackendError, SpecError, KnownFailuresError) as exc:
         print(f"paracheck: error: {exc}", file=sys.stderr)
-        return USAGE
+        return Exit.USAGE
 
 
-def build_cases(args, backend) -> list[Case]:
-    from .fixtures_index import FIXTURES
-
+def _check_options(args, backend) -> list[Layout]:
+    world = os.environ.get("WORLD_SIZE") if "RANK" in os.environ else None
+    if world is not None and args.nproc not in (None, int(world)):
+        raise UsageError(f"--nproc {args.nproc}: under torchrun the world is WORLD_SIZE={world}; drop --nproc")
+    args.nproc = int(world) if world is not None else (4 if args.nproc is None else args.nproc)
     if args.nproc < 1:
         raise UsageError(f"--nproc {args.nproc}: must be >= 1")
-    limit = device_limit(backend)
-    if limit is not None and args.nproc > limit:
-        raise UsageError(f"--nproc {args.nproc}: backend {backend.name} sees only {limit} devices here")
-    if args.order not in ORDERS:
-        raise UsageError(f"--order {args.order!r}: must be one of {', '.join(ORDERS)}")
-    if args.route not in ROUTES:
-        raise UsageError(f"--route {args.route!r}: must be one of {', '.join(ROUTES)}")
+    missing = missing_devices(backend, int(os.environ.get("LOCAL_WORLD_SIZE", args.nproc)))
+    if missing:
+        raise UsageError(missing)
+    _wanted_variants(args.variants)
+    for flag, value, allowed in (("--order", args.order, ORDERS), ("--route", args.route, ROUTES),
+                                 ("--dtype", args.dtype, DTYPES)):
+        if value not in allowed:
+            raise UsageError(f"{flag} {value!r}: must be one of {', '.join(allowed)}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout {args.timeout:g}: must be > 0 seconds")
     if args.only_control and args.only_control not in CONTROLS:
@@ -85,10 +101,19 @@ def build_cases(args, backend) -> list[Case]:
     layouts = parse_layouts(args.layouts, args.nproc, args.order)
     if not layouts:
         raise UsageError(f"--nproc {args.nproc}: one rank has no parallel layout; use --nproc 2 or more")
+    return layouts
+
+
+def build_cases(args, backend) -> list[Case]:
+    from .fixtures_index import FIXTURES
+
+    layouts = _check_options(args, backend)
     built = {}
+    if args.spec and args.models != "all":
+        raise UsageError("--models with --spec: --models names bundled fixtures; give one or the other")
     if args.spec:
         built = {spec: call_factory(spec) for spec in args.spec}  # fail fast, exit 2, before any rank starts
-        models = [(spec.rpartition(":")[2], spec) for spec in args.spec]
+        models = _spec_names(args.spec)
     else:
         names = list(FIXTURES) if args.models == "all" else [m.strip() for m in args.models.split(",")]
         unknown = [n for n in names if n not in FIXTURES]
@@ -99,9 +124,39 @@ def build_cases(args, backend) -> list[Case]:
         _check_fits(models, layouts, built)
     # Every control on every layout: one that cannot apply is reported as skipped, with the reason.
     controls = [args.only_control] if args.only_control else (list(CONTROLS) if args.controls else [])
+    wanted = _wanted_variants(args.variants)
     return [case for model, factory in models
             for case in expand(model, factory, layouts, lambda layout: controls, plain=not args.only_control,
-                               route=args.route, grads=not args.no_grads)]
+                               variants=[v for v in _offered(model, factory) if v in wanted],
+                               route=args.route, grads=not args.no_grads, dtype=args.dtype)]
+
+
+def _wanted_variants(text: str) -> list[str]:
+    from .fixtures_index import VARIANTS
+
+    if text.strip() == "all":
+        return list(VARIANTS)
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown or not names:
+        raise UsageError(f"--variants {text!r}: {', '.join(unknown) or 'empty'}: variants are {', '.join(VARIANTS)} "
+                         "(or all)")
+    return names
+
+
+def _offered(model: str, factory: str) -> tuple[str, ...]:
+    from .case import factory_variants
+    from .fixtures_index import FIXTURE_VARIANTS, FIXTURES
+
+    if FIXTURES.get(model) == factory:
+        return FIXTURE_VARIANTS.get(model, ("base",))
+    return factory_variants(factory)
+
+
+def _spec_names(specs: list[str]) -> list[tuple[str, str]]:
+    """A spec's model name is its function's name, or module:function where two functions share one."""
+    short = [spec.rpartition(":")[2] for spec in specs]
+    return [(name if short.count(name) == 1 else os.path.basename(spec), spec) for name, spec in zip(short, specs)]
 
 
 def _check_fits(models: list[tuple[str, str]], layouts: list[Layout], built: dict) -> None:
@@ -128,40 +183,62 @@ def _check_writable(path: str | None, flag: str) -> None:
 
 
 def run(args) -> int:
-    from . import report
-    from .launch import Launcher
+    from . import known
 
     backend = resolve(args.backend)
     cases = build_cases(args, backend)
+    entries = known.load(known.SHIPPED if args.known_failures is None else args.known_failures)
     _check_writable(args.report_json, "--report-json")
     _check_writable(args.junit, "--junit")
-    launcher = Launcher(backend, args.nproc, args.timeout)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        from .torchrun import run_as_rank
+
+        return run_as_rank(args, backend, cases, entries)
+    return _launch(args, backend, cases, entries)
+
+
+def _launch(args, backend, cases: list[Case], entries) -> int:
+    from .launch import Launcher
+    from .progress import Progress
+
+    progress = Progress(cases, quiet=args.quiet, entries=entries)
+    launcher = Launcher(backend, args.nproc, args.timeout, on_case=progress.case_done)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     started = time.time()
     try:
         outcome = launcher.run(cases)
     except KeyboardInterrupt:
         launcher.stop()
+        progress.close()
         print("paracheck: interrupted; every rank was stopped", file=sys.stderr)
-        return BROKEN
+        return Exit.BROKEN
     finally:
         signal.signal(signal.SIGTERM, previous)
-    entries = [report.merge_case(c, outcome.results[i]) for i, c in enumerate(cases)]
-    extra = [] if args.backend == "auto" else ["--backend", args.backend]
-    extra += ["--nproc", str(args.nproc)] + (["--no-grads"] if args.no_grads else [])
-    replays = [report.replay_command(c, extra) for c in cases]
-    print(report.table(entries))
-    text = report.notes(entries, replays)
+    progress.close()
+    meta = _meta(backend, args.nproc, outcome)
+    return finish(args, cases, [outcome.results[i] for i in range(len(cases))], outcome.events, entries, meta,
+                  time.time() - started, f", ranks {outcome.start_method}, {outcome.references} references")
+
+
+def finish(args, cases, results, events, entries, meta: dict, seconds: float, extra: str) -> int:
+    """Verdicts from every case's rank results, then the table, notes, reports; returns the exit code."""
+    from . import known, report
+    from .verdict import judge_controls, merge
+
+    verdicts = [merge(c, r) for c, r in zip(cases, results)]
+    known.apply(verdicts, entries)
+    judge_controls(verdicts)
+    base = [] if args.backend == "auto" else ["--backend", args.backend]
+    base += ["--nproc", str(args.nproc)] + (["--no-grads"] if args.no_grads else [])
+    replays = {v.id: report.replay_command(v, base) for v in verdicts}
+    print(report.table(verdicts))
+    text = report.notes(verdicts, replays)
     if text:
         print("\n" + text)
-    for event in outcome.events:
+    for event in events:
         print(f"\nRUN BROKE ({event.kind}): {event.message}")
-    data = report.to_json(entries, _meta(backend, args.nproc), outcome.events)
-    summary = data["summary"]
-    print(f"\n{summary['passed']} passed, {summary['failed']} failed, {summary['errors']} errors, "
-          f"{summary['skipped']} skipped" + (f", {summary['detected']} detected, {summary['missed']} missed"
-                                             if args.controls else "")
-          + f" in {time.time() - started:.1f}s ({outcome.worlds} world{'s' if outcome.worlds > 1 else ''})")
+    data = report.to_json(verdicts, meta, events)
+    print("\n" + report.counts_line(verdicts, seconds, meta.get("worlds", 1), extra))
     if args.report_json:
         import json
 
@@ -169,7 +246,7 @@ def run(args) -> int:
             json.dump(data, handle, indent=1)
     if args.junit:
         with open(args.junit, "w") as handle:
-            handle.write(report.to_junit(entries))
+            handle.write(report.to_junit(verdicts))
     return data["exit_code"]
 
 
@@ -177,7 +254,7 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _meta(backend, nproc: int) -> dict:
+def _meta(backend, nproc: int, outcome=None) -> dict:
     from importlib.metadata import version
 
     versions = {}
@@ -186,7 +263,11 @@ def _meta(backend, nproc: int) -> dict:
             versions[package] = version(package)
         except Exception:
             versions[package] = None
-    return {"paracheck": __version__, "backend": backend.name, "nproc": nproc, "versions": versions}
+    meta = {"paracheck": __version__, "backend": backend.name, "nproc": nproc, "versions": versions}
+    if outcome is not None:
+        meta.update(worlds=outcome.worlds, start_method=outcome.start_method, references=outcome.references,
+                    start_seconds=round(outcome.start_seconds, 3))
+    return meta
 
 
 def topology(args) -> int:
@@ -213,7 +294,7 @@ def topology(args) -> int:
         groups = f"tp groups {layout.groups(('tp',))}, cp groups {layout.groups(('ring', 'ulysses'))}"
         print(f"{layout.name:12} {'ok' if not problems else 'no':3} {'; '.join(problems) or groups}")
         bad += bool(problems)
-    return 1 if args.layout and bad else 0
+    return Exit.FAILED if args.layout and bad else Exit.OK
 
 
 if __name__ == "__main__":

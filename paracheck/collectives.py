@@ -24,10 +24,10 @@ import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .checks import CheckResult
 from .layout import Layout
+from .records import CheckId, CheckResult, Status
 
-CHECK_ID = "structure.collectives"
+CHECK_ID = CheckId.COLLECTIVES
 
 #: op name (without namespace and overload) -> kind
 _KINDS = {
@@ -274,5 +274,5 @@ def verdict(counts: Counts, layout: Layout, rank: int | None = None) -> CheckRes
             problems.append(f"{n} all-to-all over the {'/'.join(roles)} group {list(members)}")
         elif kind == "all_reduce" and "tp" not in roles:
             problems.append(f"{n} all-reduce over the {'/'.join(roles)} group {list(members)}")
-    return CheckResult(CHECK_ID, "fail" if problems else "pass",
-                       "; ".join(problems) if problems else counts.summary())
+    return CheckResult(CHECK_ID, Status.FAIL if problems else Status.PASS,
+                       "; ".join(problems) if problems else counts.summary(), data=counts.to_json())

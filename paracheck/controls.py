@@ -1,7 +1,8 @@
-"""Negative controls: known bugs a route plants on purpose, each naming the checks that must catch it.
+"""Negative controls: each known bug, how and when it is planted, where it applies, what must catch it.
 
-A control proves a check can fail. Each one is planted by the route on the model it just
-parallelized (never by patching diffusers globally), so the rest of the run is untouched.
+A control proves a check can fail. It is planted on the one model a case just parallelized (never by
+patching diffusers globally), so the rest of the run is untouched. Everything about a control lives in
+its `Control` entry; no other module names one. Torch is imported only inside the planters.
 """
 
 from __future__ import annotations
@@ -9,33 +10,58 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
-
+from . import library
 from .layout import Layout
+from .records import CaseStatus, CheckId, Route
 
-FORWARD = "parity.forward"
-GRADS = "parity.grads"
-MESH = "structure.mesh"
-HOOKS = "structure.cp_hooks"
-PROCS = "structure.processor_config"
-SHARDS = "structure.tp_shards"
+#: (model, applied, reference_state) -> None; runs after the route applied parallelism correctly.
+Planter = Callable[[object, object, dict], None]
 
 
 @dataclass(frozen=True)
 class Control:
     name: str
     plants: str
-    must_trip: tuple[str, ...]
+    must_trip: tuple[CheckId, ...]
+    #: Why `layout` cannot show this bug; None when it can.
     applies: Callable[[Layout], str | None]
+    #: Bends one piece of a correctly parallelized model.
+    planter: Planter | None = None
+    #: Maps the mesh order the layout asks for to the one the route builds (planted while meshing).
+    mesh_order: Callable[[str], str] | None = None
     #: Routes that can plant it; None for every route.
-    routes: tuple[str, ...] | None = None
+    routes: tuple[Route, ...] | None = None
+    #: A note for the report, given the checks that failed.
+    note: Callable[[set], str] | None = None
+    #: A bug planted in paracheck's own CPU attention op (see `attention.FAULTS`), for ring.
+    attention_fault: str | None = None
 
-    def skip_reason(self, layout: Layout, route: str | None = None) -> str | None:
+    def skip_reason(self, layout: Layout, route: Route | None = None) -> str | None:
         """Why this control cannot run on `layout` (and `route`, once resolved); None when it can."""
         reason = self.applies(layout)
+        route = Route(route) if route is not None else None
         if reason is None and route is not None and self.routes and route not in self.routes:
-            reason = f"{self.name} is planted by the {'/'.join(self.routes)} route, not {route}"
+            reason = f"{self.name} is planted by the {'/'.join(r.value for r in self.routes)} route, not {route.value}"
         return reason
+
+    def plant(self, model, applied, reference_state: dict) -> None:
+        if self.planter is not None:
+            self.planter(model, applied, reference_state)
+
+    def order_for(self, order: str) -> str:
+        return self.mesh_order(order) if self.mesh_order else order
+
+    def judge(self, failing: set) -> tuple[CaseStatus, str]:
+        """Detected when every check it must trip failed."""
+        quiet = [c.value for c in self.must_trip if c not in failing]
+        if quiet:
+            return CaseStatus.MISSED, f"planted {self.name}; still passing: {', '.join(quiet)}"
+        reason = f"planted {self.name}; tripped {', '.join(c.value for c in self.must_trip)}"
+        extra = self.note(failing) if self.note else ""
+        return CaseStatus.DETECTED, reason + (f" ({extra})" if extra else "")
+
+
+# -- where each control can show -------------------------------------------------------------------
 
 
 def _needs_cp(layout: Layout) -> str | None:
@@ -50,10 +76,8 @@ def _global_index_differs(layout: Layout) -> str | None:
     if not layout.has_tp:
         return f"layout {layout} has no tensor parallelism"
     if all(r % layout.tp == layout.coords(r)["tp"] for r in range(layout.world)):
-        return (
-            f"on {layout} ({layout.order}) every rank's global rank mod tp equals its TP-mesh coordinate, "
-            "so the bug cannot show"
-        )
+        return (f"on {layout} ({layout.order}) every rank's global rank mod tp equals its TP-mesh coordinate, "
+                "so the bug cannot show")
     return None
 
 
@@ -61,23 +85,99 @@ def _needs_tp_and_cp(layout: Layout) -> str | None:
     return None if layout.has_tp and layout.has_cp else f"layout {layout} has one kind of parallelism; order is moot"
 
 
+def _needs_ring(layout: Layout) -> str | None:
+    return None if layout.ring > 1 else f"layout {layout} has no ring attention"
+
+
 def _always(layout: Layout) -> str | None:
     return None
 
 
-CONTROLS: dict[str, Control] = {
-    c.name: c
-    for c in (
-        Control("skip-cp-hooks", "CP requested; hooks never registered, processors not told", (HOOKS, PROCS), _needs_cp),
-        Control("skip-processor-config", "hooks registered; attention processors not given the config", (PROCS, FORWARD), _needs_cp),
-        Control("skip-output-gather", "the cp_output hook left out", (HOOKS, FORWARD), _needs_cp),
-        Control("global-rank-shard-index", "TP shards picked by global rank (mod tp) instead of TP-mesh coordinate", (SHARDS, FORWARD), _global_index_differs),
-        Control("tp-processor-config", "TP alone, yet processors handed the parallel config", (PROCS,), _needs_tp_alone),
-        Control("backward-only", "first Linear's output gradient scaled by 1.5; forward bit-identical", (GRADS,), _always),
-        Control("swapped-mesh-order", "shared mesh built in the order the layout did not ask for", (MESH,), _needs_tp_and_cp,
-                routes=("composed",)),
-    )
-}
+# -- what each control plants ------------------------------------------------------------------------
+
+
+def _skip_cp_hooks(model, applied, _):
+    library.remove_hooks(model, (library.CP_INPUT, library.CP_OUTPUT))
+    library.set_processor_config(model, None)
+
+
+def _skip_processor_config(model, applied, _):
+    library.set_processor_config(model, None)
+
+
+def _skip_output_gather(model, applied, _):
+    library.remove_hooks(model, (library.CP_OUTPUT,))
+
+
+def _tp_processor_config(model, applied, _):
+    library.set_processor_config(model, applied.parallel_config)
+
+
+def _global_rank_shard_index(model, applied, reference_state):
+    import torch
+
+    from .checks import local_slice
+
+    wrong_index = applied.rank % applied.layout.tp
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, spec in library.tp_shard_specs(model, applied.layout.tp).items():
+            if spec.dim is not None:
+                local = params[name].to_local()
+                local.copy_(local_slice(reference_state[name], spec, wrong_index, applied.layout.tp))
+
+
+def _backward_only(model, applied, _):
+    import torch
+
+    class ScaleGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 1.5
+
+    # At the model's output, so every gradient scales and the bug stands out of bf16 noise on every
+    # model (a first or last Linear can feed a single noisy gradient, or an output that is not checked).
+    def scale_first_output(module, args, output):
+        if isinstance(output, tuple):
+            return (ScaleGrad.apply(output[0]),) + tuple(output[1:])
+        output.sample = ScaleGrad.apply(output.sample)
+        return output
+
+    model.register_forward_hook(scale_first_output)
+
+
+def _other_order(order: str) -> str:
+    return "tp-fastest" if order == "cp-fastest" else "cp-fastest"
+
+
+def _numbers_stayed_right(failing: set) -> str:
+    return "" if CheckId.FORWARD in failing else "the numbers stayed right: only the structure checks see this bug"
+
+
+CONTROLS: dict[str, Control] = {c.name: c for c in (
+    Control("skip-cp-hooks", "CP requested; hooks never registered, processors not told",
+            (CheckId.CP_HOOKS, CheckId.PROCESSOR_CONFIG), _needs_cp, _skip_cp_hooks, note=_numbers_stayed_right),
+    Control("skip-processor-config", "hooks registered; attention processors not given the config",
+            (CheckId.PROCESSOR_CONFIG, CheckId.FORWARD), _needs_cp, _skip_processor_config),
+    Control("skip-output-gather", "the cp_output hook left out",
+            (CheckId.CP_HOOKS, CheckId.FORWARD), _needs_cp, _skip_output_gather),
+    Control("global-rank-shard-index", "TP shards picked by global rank (mod tp) instead of TP-mesh coordinate",
+            (CheckId.TP_SHARDS, CheckId.FORWARD), _global_index_differs, _global_rank_shard_index),
+    Control("tp-processor-config", "TP alone, yet processors handed the parallel config",
+            (CheckId.PROCESSOR_CONFIG,), _needs_tp_alone, _tp_processor_config),
+    Control("backward-only", "the model output's gradient scaled by 1.5 on the way back; forward bit-identical",
+            (CheckId.GRADS,), _always, _backward_only),
+    Control("swapped-mesh-order", "shared mesh built in the order the layout did not ask for",
+            (CheckId.MESH,), _needs_tp_and_cp, mesh_order=_other_order, routes=(Route.COMPOSED,)),
+    Control("ring-stale-kv-backward", "ring backward reuses the local KV chunk at every step (diffusers #14265's "
+            "shape); forward exact", (CheckId.GRADS,), _needs_ring, attention_fault="stale-kv-backward"),
+    Control("ring-drop-merge", "ring forward drops the visiting KV chunks' partial results (no LSE merge)",
+            (CheckId.FORWARD,), _needs_ring, attention_fault="drop-ring-merge"),
+)}
 
 
 def applicable(layout: Layout) -> list[str]:
@@ -89,86 +189,3 @@ def get_control(name: str) -> Control:
     if name not in CONTROLS:
         raise ValueError(f"control {name!r}: must be one of {', '.join(CONTROLS)}")
     return CONTROLS[name]
-
-
-# -- planting ---------------------------------------------------------------------------------
-# Each planter runs after the route applied parallelism correctly and undoes or bends one piece.
-
-
-def plant(name: str, model, applied, reference_state: dict) -> None:
-    planter = _PLANTERS.get(name)
-    if planter is not None:
-        planter(model, applied, reference_state)
-
-
-def _remove_cp_hooks(model, kinds: tuple[str, ...]) -> None:
-    for module in model.modules():
-        registry = getattr(module, "_diffusers_hook", None)
-        if registry is None:
-            continue
-        for hook_name in list(registry.hooks):
-            if hook_name.startswith(kinds):
-                registry.remove_hook(hook_name)
-
-
-def _set_processor_config(model, config) -> None:
-    from .checks import attention_processors
-
-    for _, processor in attention_processors(model):
-        processor._parallel_config = config
-
-
-def _skip_cp_hooks(model, applied, _):
-    _remove_cp_hooks(model, ("cp_input---", "cp_output---"))
-    _set_processor_config(model, None)
-
-
-def _skip_processor_config(model, applied, _):
-    _set_processor_config(model, None)
-
-
-def _skip_output_gather(model, applied, _):
-    _remove_cp_hooks(model, ("cp_output---",))
-
-
-def _tp_processor_config(model, applied, _):
-    _set_processor_config(model, applied.parallel_config)
-
-
-def _global_rank_shard_index(model, applied, reference_state):
-    from .checks import local_slice, tp_specs
-
-    wrong_index = applied.rank % applied.layout.tp
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, spec in tp_specs(model, applied.layout.tp).items():
-            if spec.dim is None:
-                continue
-            local = params[name].to_local()
-            local.copy_(local_slice(reference_state[name], spec, wrong_index, applied.layout.tp))
-
-
-class _ScaleGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * 1.5
-
-
-def _backward_only(model, applied, _):
-    first_linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
-    first_linear.register_forward_hook(lambda module, args, output: _ScaleGrad.apply(output))
-
-
-_PLANTERS = {
-    "skip-cp-hooks": _skip_cp_hooks,
-    "skip-processor-config": _skip_processor_config,
-    "skip-output-gather": _skip_output_gather,
-    "tp-processor-config": _tp_processor_config,
-    "global-rank-shard-index": _global_rank_shard_index,
-    "backward-only": _backward_only,
-    # swapped-mesh-order is planted while the composed route builds its mesh.
-}

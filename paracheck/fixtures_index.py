@@ -6,4 +6,44 @@ FIXTURES: dict[str, str] = {
     "qwenimage": "paracheck.fixtures:qwenimage",
     "wan": "paracheck.fixtures:wan",
     "ltx": "paracheck.fixtures:ltx",
+    "qwenimage21": "paracheck.fixtures:qwenimage21",
+    "chronoedit": "paracheck.fixtures:chronoedit",
+    "helios": "paracheck.fixtures:helios",
+    "ltx2": "paracheck.fixtures:ltx2",
+    "minimax_h3": "paracheck.fixtures:minimax_h3",
+}
+
+#: The diffusers classes the fixtures build (preloaded by the fork server).
+FIXTURE_CLASSES = (
+    "FluxTransformer2DModel", "Flux2Transformer2DModel", "QwenImageTransformer2DModel", "WanTransformer3DModel",
+    "LTXVideoTransformer3DModel", "QwenImage21Transformer2DModel", "ChronoEditTransformer3DModel",
+    "HeliosTransformer3DModel", "LTX2VideoTransformer3DModel", "MiniMaxH3Transformer3DModel",
+)
+
+#: Input variants a fixture factory takes as `variant=` (same model class and init dict, so the same weights):
+#: base (the default inputs), batch2 (two samples at different timesteps), masked (batch 2, sample 1's text
+#: padded and masked out), uneven (a `_cp_plan`-split length that 2 and 4 ranks do not divide, batch 1).
+VARIANTS = ("base", "batch2", "masked", "uneven")
+
+_PLAIN = ("base", "batch2", "uneven")
+_MASKED = ("base", "batch2", "masked", "uneven")
+
+#: Which variants each fixture offers. `masked` only where the forward takes a text mask that reaches attention.
+#: Flux and Flux2 take none of their own (an `attention_mask` in `joint_attention_kwargs` would reach SDPA, but no
+#: pipeline passes one and the `_cp_plan` does not split it); Wan, ChronoEdit and Helios pass `attn_mask=None` to
+#: their cross-attention; MiniMax-H3 packs one request into one unmasked attention document.
+FIXTURE_VARIANTS: dict[str, tuple[str, ...]] = {
+    "flux": _PLAIN,
+    "flux2": _PLAIN,
+    "qwenimage": _MASKED,
+    "wan": _PLAIN,
+    "ltx": _MASKED,
+    # No `uneven`: QwenImage21 has no `_cp_plan` (TP only), so no length is ever split.
+    "qwenimage21": ("base", "batch2", "masked"),
+    "chronoedit": _PLAIN,
+    "helios": _PLAIN,
+    "ltx2": _MASKED,
+    # batch2 differs in latents and text only: MiniMax-H3's `timestep` is a table of noise levels addressed per
+    # packed row (`timestep_indices`) and shared by every sample, so two samples cannot have different timesteps.
+    "minimax_h3": _PLAIN,
 }

@@ -33,17 +33,21 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .backends import RING_NEEDS_LSE, Backend, get_backend
-from .checks import CheckResult, check_cp_hooks, check_mesh, check_processor_config, tp_specs
+from . import library
+from .backends import Backend, get_backend
+from .checks import CheckContext, check_cp_hooks, check_mesh, check_processor_config
 from .controls import get_control
 from .fitting import HEAD_DIM_KEY, HEADS_KEY, TIED_TO_INNER_DIM, Unfittable, cp_split_problems, fit_init_dict
 from .layout import Layout, layouts_for
+from .records import CheckId, CheckResult, Route, Status
 
 MAX_WORLD = 128
 ROUTES = ("auto", "native", "composed")
-#: Check ids a simulated rank reports, in table order.
+#: Check ids a simulated rank reports, in table order (plain strings: `backend.groups` is the simulation's own).
 SIM_CHECKS = ("structure.mesh", "structure.cp_hooks", "structure.processor_config", "structure.tp_shards",
               "backend.groups", "structure.collectives")
+BACKEND_GROUPS = "backend.groups"
+APPLY = "simulate.apply"
 _SHORT = {"structure.mesh": "mesh", "structure.cp_hooks": "hooks", "structure.processor_config": "procs",
           "structure.tp_shards": "shards", "backend.groups": "groups", "structure.collectives": "colls"}
 NEURON_ALLTOALL_SIZES = (4, 8, 16)
@@ -93,7 +97,7 @@ class LayoutResult:
 
     @property
     def structure_failed(self) -> bool:
-        return any(check.startswith("structure.") or check == "simulate.apply" for check in self.failures)
+        return any(check.startswith("structure.") or check == APPLY for check in self.failures)
 
     def to_json(self) -> dict:
         return {
@@ -485,7 +489,7 @@ def check_tp_shards_meta(model, specs: dict, applied, ledger) -> CheckResult:
     detail = _summary(problems)
     if not problems and untraced:
         detail = f"{untraced} shard indices from DTensor coordinates (torch scatters them), the rest traced"
-    return CheckResult("structure.tp_shards", "fail" if problems else "pass", detail)
+    return CheckResult(CheckId.TP_SHARDS, Status.FAIL if problems else Status.PASS, detail)
 
 
 def neuron_alltoall_problems(ranks: list[int]) -> list[str]:
@@ -518,13 +522,12 @@ def check_backend_groups(backend: Backend, applied, counts=None) -> CheckResult:
     if backend.name == "neuron":
         for group in alltoall_groups(applied, counts):
             problems.extend(neuron_alltoall_problems(group))
-    return CheckResult("backend.groups", "fail" if problems else "pass", "; ".join(dict.fromkeys(problems)))
+    return CheckResult(BACKEND_GROUPS, Status.FAIL if problems else Status.PASS, "; ".join(dict.fromkeys(problems)))
 
 
 def static_problems(backend: Backend, layout: Layout) -> list[str]:
-    """Rules that no process group shows: gloo has no ring backend. (Neuron's are all about groups.)"""
-    if backend.name == "gloo" and layout.ring > 1:
-        return [RING_NEEDS_LSE]
+    """Rules that no process group shows. None left: gloo runs ring since paracheck's own CPU attention op
+    returns the log-sum-exp, and every Neuron rule is about groups."""
     return []
 
 
@@ -551,8 +554,10 @@ def simulate_layout_on(model_class: type, init_dict: dict, layout: Layout, backe
     backends = [get_backend(b) if isinstance(b, str) else b for b in backends]
     started = time.perf_counter()
     cpu_started = time.process_time()
-    if route not in ROUTES:
-        raise SimulationError(f"--route {route!r}: a simulation takes one of {', '.join(ROUTES)}")
+    if getattr(route, "value", route) not in ROUTES:
+        raise SimulationError(f"--route {getattr(route, 'value', route)!r}: a simulation takes one of "
+                              f"{', '.join(ROUTES)}")
+    route = Route(getattr(route, "value", route))
     shared = LayoutResult(layout, "ok", control=control)
 
     def finish(status: str, reason: str) -> list[LayoutResult]:
@@ -562,18 +567,27 @@ def simulate_layout_on(model_class: type, init_dict: dict, layout: Layout, backe
         fit = fit_init_dict(model_class, init_dict, layout)
     except Unfittable as exc:
         return finish("unfit", str(exc))
-    if fit.changes:
+    head_changes = [c for c in fit.changes if "heads" in c.split(" ")[0]]
+    if head_changes:
         heads = heads_of(model_class, init_dict)
         return finish("unfit", f"{heads} heads: tp x ulysses = {layout.head_multiple} must divide them "
                                f"(nearest fit: {fit.init_dict[HEADS_KEY]})")
-    shared.route = route = resolve_route(route, layout)
-    if control:
-        reason = get_control(control).skip_reason(layout, route)
+    if fit.changes:  # block counts a plan needs (e.g. `transformer_blocks.1`): the library's own rule
+        shared.notes.append(f"fitted: {', '.join(fit.changes)}")
+        init_dict = fit.init_dict
+    route = resolve_route(route, layout)
+    shared.route = route.value
+    planted = get_control(control) if control else None
+    if planted:
+        reason = planted.skip_reason(layout, route)
         if reason:
             return finish("skip", reason)
+        if planted.attention_fault:
+            return finish("skip", f"{control} bends paracheck's CPU attention op, which a meta forward "
+                                  "does not run")
     template = build_meta(model_class, init_dict)
     try:
-        specs = tp_specs(template, layout.tp) if layout.has_tp else {}
+        specs = library.tp_shard_specs(template, layout.tp) if layout.has_tp else {}
     except ValueError as exc:
         return finish("unfit", f"the library refuses the TP plan: {exc}")
     forward_inputs = _forward_inputs(model_class, inputs, layout, collectives, shared)
@@ -588,7 +602,7 @@ def simulate_layout_on(model_class: type, init_dict: dict, layout: Layout, backe
             t = time.perf_counter()
             with fake_world(rank, layout.world):
                 timings["world"] += time.perf_counter() - t
-                checks, counts, applied = _simulate_rank(model_class, init_dict, layout, gloo, route, control,
+                checks, counts, applied = _simulate_rank(model_class, init_dict, layout, gloo, route, planted,
                                                          template, specs, ledger_cls, forward_inputs, timings, apply)
                 judged = [[check_backend_groups(b, applied, counts)] if applied is not None else [] for b in backends]
                 t = time.perf_counter()
@@ -619,9 +633,8 @@ def simulate_layout_on(model_class: type, init_dict: dict, layout: Layout, backe
                                     f"say {'no' if derived else 'ok'}")
         static = static_problems(backend, layout)
         reasons = [f"{c} fails on ranks {compress(f['ranks'])}: {f['detail']}" for c, f in result.failures.items()]
-        if control:
-            result.detected = any(c in result.failures for c in get_control(control).must_trip
-                                  + ("structure.collectives",))
+        if planted:
+            result.detected = any(c.value in result.failures for c in planted.must_trip + (CheckId.COLLECTIVES,))
         result.cpu_seconds = cpu
         results.append(_done(result, "no" if static or result.failures else "ok", "; ".join(static + reasons),
                              started))
@@ -630,7 +643,7 @@ def simulate_layout_on(model_class: type, init_dict: dict, layout: Layout, backe
 
 def _tally(table: dict, checks, rank: int) -> None:
     for check in checks:
-        entry = table.setdefault(check.id, {"fail": [], "pass": 0, "skip": "", "detail": ""})
+        entry = table.setdefault(getattr(check.id, "value", check.id), {"fail": [], "pass": 0, "skip": "", "detail": ""})
         if check.status == "fail":
             if not entry["fail"]:
                 entry["detail"] = f"rank {rank}: {check.detail}"
@@ -683,13 +696,14 @@ def _simulate_rank(model_class, init_dict, layout, gloo, route, control, templat
             model, applied = apply(route, model, layout, gloo, control, template, None)
     except Exception as exc:
         timings["apply"] += time.perf_counter() - t
-        return [CheckResult("simulate.apply", "fail", f"{type(exc).__name__}: {exc}")], None, None
+        return [CheckResult(APPLY, Status.FAIL, f"{type(exc).__name__}: {exc}")], None, None
     timings["apply"] += time.perf_counter() - t
     t = time.perf_counter()
+    ctx = CheckContext(model, template, applied, ref_out=None, weights=None, atol=0.0, rtol=0.0)
     checks = [
-        check_mesh(applied),
-        check_cp_hooks(model, layout),
-        check_processor_config(model, applied),
+        check_mesh(ctx),
+        check_cp_hooks(ctx),
+        check_processor_config(ctx),
         check_tp_shards_meta(model, specs, applied, ledger),
     ]
     timings["checks"] += time.perf_counter() - t
@@ -706,7 +720,7 @@ def _simulate_rank(model_class, init_dict, layout, gloo, route, control, templat
                         tensor.wait()  # an AsyncCollectiveTensor from the output gather: settle it
             checks.append(verdict(counts, layout, rank))
         except Exception as exc:
-            checks.append(CheckResult("structure.collectives", "fail",
+            checks.append(CheckResult(CheckId.COLLECTIVES, Status.FAIL,
                                       f"forward on meta raised {type(exc).__name__}: {exc}"))
             counts = None
         timings["forward"] += time.perf_counter() - t
@@ -781,8 +795,6 @@ def short_reason(result: LayoutResult) -> str:
     if not result.failures:
         return result.reason
     parts = [f"{_SHORT.get(c, c)} fails on ranks {compress(f['ranks'])}" for c, f in result.failures.items()]
-    if result.status == "no" and result.layout.ring > 1 and RING_NEEDS_LSE in result.reason:
-        parts.insert(0, "no ring backend on gloo")
     return "; ".join(parts)
 
 

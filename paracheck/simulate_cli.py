@@ -69,6 +69,7 @@ def topology_simulate(args, usage_error) -> int:
     from .backends import get_backend
     from .controls import CONTROLS
     from .layout import ORDERS
+    from .protocol import Exit
     from .simulate import MAX_WORLD, ROUTES, heads_of, simulate_on, table
 
     names = [b.strip() for b in args.backend.split(",") if b.strip()]
@@ -134,7 +135,7 @@ def topology_simulate(args, usage_error) -> int:
             json.dump({"backends": [b.name for b in backends], "world": args.world, "order": args.order, "route": route,
                        "control": args.control, "models": report, "seconds": round(elapsed, 3)}, handle, indent=1)
     sys.stdout.flush()
-    return code
+    return Exit(code)
 
 
 def _layouts(args, usage_error):

@@ -3,11 +3,13 @@
     class TestFluxHybrid(FluxTransformerTesterConfig, HybridParallelTesterMixin):
         pass
 
-The test class supplies `model_class`, `get_init_dict()` and `get_dummy_inputs(...)`. Each mixin
+The test class supplies `model_class` (an attribute or a property), `get_init_dict()` and
+`get_dummy_inputs(...)` (given `batch_size=1` and `device="cpu"` where it takes them). Each mixin
 generates structure, forward, gradient and negative-control tests per layout (ids name the layout).
 All cases of one class and world size run in one launch, the first test that needs them starts it,
-and every test reads its own result. Optional class attributes: `paracheck_layouts`,
-`paracheck_backend`, `paracheck_atol`, `paracheck_rtol`, `paracheck_timeout`, `paracheck_controls`.
+and every test reads its own verdict; one fork server serves every launch of the session. Optional
+class attributes: `paracheck_layouts`, `paracheck_backend`, `paracheck_atol`, `paracheck_rtol`,
+`paracheck_timeout`, `paracheck_controls`, `paracheck_dtype`, `paracheck_known_failures`.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import tempfile
 
 import pytest
 
-from .backends import device_limit, resolve
+from .backends import missing_devices, resolve
 from .case import expand
-from .checks import CHECK_IDS
 from .controls import applicable
 from .layout import Layout
+from .records import CheckId
 
-STRUCTURE = tuple(c for c in CHECK_IDS if c.startswith("structure."))
+STRUCTURE_IDS = tuple(c for c in CheckId if c.structural and c != CheckId.COLLECTIVES)
+
 _RESULTS: dict[tuple, dict] = {}
 
 
@@ -35,22 +38,28 @@ class _ParallelTesterMixin:
     paracheck_rtol: float | None = None
     paracheck_timeout: float = 300.0
     paracheck_controls: bool = True
+    paracheck_dtype: str = "fp32"
+    #: Input variants: "base" (batch_size=1), "batch2" (batch_size=2); others come from the class's
+    #: `paracheck_variant_inputs(variant)` when it defines one.
+    paracheck_variants: tuple[str, ...] = ("base",)
+    #: A known-failures TOML path, "none", or None for the file paracheck ships.
+    paracheck_known_failures: str | None = None
 
     @pytest.mark.paracheck
-    def test_paracheck_structure(self, paracheck_layout, request):
-        _expect(self, request, paracheck_layout, None, STRUCTURE)
+    def test_paracheck_structure(self, paracheck_case, request):
+        _expect(self, request, paracheck_case, STRUCTURE_IDS)
 
     @pytest.mark.paracheck
-    def test_paracheck_forward(self, paracheck_layout, request):
-        _expect(self, request, paracheck_layout, None, ("parity.forward",))
+    def test_paracheck_forward(self, paracheck_case, request):
+        _expect(self, request, paracheck_case, (CheckId.FORWARD,))
 
     @pytest.mark.paracheck
-    def test_paracheck_grads(self, paracheck_layout, request):
-        _expect(self, request, paracheck_layout, None, ("parity.grads",))
+    def test_paracheck_grads(self, paracheck_case, request):
+        _expect(self, request, paracheck_case, (CheckId.GRADS,))
 
     @pytest.mark.paracheck
-    def test_paracheck_control(self, paracheck_layout, paracheck_control, request):
-        _expect(self, request, paracheck_layout, paracheck_control, ())
+    def test_paracheck_control(self, paracheck_control_case, request):
+        _expect(self, request, paracheck_control_case, ())
 
 
 class HybridParallelTesterMixin(_ParallelTesterMixin):
@@ -70,17 +79,24 @@ class ContextParallelTesterMixin(_ParallelTesterMixin):
 
 
 def generate(metafunc) -> None:
-    """Parametrize the mixin's tests over the class's layouts (and controls that apply to them)."""
+    """Parametrize the mixin's tests over (layout, variant) and, for controls, the controls that apply."""
     cls = metafunc.cls
     if cls is None or not issubclass(cls, _ParallelTesterMixin):
         return
     layouts = [Layout.parse(name) for name in cls.paracheck_layouts]
-    if "paracheck_control" in metafunc.fixturenames:
-        pairs = [(l.name, c) for l in layouts for c in (applicable(l) if cls.paracheck_controls else [])]
-        metafunc.parametrize("paracheck_layout,paracheck_control", pairs or [pytest.param(None, None, marks=pytest.mark.skip(
-            reason="no negative control applies to these layouts"))], ids=[f"{l}-{c}" for l, c in pairs] or None)
-    elif "paracheck_layout" in metafunc.fixturenames:
-        metafunc.parametrize("paracheck_layout", [l.name for l in layouts], ids=[l.name for l in layouts])
+    variants = list(cls.paracheck_variants)
+    plain = [(l.name, v, None) for l in layouts for v in variants]
+    if "paracheck_control_case" in metafunc.fixturenames:
+        cases = [(l, v, c) for l, v, _ in plain for c in (applicable(Layout.parse(l)) if cls.paracheck_controls else [])]
+        params = cases or [pytest.param(None, marks=pytest.mark.skip(reason="no negative control applies here"))]
+        metafunc.parametrize("paracheck_control_case", params, ids=[_id(c, variants) for c in cases] or ["no-control"])
+    elif "paracheck_case" in metafunc.fixturenames:
+        metafunc.parametrize("paracheck_case", plain, ids=[_id(c, variants) for c in plain])
+
+
+def _id(case: tuple, variants: list[str]) -> str:
+    layout, variant, control = case
+    return "-".join([layout] + ([variant] if variants != ["base"] else []) + ([control] if control else []))
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -90,33 +106,29 @@ def _backend_name(test, request) -> str:
     return request.config.getoption("--paracheck-backend", default=None) or test.paracheck_backend or "auto"
 
 
-def _expect(test, request, layout_name: str, control: str | None, check_ids: tuple[str, ...]) -> None:
+def _expect(test, request, case: tuple, check_ids) -> None:
+    from .verdict import outcome_for_test
+
+    layout_name, variant, control = case
     layout = Layout.parse(layout_name)
     backend = resolve(_backend_name(test, request))
-    limit = device_limit(backend)
-    if limit is not None and layout.world > limit:
-        pytest.skip(f"{layout} needs {layout.world} {backend.name} devices, this machine has {limit}")
-    entry, ranks = _results(test, backend, layout.world)[(layout.name, control)]
+    missing = missing_devices(backend, layout.world)
+    if missing:
+        pytest.skip(f"{layout}: {missing}")
+    found = _results(test, backend, layout.world).get((layout.name, variant, control))
+    if found is None:
+        pytest.skip(f"the tester config has no inputs for variant {variant!r}: define "
+                    "paracheck_variant_inputs(variant), or get_dummy_inputs(batch_size=...) for batch2")
+    verdict, ranks = found
+    outcome, why = outcome_for_test(verdict, check_ids)
     replay = f"pytest '{request.node.nodeid}'" + (f" --paracheck-backend {backend.name}"
                                                  if backend.name != "gloo" else "")
-    if entry["status"] == "skip":
-        pytest.skip(entry["reason"])
-    if control:
-        if entry["status"] != "detected":
-            pytest.fail(_failure(entry, ranks, f"control {control} was {entry['status']}: {entry['reason']}", replay),
-                        pytrace=False)
-        return
-    if entry["status"] == "error" and not entry["checks"]:
-        pytest.fail(_failure(entry, ranks, f"the case raised: {entry['reason']}", replay), pytrace=False)
-    checks = {c["id"]: c for c in entry["checks"]}
-    missing = [cid for cid in check_ids if cid not in checks]
-    if missing:
-        pytest.fail(_failure(entry, ranks, f"{', '.join(missing)} never ran", replay), pytrace=False)
-    failing = [cid for cid in check_ids if checks[cid]["status"] == "fail"]
-    if failing:
-        pytest.fail(_failure(entry, ranks, f"{', '.join(failing)} failed", replay), pytrace=False)
-    if all(checks[cid]["status"] == "skip" for cid in check_ids):
-        pytest.skip("; ".join(checks[cid]["detail"] for cid in check_ids))
+    if outcome == "skip":
+        pytest.skip(why)
+    if outcome == "xfail":
+        pytest.xfail(f"{why} [{verdict.known}]")
+    if outcome == "fail":
+        pytest.fail(_failure(verdict, ranks, why, replay), pytrace=False)
 
 
 def _results(test, backend, world: int) -> dict:
@@ -129,53 +141,74 @@ def _results(test, backend, world: int) -> dict:
 
 
 def _launch(test, backend, world: int) -> dict:
-    from . import report
+    from . import known
     from .launch import Launcher
-    from .payload import dump
+    from .verdict import judge_controls, merge
 
     cls = type(test)
     layouts = [Layout.parse(n) for n in cls.paracheck_layouts if Layout.parse(n).world == world]
     folder = tempfile.mkdtemp(prefix="paracheck-mixin-")
     try:
-        payload = dump(folder, test.model_class, test.get_init_dict(), _dummy_inputs(test))
+        variants = [v for v in cls.paracheck_variants if _dump_variant(test, folder, v)]
         controls = applicable if cls.paracheck_controls else (lambda layout: [])
-        cases = expand(cls.__name__, "payload", layouts, controls, payload=payload, atol=cls.paracheck_atol,
-                       rtol=cls.paracheck_rtol)
+        cases = expand(cls.__name__, "payload", layouts, controls, variants=variants, payload=folder,
+                       atol=cls.paracheck_atol, rtol=cls.paracheck_rtol, dtype=cls.paracheck_dtype)
         outcome = Launcher(backend, world, cls.paracheck_timeout).run(cases)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {(c.layout.name, c.control): (report.merge_case(c, outcome.results[i]), outcome.results[i])
-            for i, c in enumerate(cases)}
+    verdicts = [merge(c, outcome.results[i]) for i, c in enumerate(cases)]
+    known.apply(verdicts, known.load(cls.paracheck_known_failures or known.SHIPPED))
+    judge_controls(verdicts)
+    return {(v.case.layout.name, v.case.variant, v.case.control): (v, outcome.results[i])
+            for i, v in enumerate(verdicts)}
 
 
-def _dummy_inputs(test) -> dict:
+def _dump_variant(test, folder: str, variant: str) -> bool:
+    """Write the variant's model and inputs for the ranks; False when the class cannot make them."""
+    import os
+
+    from .payload import dump
+
+    inputs = _variant_inputs(test, variant)
+    if inputs is None:
+        return False
+    dump(os.path.join(folder, variant), test.model_class, test.get_init_dict(), inputs)
+    return True
+
+
+def _variant_inputs(test, variant: str):
+    custom = getattr(test, "paracheck_variant_inputs", None)
+    if custom is not None and variant not in ("base", "batch2"):
+        return custom(variant)
     method = test.get_dummy_inputs
     parameters = inspect.signature(method).parameters
-    kwargs = {}
+    kwargs = {"device": "cpu"} if "device" in parameters else {}
     if "batch_size" in parameters:
-        kwargs["batch_size"] = 1
-    if "device" in parameters:
-        kwargs["device"] = "cpu"
-    return method(**kwargs)
+        kwargs["batch_size"] = 2 if variant == "batch2" else 1
+    elif variant == "batch2":
+        return custom(variant) if custom else None
+    return method(**kwargs) if variant in ("base", "batch2") else None
 
 
-def _failure(entry: dict, ranks: list[dict], headline: str, replay: str) -> str:
+def _failure(verdict, ranks, headline: str, replay: str) -> str:
     """The per-rank table for one case, with the command that replays it."""
-    from .report import CELL, SHORT_NAMES as short, ranks_text
+    from .attribution import ranks_text
+    from .report import CELL
 
-    lines = [f"paracheck {entry['model']} {entry['layout']} route={entry['route']}"
-             + (f" control={entry['control']}" if entry["control"] else "") + f": {headline}",
-             "rank  " + "  ".join(f"{s:6}" for s in short.values()) + "  fwd max_abs  status"]
-    for rank in sorted(ranks, key=lambda r: r["rank"]):
-        checks = {c["id"]: c for c in rank.get("checks", [])}
-        cells = [CELL[checks.get(cid, {}).get("status")] for cid in short]
-        fwd = checks.get("parity.forward", {}).get("max_abs")
-        lines.append(f"{rank['rank']:<4}  " + "  ".join(f"{c:6}" for c in cells)
-                     + f"  {'' if fwd is None else f'{fwd:.1e}':11}  {rank['status']}")
-    for check in entry["checks"]:
-        if check["status"] == "fail":
-            lines.append(f"{check['id']} failed on ranks {ranks_text(check['failed_ranks'])}: {check['detail']}")
-    if entry.get("traceback"):
-        lines.append(entry["traceback"].strip().splitlines()[-1])
+    shown = [c for c in CheckId if c != CheckId.COLLECTIVES or verdict.check(c)]
+    c = verdict.case
+    lines = [f"paracheck {c.model} {c.layout.name} route={verdict.route.value}"
+             + (f" control={c.control}" if c.control else "") + f": {headline}",
+             "rank  " + "  ".join(f"{i.short:6}" for i in shown) + "  fwd max_abs  status"]
+    for rank in sorted(ranks, key=lambda r: r.rank):
+        cells = [CELL[(rank.check(i).status if rank.check(i) else None)] for i in shown]
+        fwd = rank.check(CheckId.FORWARD)
+        figure = "" if fwd is None or fwd.max_abs is None else f"{fwd.max_abs:.1e}"
+        lines.append(f"{rank.rank:<4}  " + "  ".join(f"{x:6}" for x in cells) + f"  {figure:11}  {rank.status.value}")
+    for m in verdict.checks:
+        if m.status.value == "fail":
+            lines.append(f"{m.id.value} failed on ranks {ranks_text(m.failed_ranks)}: rank {m.detail_rank}: {m.detail}")
+    if verdict.traceback:
+        lines.append(verdict.traceback.strip().splitlines()[-1])
     lines.append(f"replay: {replay}")
     return "\n".join(lines)

@@ -20,6 +20,15 @@ def ltx_short_text():
     return cls, init, inputs
 
 
+def ltx2_cross_modal():
+    """LTX2 with its audio<->video cross-attentions on: diffusers 0.42.1's `_cp_plan` leaves
+    `cross_attn_rope` unsplit, so every CP forward raises (huggingface/diffusers#14316)."""
+    from paracheck.fixtures import ltx2
+
+    cls, init, inputs = ltx2()
+    return cls, init, dict(inputs, isolate_modalities=False)
+
+
 def no_heads():
     """A TP-capable model whose head count is not an integer, so no layout with TP can be fitted."""
     cls, init, inputs = flux_spec()
@@ -50,3 +59,33 @@ def rank1_hangs():
     if dist.is_initialized() and dist.get_rank() == 1:
         dist.all_reduce(torch.ones(1))
     return flux_spec()
+
+
+def raises_on_ranks_2_3():
+    """Flux whose parallel forward raises on ranks 2 and 3 only, so ranks 0-1 wait in a collective."""
+    from diffusers import FluxTransformer2DModel
+
+    class FluxRaisesOnTwoRanks(FluxTransformer2DModel):
+        def forward(self, *args, **kwargs):
+            import torch.distributed as dist
+
+            if dist.is_initialized() and dist.get_rank() in (2, 3) and getattr(self, "_parallel_config", None):
+                raise RuntimeError("planted: ranks 2-3 fail in the parallel forward")
+            return super().forward(*args, **kwargs)
+
+    _, init, inputs = flux_spec()
+    return FluxRaisesOnTwoRanks, init, inputs
+
+
+def flux_fixed_ring():
+    """Flux with the upstream fix for the ring backward rotation applied by hand, for the life of this
+    rank process: the known failure declared for r4 must then show as xpass (the entry is real)."""
+    from paracheck.attention import reversed_ring_rotation
+
+    fix = reversed_ring_rotation()
+    fix.__enter__()
+    _KEPT.append(fix)  # a dropped context manager would be collected, and its exit undo the fix
+    return flux_spec()
+
+
+_KEPT = []

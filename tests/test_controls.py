@@ -3,10 +3,10 @@
 from hypothesis import given, strategies as st
 
 from paracheck.controls import CONTROLS, applicable, get_control
+from tests import strategies
 from paracheck.layout import Layout
 
-layouts = st.builds(Layout, st.integers(1, 6), st.integers(1, 4), st.integers(1, 4),
-                    st.sampled_from(["cp-fastest", "tp-fastest"])).filter(lambda l: l.world > 1)
+layouts = strategies.layouts(6, 4)
 
 
 @given(layouts)
@@ -32,6 +32,29 @@ def test_mesh_order_control_is_planted_by_the_composed_route_only():
 
 
 def test_every_control_names_checks_it_must_trip():
-    from paracheck.checks import CHECK_IDS
+    from paracheck.records import CheckId
 
-    assert all(c.must_trip and set(c.must_trip) <= set(CHECK_IDS) for c in CONTROLS.values())
+    assert all(c.must_trip and set(c.must_trip) <= set(CheckId) for c in CONTROLS.values())
+
+
+def test_a_control_is_detected_only_when_every_must_trip_check_failed():
+    from paracheck.records import CaseStatus, CheckId
+
+    control = get_control("skip-output-gather")
+    assert control.judge({CheckId.CP_HOOKS, CheckId.FORWARD})[0] == CaseStatus.DETECTED
+    status, reason = control.judge({CheckId.CP_HOOKS})
+    assert status == CaseStatus.MISSED and "still passing: parity.forward" in reason
+
+
+def test_no_module_outside_controls_names_a_control():
+    import pathlib
+
+    import paracheck
+
+    package = pathlib.Path(paracheck.__file__).parent
+    for path in package.glob("*.py"):
+        if path.name == "controls.py":
+            continue
+        text = path.read_text()
+        named = [name for name in CONTROLS if f'"{name}"' in text]
+        assert not named, f"{path.name} names {named}"

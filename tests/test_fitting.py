@@ -1,6 +1,8 @@
-"""Fitting models to layouts; and every diffusers model with both plans has a fixture."""
+"""Fitting models to layouts; and every installed diffusers model with a parallel plan has a fixture."""
 
+import importlib
 import inspect
+import pkgutil
 
 import pytest
 import torch
@@ -8,29 +10,52 @@ from hypothesis import given, settings, strategies as st
 
 import paracheck.fixtures as fixtures
 from paracheck.case import call_factory
-from paracheck.fitting import Unfittable, cp_split_problems, fit_init_dict
-from paracheck.layout import Layout
+from paracheck.fitting import (
+    OTHER_HEADS,
+    Unfittable,
+    cp_split_problems,
+    fit_block_counts,
+    fit_init_dict,
+    plan_block_needs,
+)
+from paracheck.layout import Layout, layouts_for
 
 
 def _fixture_classes():
     return {call_factory(path)[0].__name__ for path in fixtures.FIXTURES.values()}
 
 
-def test_every_model_with_both_plans_has_a_fixture():
+def _models_with_a_plan():
+    """Every diffusers model class with a `_tp_plan` or a `_cp_plan`: those `diffusers.models` exports, and
+    those defined in any module of `diffusers.models.transformers` (exported or not)."""
     import diffusers
     import diffusers.models as models
+    import diffusers.models.transformers as transformers
 
-    covered = _fixture_classes()
-    missing = []
+    candidates = []
     for name in dir(models):
         try:
-            cls = getattr(models, name)
+            candidates.append(getattr(models, name))
+        except Exception:  # an export whose optional dependency is missing
+            continue
+    for info in pkgutil.iter_modules(transformers.__path__):
+        try:
+            module = importlib.import_module(f"{transformers.__name__}.{info.name}")
         except Exception:
             continue
-        if inspect.isclass(cls) and issubclass(cls, diffusers.ModelMixin):
-            if getattr(cls, "_tp_plan", None) and getattr(cls, "_cp_plan", None) and name not in covered:
-                missing.append(name)
-    assert not missing, f"models with _tp_plan and _cp_plan but no fixture in fixtures/: {missing}"
+        candidates.extend(vars(module).values())
+    return {
+        cls.__name__ for cls in candidates
+        if inspect.isclass(cls) and issubclass(cls, diffusers.ModelMixin)
+        and (getattr(cls, "_tp_plan", None) or getattr(cls, "_cp_plan", None))
+    }
+
+
+def test_every_model_with_a_plan_has_a_fixture():
+    planned = _models_with_a_plan()
+    assert len(planned) >= 10  # diffusers 0.42.1 has ten; fewer means the search above went blind
+    missing = sorted(planned - _fixture_classes())
+    assert not missing, f"diffusers models with a _tp_plan or _cp_plan but no fixture in fixtures/: {missing}"
 
 
 def test_fixtures_include_cp_only_models():
@@ -84,3 +109,146 @@ def test_no_plan_no_fit():
     cls, init, _ = fixtures.wan()
     with pytest.raises(Unfittable, match="WanTransformer3DModel has no _tp_plan"):
         fit_init_dict(cls, init, Layout.parse("tp2xu2"))
+
+
+# -- the other head groups and their ties (LTX2's audio stream) ---------------------------------------
+
+
+def test_ltx2_fit_raises_audio_heads_with_their_ties():
+    cls, init, inputs = fixtures.ltx2()
+    fit = fit_init_dict(cls, init, Layout.parse("u4"))
+    assert fit.changes == ["num_attention_heads 2->4", "cross_attention_dim 16->32",
+                           "audio_num_attention_heads 2->4", "audio_cross_attention_dim 8->16"]
+    torch.manual_seed(0)
+    cls(**fit.init_dict)(**inputs, return_dict=False)
+
+
+@pytest.mark.parametrize("heads_key", ["num_attention_heads", "audio_num_attention_heads"])
+def test_raising_ltx2_heads_alone_fails(heads_key):
+    """Why each tie exists: a head count raised without its cross-attention dim is a shape error."""
+    cls, init, inputs = fixtures.ltx2()
+    with pytest.raises(RuntimeError):
+        cls(**dict(init, **{heads_key: 4}))(**inputs, return_dict=False)
+
+
+def _fixture_fits():
+    """(fixture, layout) for every fixture and every 4-rank layout it takes, one per distinct fitted config."""
+    cases, seen = [], set()
+    for name, path in fixtures.FIXTURES.items():
+        cls, init, _ = call_factory(path)
+        for layout in layouts_for(4):
+            try:
+                fitted = fit_init_dict(cls, init, layout).init_dict
+            except Unfittable:
+                continue
+            key = (name, repr(sorted(fitted.items())))
+            if key not in seen:
+                seen.add(key)
+                cases.append(pytest.param(name, layout.name, id=f"{name}-{layout.name}"))
+    return cases
+
+
+@pytest.mark.parametrize("name,layout", _fixture_fits())
+def test_every_fitted_fixture_runs_on_one_device(name, layout):
+    """Proves TIED_TO_INNER_DIM and OTHER_HEADS complete: the models missing from them take raised heads
+    with nothing else changed."""
+    cls, init, inputs = getattr(fixtures, name)()
+    fit = fit_init_dict(cls, init, Layout.parse(layout))
+    torch.manual_seed(0)
+    out = cls(**fit.init_dict)(**inputs, return_dict=False)[0]
+    assert torch.isfinite(out).all()
+
+
+def test_other_heads_name_real_init_keys():
+    import diffusers
+
+    for class_name, groups in OTHER_HEADS.items():
+        parameters = inspect.signature(getattr(diffusers, class_name).__init__).parameters
+        for heads_key, head_dim_key, tied in groups:
+            assert {heads_key, head_dim_key, *tied} <= set(parameters), class_name
+
+
+# -- block counts: plans that name fixed block indices (Helios) --------------------------------------
+
+
+class _Stack:
+    """A stand-in with a Helios-style plan: `blocks.*` plus `blocks.0` ... `blocks.5` named one by one."""
+
+    _cp_plan = {"blocks.*.attn": {"hidden_states": "split"},
+                **{f"blocks.{i}.attn": "gather" for i in range(6)},
+                "blocks.2.ff.net.4": "gather"}
+
+    def __init__(self, num_layers: int = 1, num_attention_heads: int = 2):
+        pass
+
+
+class _UnknownStack:
+    _cp_plan = {"layers.3.attn": "gather"}
+
+    def __init__(self, depth: int = 2):
+        pass
+
+
+def test_plan_block_needs_reads_indices_per_list():
+    plan = {"": {}, "rope": {0: "split", 1: "split"}, "blocks.*.attn1": {}, "blocks.39.attn1": "gather",
+            "blocks.7.ffn": "gather", "stages.1.blocks.3.attn": "gather", "transformer_blocks.*.attn.to_out.0": "rowwise"}
+    assert plan_block_needs(plan) == {
+        "blocks": (40, "blocks.39.attn1"),
+        "stages": (2, "stages.1.blocks.3.attn"),
+        "stages.*.blocks": (4, "stages.1.blocks.3.attn"),
+        "transformer_blocks.*.attn.to_out": (1, "transformer_blocks.*.attn.to_out.0"),
+    }
+    assert plan_block_needs({"blocks.*.attn": {}, "proj_out": "gather"}) == {}
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.integers(1, 12), st.sampled_from(["u2", "u4", "r4", "r2xu2"]))
+def test_fixed_block_indices_raise_the_layer_count(layers, name):
+    fit = fit_init_dict(_Stack, {"num_layers": layers, "num_attention_heads": 4}, Layout.parse(name))
+    assert fit.init_dict["num_layers"] == max(layers, 6)
+    if layers < 6:
+        assert fit.changes == [f"num_layers {layers}->6 (_cp_plan names blocks.5.attn)"]
+    else:
+        assert fit.changes == []
+
+
+def test_block_counts_only_for_the_plans_in_use():
+    assert fit_block_counts(_Stack, {"num_layers": 2}, [])[0] == {"num_layers": 2}
+    assert fit_init_dict(_Stack, {}, Layout.parse("u2")).init_dict == {"num_layers": 6}  # from the default 1
+
+
+def test_unknown_block_count_key_is_unfittable_naming_the_plan_key():
+    with pytest.raises(Unfittable, match=r"_cp_plan names 'layers.3.attn'.*BLOCK_COUNT_KEYS"):
+        fit_init_dict(_UnknownStack, {}, Layout.parse("r2"))  # ring: no head fitting in the way
+
+
+def test_non_integer_block_count_is_unfittable():
+    from diffusers import HeliosTransformer3DModel
+
+    with pytest.raises(Unfittable, match=r"names 'blocks.39.attn1', but num_layers is None"):
+        fit_init_dict(HeliosTransformer3DModel, {"num_layers": None}, Layout.parse("u4"))
+
+
+def test_helios_fit_names_blocks_39():
+    cls, init, _ = fixtures.helios()
+    assert init["num_layers"] < 40
+    fit = fit_init_dict(cls, init, Layout.parse("u2"))
+    assert fit.changes == ["num_layers 2->40 (_cp_plan names blocks.39.attn1)"]
+    assert fit_init_dict(cls, init, Layout.parse("u4")).changes == [
+        "num_attention_heads 2->4", "num_layers 2->40 (_cp_plan names blocks.39.attn1)"]
+
+
+def test_fitted_helios_runs_on_one_device():
+    cls, init, inputs = fixtures.helios()
+    fit = fit_init_dict(cls, init, Layout.parse("u4"))
+    torch.manual_seed(0)
+    model = cls(**fit.init_dict)
+    assert len(model.blocks) == 40
+    out = model(**inputs, return_dict=False)[0]
+    assert out.shape == inputs["hidden_states"].shape and torch.isfinite(out).all()
+
+
+def test_fork_server_preloads_every_fixture_class():
+    from paracheck.fixtures_index import FIXTURE_CLASSES
+
+    assert _fixture_classes() == set(FIXTURE_CLASSES)

@@ -3,11 +3,10 @@
 import pytest
 from hypothesis import given, strategies as st
 
+from tests import strategies
 from paracheck.layout import Layout, LayoutError, fit_heads, layouts_for, parse_layouts
 
-degrees = st.integers(min_value=1, max_value=6)
-orders = st.sampled_from(["cp-fastest", "tp-fastest"])
-layouts = st.builds(Layout, degrees, degrees, degrees, orders).filter(lambda l: l.world > 1)
+layouts = strategies.layouts()
 
 
 @given(layouts)

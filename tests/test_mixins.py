@@ -12,7 +12,16 @@ pytest_plugins = ["pytester"]
 
 
 class FluxTransformerTesterConfig:
-    model_class = FluxTransformer2DModel
+    """In the shape of diffusers' own tester configs: `model_class` and `generator` are properties, and
+    inputs come from `get_dummy_inputs(batch_size, device)` through a seeded generator."""
+
+    @property
+    def model_class(self):
+        return FluxTransformer2DModel
+
+    @property
+    def generator(self):
+        return torch.Generator("cpu").manual_seed(0)
 
     def get_init_dict(self):
         return {"patch_size": 1, "in_channels": 4, "num_layers": 1, "num_single_layers": 1,
@@ -20,11 +29,11 @@ class FluxTransformerTesterConfig:
                 "pooled_projection_dim": 32, "axes_dims_rope": (4, 4, 8)}
 
     def get_dummy_inputs(self, batch_size=1, device="cpu"):
-        g = torch.Generator().manual_seed(0)
+        g = self.generator
         return {"hidden_states": torch.randn(batch_size, 16, 4, generator=g).to(device),
                 "encoder_hidden_states": torch.randn(batch_size, 8, 32, generator=g).to(device),
                 "pooled_projections": torch.randn(batch_size, 32, generator=g).to(device),
-                "timestep": torch.tensor([1.0]).to(device).expand(batch_size),
+                "timestep": torch.linspace(0.3, 1.0, batch_size).to(device),
                 "img_ids": torch.randn(16, 3, generator=g).to(device),
                 "txt_ids": torch.randn(8, 3, generator=g).to(device)}
 
@@ -60,7 +69,7 @@ class WanTransformerTesterConfig:
 
 
 class TestFluxHybrid(FluxTransformerTesterConfig, HybridParallelTesterMixin):
-    pass
+    paracheck_variants = ("base", "batch2")
 
 
 class TestQwenImageHybrid(QwenImageTransformerTesterConfig, HybridParallelTesterMixin):

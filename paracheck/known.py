@@ -1,0 +1,127 @@
+"""Known failures: upstream bugs declared in TOML, so a run stays green while the table still shows them.
+
+    [[known]]
+    model = "flux"              # fixture, spec or test-class name, or the diffusers class; glob patterns
+    layout = "r4"               # glob over layout names
+    check = "parity.grads"      # a check id, or "error" for a case that raises outside the checks
+    reason = "ring backward rotates gradient accumulators the wrong way for ring degree > 2"
+    upstream = "diffusers 0.42.1 attention_dispatch.TemplatedRingAttention.backward"
+
+Optional keys: `variant`, `dtype`, `route` (globs, default "*"). A plain case that fails the named check
+becomes `xfail`; one that matches an entry and passes becomes `xpass`, so the entry can go.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import tomllib
+from dataclasses import dataclass, fields
+
+from .records import CaseStatus, CheckId, Status
+
+SHIPPED = os.path.join(os.path.dirname(__file__), "known_failures.toml")
+_MATCHED = ("model", "layout", "variant", "dtype", "route")
+
+
+class KnownFailuresError(ValueError):
+    """A known-failures file that cannot be read or names something that does not exist."""
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    reason: str
+    model: str = "*"
+    layout: str = "*"
+    check: str = "*"
+    variant: str = "*"
+    dtype: str = "*"
+    route: str = "*"
+    upstream: str = ""
+
+    def matches_case(self, verdict) -> bool:
+        c = verdict.case
+        values = {"model": (c.model, verdict.model_class or ""), "layout": (c.layout.name,),
+                  "variant": (c.variant,), "dtype": (c.dtype,), "route": (verdict.route.value,)}
+        return all(any(fnmatch.fnmatchcase(v, getattr(self, key)) for v in values[key]) for key in _MATCHED)
+
+    def explains(self, verdict) -> bool:
+        """Whether this entry covers the way `verdict` failed."""
+        if not self.matches_case(verdict):
+            return False
+        if self.check == "*":
+            return True
+        if self.check == "error":
+            return verdict.status == CaseStatus.ERROR
+        return CheckId(self.check) in verdict.failing_checks
+
+    def passes_in(self, verdict) -> bool:
+        """The failure this entry declares did not happen: its check ran on every rank and passed."""
+        if self.check in ("*", "error"):
+            return verdict.status == CaseStatus.PASS
+        merged = verdict.check(CheckId(self.check))
+        return verdict.status == CaseStatus.PASS and merged is not None and merged.status == Status.PASS
+
+    @property
+    def text(self) -> str:
+        return self.reason + (f" [{self.upstream}]" if self.upstream else "")
+
+
+def load(path: str | None) -> list[KnownFailure]:
+    """The entries of `path`; None or "none" means no entries; the default is the shipped file."""
+    if path is None or path == "none":
+        return []
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as exc:
+        raise KnownFailuresError(f"--known-failures {path}: cannot read it ({exc.strerror})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise KnownFailuresError(f"--known-failures {path}: not valid TOML ({exc})") from exc
+    return [_entry(path, i, raw) for i, raw in enumerate(data.get("known", []))]
+
+
+def _entry(path: str, i: int, raw: dict) -> KnownFailure:
+    allowed = {f.name for f in fields(KnownFailure)}
+    where = f"--known-failures {path}: entry {i + 1}"
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise KnownFailuresError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    if not raw.get("reason"):
+        raise KnownFailuresError(f"{where}: needs a 'reason' naming the upstream bug")
+    check = raw.get("check", "*")
+    if check not in ("*", "error") and check not in {c.value for c in CheckId}:
+        raise KnownFailuresError(f"{where}: check {check!r} is not a check id, 'error' or '*'")
+    return KnownFailure(**raw)
+
+
+def apply(verdicts: list, entries: list[KnownFailure]) -> None:
+    """Mark plain cases as `xfail` when declared entries explain every way they failed, and declared
+    failures that passed as `xpass`."""
+    for v in verdicts:
+        if v.case.control or v.status == CaseStatus.SKIP:
+            continue
+        matching = [e for e in entries if e.matches_case(v)]
+        if v.status in (CaseStatus.FAIL, CaseStatus.ERROR):
+            explaining = _explaining(v, matching)
+            if explaining:
+                v.status, v.known = CaseStatus.XFAIL, "; ".join(e.text for e in explaining)
+                v.reason = f"known upstream failure: {'; '.join(e.reason for e in explaining)} ({v.reason})"
+            continue
+        passed = next((e for e in matching if e.passes_in(v)), None)
+        if passed is not None:
+            v.status, v.known = CaseStatus.XPASS, passed.text
+            v.reason = f"declared as a known failure but passed; remove the entry: {passed.reason}"
+
+
+def _explaining(verdict, matching: list[KnownFailure]) -> list[KnownFailure]:
+    """The entries that together explain every failing check (or the raise); empty when one is unexplained."""
+    whole = [e for e in matching if e.check == "*" or (e.check == "error" and verdict.status == CaseStatus.ERROR)]
+    if whole:
+        return whole[:1]
+    by_check = {CheckId(e.check): e for e in matching if e.check not in ("*", "error")}
+    failing = verdict.failing_checks
+    if not failing or not failing <= set(by_check):
+        return []
+    return [by_check[c] for c in CheckId if c in failing]

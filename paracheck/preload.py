@@ -1,0 +1,18 @@
+"""What the fork server imports once, before it forks any rank: torch, diffusers, the kit, the fixtures.
+
+Importing starts no thread pool and no accelerator, so forking afterwards is safe; the ranks then pay
+nothing for these imports. diffusers loads its model modules lazily, so the fixture classes are touched.
+"""
+
+import diffusers
+import torch  # noqa: F401
+import torch.distributed  # noqa: F401
+import torch.distributed.tensor  # noqa: F401
+
+from . import checks, controls, reference, routes, worker  # noqa: F401
+from .fixtures_index import FIXTURE_CLASSES
+
+for _name in FIXTURE_CLASSES:
+    getattr(diffusers, _name, None)
+import diffusers.hooks.context_parallel  # noqa: E402,F401
+import diffusers.hooks.tensor_parallel  # noqa: E402,F401

@@ -1,0 +1,116 @@
+"""The run protocol between the launcher and its ranks: run-directory files, environment, exit codes.
+
+How a run works. The launcher (torch-free) writes `run.json` (every case) into a private temp
+directory and starts a *world*: one process per rank, forked from a prepared parent that already
+imported torch and diffusers (or started fresh where forking is unsafe). The ranks meet through a
+FileStore in that directory, so two runs on one machine never share a port or a file. Each rank runs
+the cases listed in its world's todo file in order and, for every case, atomically writes one result
+file and then sets a store key; before a case it writes its progress file, which is how the launcher
+knows which case a stuck or dead rank was in. A rank that raised after collectives began waits a few
+seconds for its peers to reach the end of the case; if they do not, it exits with `RankExit.BROKEN` and
+the launcher replaces the world for the cases left. Nothing in this module imports torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+
+
+class Exit(enum.IntEnum):
+    """`paracheck`'s exit codes (the contract)."""
+    OK = 0          # every check passed; with --controls every control was detected
+    FAILED = 1      # a check failed, a case raised, or a control went undetected
+    USAGE = 2       # bad usage or input; the message names the argument and the rule
+    BROKEN = 3      # the run itself broke: a rank died by signal, hung, could not start, or was interrupted
+
+
+class RankExit(enum.IntEnum):
+    """A rank process's exit codes, read by the launcher only."""
+    DONE = 0
+    BROKEN = 4      # a case raised mid-collectives and peers did not finish it: replace the world
+
+
+# Environment a rank is started with, beside torch's RANK / WORLD_SIZE / LOCAL_RANK.
+ENV_STORE = "PARACHECK_STORE"        # FileStore path of this world
+ENV_TODO = "PARACHECK_TODO"          # todo file name of this world (case indices, in order)
+ENV_PG_TIMEOUT = "PARACHECK_PG_TIMEOUT"
+
+#: Seconds a rank that raised mid-case waits for its peers before it declares its world broken.
+FAIL_FAST_GRACE = 5.0
+
+
+#: Set by a rank that gives up on its world; a peer that then finishes the case must not go on in it.
+STORE_BROKEN_KEY = "paracheck/broken"
+
+
+def store_done_key(index: int, rank: int) -> str:
+    return f"paracheck/done/{index}/{rank}"
+
+
+class RunDir:
+    """File names inside one run directory; the only place they are spelled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def _at(self, *parts: str) -> str:
+        return os.path.join(self.path, *parts)
+
+    @property
+    def run(self) -> str:
+        return self._at("run.json")
+
+    @property
+    def results_dir(self) -> str:
+        return self._at("results")
+
+    @property
+    def refs_dir(self) -> str:
+        return self._at("refs")
+
+    def todo(self, attempt: int) -> str:
+        return self._at(f"todo.{attempt}.json")
+
+    def store(self, attempt: int) -> str:
+        return self._at(f"store.{attempt}")
+
+    def log(self, attempt: int, rank: int) -> str:
+        return self._at(f"log.{attempt}.{rank}.txt")
+
+    def progress(self, rank: int) -> str:
+        return self._at(f"progress.{rank}.json")
+
+    def stacks(self, rank: int) -> str:
+        return self._at(f"stacks.{rank}.txt")
+
+    def result(self, index: int, rank: int) -> str:
+        return self._at("results", f"{index}.{rank}.json")
+
+    def case_dir(self, index: int) -> str:
+        return self._at(f"case-{index}")
+
+    def make(self) -> "RunDir":
+        for folder in (self.results_dir, self.refs_dir):
+            os.makedirs(folder, exist_ok=True)
+        return self
+
+
+def write_json(path: str, data) -> None:
+    """Write whole or not at all: a rank killed mid-write leaves no half file behind."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, default=str)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str):
+    """The file's data, or None when it is absent or (still) unreadable."""
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None

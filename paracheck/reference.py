@@ -1,0 +1,242 @@
+"""Single-device references: planned once per distinct model, fit, inputs and dtype, computed once per run.
+
+A case's *plan* (fit, route, skip reason, reference key) is pure arithmetic every rank repeats. The
+reference itself (weights, output, loss weights, gradients) is computed by one rank and written to the
+run directory as safetensors; every rank that needs it reads it. The keys are dealt out round-robin,
+so the ranks compute different references at the same time, and memory stays flat in the number of cases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import attention, library
+from .case import Case, call_factory
+from .fitting import Unfittable, cp_split_problems, fit_init_dict
+from .records import Route
+from .routes import resolve_route
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _DTYPES[name]
+
+
+@dataclass
+class Plan:
+    """What every rank decides about a case before any collective, identically."""
+    case: Case
+    model_class: type | None = None
+    init_dict: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)
+    fit: list[str] = field(default_factory=list)
+    route: Route | None = None
+    skip: str | None = None
+    never: bool = False
+    #: The attention backend the case runs (`attention.choose`).
+    attention: str | None = None
+    #: The source or fitting raised (not a misfit): the case errors on every rank.
+    error: str | None = None
+    key: str | None = None
+
+
+class Sources:
+    """Each factory or payload loaded once per process."""
+
+    def __init__(self):
+        self._loaded: dict[str, tuple] = {}
+
+    def get(self, case: Case):
+        name = (case.payload or case.factory, case.variant)
+        if name not in self._loaded:
+            if case.payload:
+                from .payload import load
+
+                self._loaded[name] = load(os.path.join(case.payload, case.variant))
+            else:
+                self._loaded[name] = call_factory(case.factory, case.variant)
+        return self._loaded[name]
+
+
+def plan(case: Case, backend, sources: Sources) -> Plan:
+    """Load the case's source, fit it, resolve its route; the same on every rank, no collective."""
+    try:
+        model_class, init_dict, inputs = sources.get(case)
+    except Exception as exc:
+        return Plan(case, error=f"loading the model source raised {type(exc).__name__}: {exc}")
+    p = Plan(case, model_class, inputs=inputs)
+    try:
+        options = dict(case.cp_options)
+        refused = library.cp_options_refused(case.layout, case.cp_options)
+        if refused:
+            raise Unfittable(refused)
+        fit = fit_init_dict(model_class, init_dict, case.layout, any_heads=bool(options.get("ulysses_anything")))
+        p.init_dict, p.fit = fit.init_dict, fit.changes
+        uneven_ok = options.get("ulysses_anything") or options.get("ring_anything")
+        problems = backend.problems(case.layout) + ([] if uneven_ok else
+                                                    cp_split_problems(model_class, inputs, case.layout))
+        if problems:
+            raise Unfittable("; ".join(problems))
+        p.route = resolve_route(case.route, case.layout)
+        p.attention, refused = attention.choose(case.attention_backend, backend.device_type, case.layout)
+        if refused:
+            raise Unfittable(refused)
+        if case.control:
+            _control_fits(case, p)
+    except Unfittable as exc:
+        p.skip, p.never = str(exc), exc.never
+        return p
+    p.key = _key(case, model_class, p.init_dict, p.attention)
+    return p
+
+
+def _control_fits(case: Case, p: Plan) -> None:
+    from .controls import get_control
+
+    control = get_control(case.control)
+    reason = control.skip_reason(case.layout, p.route)
+    if not reason and control.attention_fault and p.attention != attention.BACKEND:
+        reason = f"{control.name} is planted in paracheck's CPU attention; this case runs {p.attention}"
+    if reason:
+        raise Unfittable(reason)
+
+
+def _key(case: Case, model_class: type, init_dict: dict, attention: str) -> str:
+    source = case.payload or case.factory
+    text = json.dumps([source, f"{model_class.__module__}.{model_class.__qualname__}", init_dict, case.variant,
+                       case.dtype, case.grads, attention], sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def forward(model, inputs: dict):
+    return model(**dict(inputs), return_dict=False)[0]
+
+
+def _path(refs_dir: str, key: str) -> str:
+    return os.path.join(refs_dir, f"{key}.safetensors")
+
+
+def _error_path(refs_dir: str, key: str) -> str:
+    return os.path.join(refs_dir, f"{key}.error.json")
+
+
+def place(value, device: torch.device, dtype: torch.dtype | None = None):
+    """Inputs on the rank's device: every tensor moved, floating ones also cast to the run's dtype."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, dtype) if dtype is not None and value.is_floating_point() else value.to(device)
+    if isinstance(value, dict):
+        return {k: place(v, device, dtype) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(place(v, device, dtype) for v in value)
+    return value
+
+
+def _run(model, inputs: dict, weights: torch.Tensor | None, grads: bool):
+    out = forward(model, inputs)
+    if weights is None:
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1234)).to(out.device, out.dtype)
+    if grads:
+        (out * weights.to(out.dtype)).sum().backward()
+    return out, weights
+
+
+def compute(p: Plan, refs_dir: str, device: torch.device) -> None:
+    """Run the fitted model on this rank's device alone, in fp32 and (if different) in the run's dtype,
+    forward and backward, and write the result for every rank to read."""
+    from .protocol import write_json
+
+    dtype = torch_dtype(p.case.dtype)
+    torch.manual_seed(0)
+    model32 = p.model_class(**p.init_dict).eval().to(device)
+    try:
+        with attention.scope(p.attention):
+            out32, weights = _run(model32, place(p.inputs, device, torch.float32), None, p.case.grads)
+            model, out = model32, out32
+            if dtype != torch.float32:
+                model = p.model_class(**p.init_dict).eval()
+                model.load_state_dict(model32.state_dict())
+                model = model.to(device, dtype)
+                out, _ = _run(model, place(p.inputs, device, dtype), weights, p.case.grads)
+    except Exception as exc:
+        what = f"the fitted config ({', '.join(p.fit)})" if p.fit else "the model, unchanged,"
+        write_json(_error_path(refs_dir, p.key),
+                   {"error": f"{what} failed on one device: {type(exc).__name__}: {exc}", "fitted": bool(p.fit)})
+        return
+    tensors = {f"state.{k}": v for k, v in model.state_dict().items()}
+    tensors.update({f"grad.{n}": q.grad for n, q in model.named_parameters() if q.grad is not None})
+    if dtype != torch.float32:
+        tensors.update({f"grad32.{n}": q.grad for n, q in model32.named_parameters() if q.grad is not None})
+        tensors["out32"] = out32
+    tensors.update(out=out, weights=weights)
+    _save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, _path(refs_dir, p.key))
+
+
+def _save(tensors: dict, path: str) -> None:
+    from safetensors.torch import save_file
+
+    tmp = f"{path}.tmp.{os.getpid()}"
+    save_file(tensors, tmp)
+    os.replace(tmp, path)
+
+
+class Owners:
+    """Which rank computes each reference: keys dealt out round-robin in the order cases need them
+    (every rank sees the same order, so they agree without talking)."""
+
+    def __init__(self, world: int):
+        self.world, self._order = world, {}
+
+    def owner(self, key: str) -> int:
+        self._order.setdefault(key, len(self._order))
+        return self._order[key] % self.world
+
+
+def exists(p: Plan, refs_dir: str) -> bool:
+    return os.path.exists(_path(refs_dir, p.key)) or os.path.exists(_error_path(refs_dir, p.key))
+
+
+@dataclass
+class Reference:
+    """One device's answer, on this rank's device: the model (weights and gradients) in the run's dtype,
+    its output, the loss weights, and, for a reduced-precision run, the fp32 output and gradients."""
+    model: torch.nn.Module
+    out: torch.Tensor
+    weights: torch.Tensor
+    out32: torch.Tensor | None = None
+    grads32: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)
+
+
+def load(p: Plan, refs_dir: str, device: torch.device, wait: float = 3600.0) -> Reference:
+    """The reference for `p`, waiting for the rank that computes it; raises Unfittable if fitting failed."""
+    from safetensors.torch import load_file
+
+    from .protocol import read_json
+
+    deadline = time.time() + wait
+    while not os.path.exists(_path(refs_dir, p.key)):
+        failed = read_json(_error_path(refs_dir, p.key))
+        if failed and failed["fitted"]:
+            raise Unfittable(failed["error"])  # fitting could not make the model take the layout
+        if failed:
+            raise RuntimeError(failed["error"])  # the user's model is broken on one device
+        if time.time() > deadline:
+            raise TimeoutError(f"reference {p.key} never appeared")
+        time.sleep(0.02)
+    tensors = {k: v.to(device) for k, v in load_file(_path(refs_dir, p.key)).items()}
+    dtype = torch_dtype(p.case.dtype)
+    torch.manual_seed(0)
+    model = p.model_class(**p.init_dict).eval().to(device, dtype)
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("state.")})
+    for name, param in model.named_parameters():
+        param.grad = tensors.get(f"grad.{name}")
+    grads32 = {k[7:]: v for k, v in tensors.items() if k.startswith("grad32.")}
+    return Reference(model, tensors["out"], tensors["weights"], tensors.get("out32"), grads32,
+                     place(p.inputs, device, dtype))

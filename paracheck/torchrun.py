@@ -1,0 +1,112 @@
+"""`paracheck run` as one rank of a world torchrun made (RANK and WORLD_SIZE set), across nodes too.
+
+Every rank runs the same cases with the same `worker.run_case` as launcher-started ranks, and hands
+each `RankResult` to rank 0 through torchrun's c10d store; rank 0 prints progress, the table and the
+reports, then publishes the exit code, which every rank returns. References are computed by each rank
+for itself (nodes share no run directory). A case past `--timeout` dumps this rank's stack and exits
+with `Exit.BROKEN`; torchrun then stops the other ranks.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from datetime import timedelta
+
+from .protocol import FAIL_FAST_GRACE, Exit, store_done_key
+from .records import RankResult
+
+
+class _Watchdog:
+    """Ends this rank when one case runs past the timeout: torchrun has no supervisor that would."""
+
+    def __init__(self, timeout: float):
+        self.timeout, self.case, self.started = timeout, None, time.time()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def begin(self, label: str) -> None:
+        self.case, self.started = label, time.time()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.5)
+            if self.case is not None and time.time() - self.started > self.timeout:
+                print(f"paracheck: rank {os.environ.get('RANK')}: case {self.case} hung past --timeout "
+                      f"{self.timeout:g}s; stack follows", file=sys.stderr, flush=True)
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                os._exit(Exit.BROKEN)
+
+
+def run_as_rank(args, backend, cases, entries) -> int:
+    import torch.distributed as dist
+
+    from . import reference
+    from .worker import world_intact, join, local_device, run_case
+
+    store = join(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    workdir = tempfile.mkdtemp(prefix=f"paracheck-torchrun-{rank}-")
+    refs_dir = os.path.join(workdir, "refs")
+    os.makedirs(refs_dir)
+    watchdog, sources, owners = _Watchdog(args.timeout), reference.Sources(), reference.Owners(1)
+    results, started = [], time.time()
+    progress = _progress(args, cases, entries) if rank == 0 else None
+    for index, case in enumerate(cases):
+        watchdog.begin(case.id)
+        p = reference.plan(case, backend, sources)
+        if p.key and not reference.exists(p, refs_dir):
+            reference.compute(p, refs_dir, local_device(backend))
+        result = run_case(index, p, backend, os.path.join(workdir, f"case-{index}"), refs_dir)
+        print(_rank_line(result, case), flush=True)
+        store.set(f"paracheck/result/{index}/{rank}", json.dumps(result.to_json()))
+        store.set(store_done_key(index, rank), result.status.value)
+        if result.raised_in_parallel and not world_intact(store, index, world, max(FAIL_FAST_GRACE, result.seconds)):
+            print(f"paracheck: rank {rank}: case {case.id} raised and its peers did not finish it; stopping "
+                  f"this world ({result.reason})", file=sys.stderr, flush=True)
+            os._exit(Exit.BROKEN)
+        if rank == 0:
+            ranks = [RankResult.from_json(json.loads(store.get(f"paracheck/result/{index}/{r}"))) for r in range(world)]
+            results.append(ranks)
+            progress.case_done(index, ranks)
+    watchdog.case = None
+    return _finish(args, backend, cases, results, entries, store, rank, started)
+
+
+def _finish(args, backend, cases, results, entries, store, rank: int, started: float) -> int:
+    import torch.distributed as dist
+
+    if rank == 0:
+        from .cli import _meta, finish
+
+        meta = dict(_meta(backend, dist.get_world_size()), worlds=1, start_method="torchrun")
+        code = finish(args, cases, results, [], entries, meta, time.time() - started, ", ranks torchrun")
+        store.set("paracheck/exit", str(int(code)))
+    else:
+        store.wait(["paracheck/exit"], timedelta(seconds=args.timeout * max(len(cases), 1)))
+        code = int(store.get("paracheck/exit"))
+    dist.barrier()
+    dist.destroy_process_group()
+    return code
+
+
+def _progress(args, cases, entries):
+    from .progress import Progress
+
+    return Progress(cases, quiet=args.quiet, entries=entries)
+
+
+def _rank_line(result: RankResult, case) -> str:
+    """One line per case on every rank, so each node's log says what its ranks saw."""
+    from .records import CheckId, Status
+
+    failed = [c.id.value for c in result.checks if c.status == Status.FAIL]
+    fwd = result.check(CheckId.FORWARD)
+    figure = f" max_abs={fwd.max_abs:.1e}" if fwd and fwd.max_abs is not None else ""
+    status = "FAIL" if failed or result.status.value == "error" else result.status.value.upper()
+    return (f"[rank{result.rank}] {status} {case.id_with(result.route)}{figure} failed={','.join(failed) or '-'}"
+            + (f" {result.reason}" if result.reason else ""))

@@ -1,0 +1,90 @@
+"""The library adapter against the installed diffusers: these fail when diffusers changes under it."""
+
+import inspect
+
+import pytest
+import torch
+
+from paracheck import library
+from paracheck.layout import Layout
+
+
+def test_diffusers_still_divides_by_the_accelerator_count():
+    from diffusers.models.modeling_utils import ModelMixin
+
+    source = inspect.getsource(ModelMixin._resolve_parallel_config)
+    assert "rank % torch.accelerator.device_count()" in source
+
+
+def test_diffusers_still_refuses_cpu_tensor_parallelism():
+    import diffusers.hooks.tensor_parallel as tp
+
+    assert "cpu" not in tp._SUPPORTED_TP_DEVICES
+    assert "_SUPPORTED_TP_DEVICES" in inspect.getsource(tp.apply_tensor_parallel)
+
+
+@pytest.mark.skipif(torch.accelerator.device_count() > 0, reason="the shim only acts without accelerators")
+def test_device_count_shim_is_scoped():
+    original = torch.accelerator.device_count
+    with library.cpu_device_count():
+        assert torch.accelerator.device_count() == 1
+    assert torch.accelerator.device_count is original and original() == 0
+
+
+def test_tensor_parallel_shim_is_scoped():
+    import diffusers.hooks.tensor_parallel as tp
+
+    before = tp._SUPPORTED_TP_DEVICES
+    with library.cpu_tensor_parallel():
+        assert "cpu" in tp._SUPPORTED_TP_DEVICES
+    assert tp._SUPPORTED_TP_DEVICES == before
+
+
+def test_shims_restore_on_error():
+    import diffusers.hooks.tensor_parallel as tp
+
+    before = tp._SUPPORTED_TP_DEVICES
+    with pytest.raises(RuntimeError):
+        with library.cpu_tensor_parallel():
+            raise RuntimeError("boom")
+    assert tp._SUPPORTED_TP_DEVICES == before
+
+
+def test_private_names_the_adapter_reads_still_exist():
+    from diffusers.hooks import context_parallel, tensor_parallel
+    from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig, TensorParallelConfig
+
+    assert callable(tensor_parallel.resolve_tp_shard_specs) and callable(context_parallel.apply_context_parallel)
+    assert "_flattened_mesh" in inspect.getsource(ContextParallelConfig.setup)
+    assert "_mesh" in inspect.getsource(TensorParallelConfig.setup)
+    assert "_parallel_config" in inspect.getsource(__import__("diffusers").ModelMixin.enable_parallelism)
+    assert ParallelConfig is not None
+
+
+def test_cp_hook_names_match_the_library():
+    from diffusers.hooks import context_parallel
+
+    source = inspect.getsource(context_parallel)
+    assert library.CP_INPUT in source and library.CP_OUTPUT in source
+
+
+def test_library_refuses_tp_and_cp_together_in_one_config():
+    assert library.library_accepts(Layout.parse("tp4")) and library.library_accepts(Layout.parse("u4"))
+    assert not library.library_accepts(Layout.parse("tp2xu2"))
+
+
+def test_findings_supply_warning_once_only_inside():
+    import logging
+
+    logger = logging.getLogger(library.CP_LOGGER)
+    had = hasattr(logger, "warning_once")
+    with library.Findings() as findings:
+        logger.warning_once("split will not be applied")
+    assert findings.messages == ["split will not be applied"]
+    assert hasattr(logger, "warning_once") == had
+
+
+def test_entry_point_errors_name_the_entry_point_and_route():
+    with pytest.raises(library.LibraryError, match="diffusers' enable_parallelism raised on route native: ValueError"):
+        with library.entry_point("enable_parallelism", "native"):
+            raise ValueError("'2' is not a submodule of 'ModuleList'")

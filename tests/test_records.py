@@ -1,0 +1,42 @@
+"""Records survive the file boundary unchanged; payloads survive the trip to the ranks."""
+
+import torch
+from hypothesis import given, strategies as st
+
+from paracheck.case import Case
+from paracheck.records import CheckId, CheckResult, RankResult, RankStatus, Route, Status
+from tests import strategies
+
+checks = st.builds(CheckResult, st.sampled_from(list(CheckId)), st.sampled_from(list(Status)), st.text(max_size=20),
+                   st.none() | st.floats(0, 1), st.none() | st.floats(0, 1))
+results = st.builds(RankResult, st.integers(0, 100), st.integers(0, 127), st.sampled_from(list(RankStatus)),
+                    st.text(max_size=30), st.none() | st.sampled_from(list(Route)), st.lists(checks, max_size=4),
+                    st.lists(st.text(max_size=10), max_size=2), secondary=st.booleans(), hung=st.booleans())
+
+
+@given(results)
+def test_rank_result_round_trips_through_json(result):
+    import json
+
+    assert RankResult.from_json(json.loads(json.dumps(result.to_json()))) == result
+
+
+@given(strategies.layouts(4), st.sampled_from(list(Route)), st.none() | st.sampled_from(["backward-only"]),
+       st.sampled_from(["base", "batch2"]), st.sampled_from(["fp32", "bf16"]))
+def test_case_round_trips_and_names_itself(layout, route, control, variant, dtype):
+    case = Case("flux", "paracheck.fixtures:flux", layout, route, control, variant=variant, dtype=dtype)
+    assert Case.from_json(case.to_json()) == case
+    assert case.id.startswith(f"flux-{layout.name}-{route.value}")
+    assert (variant in case.id) == (variant != "base") and case.plain.control is None
+
+
+def test_payload_round_trip(tmp_path):
+    from diffusers import QwenImageTransformer2DModel
+
+    from paracheck.payload import dump, load
+
+    inputs = {"x": torch.arange(6.0).reshape(2, 3), "img_shapes": [(1, 4, 4)], "nested": {"n": 3, "t": (1, "a")}}
+    dump(str(tmp_path), QwenImageTransformer2DModel, {"axes_dims_rope": (8, 4, 4), "num_layers": 2}, inputs)
+    cls, init, back = load(str(tmp_path))
+    assert cls is QwenImageTransformer2DModel and init == {"axes_dims_rope": (8, 4, 4), "num_layers": 2}
+    assert torch.equal(back["x"], inputs["x"]) and back["img_shapes"] == [(1, 4, 4)] and back["nested"] == inputs["nested"]

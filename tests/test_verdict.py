@@ -1,0 +1,125 @@
+"""Merging rank results into verdicts, the control rules, and known failures: pure, in process."""
+
+import pytest
+from hypothesis import given, strategies as st
+
+from paracheck import known
+from paracheck.case import Case
+from paracheck.layout import Layout
+from paracheck.records import CaseStatus, CheckId, CheckResult, RankResult, RankStatus, Route, Status
+from paracheck.verdict import inconclusive_rule, judge_controls, merge, outcome_for_test
+
+U4 = Layout.parse("u4")
+
+
+def _case(control=None, model="flux", layout=U4):
+    return Case(model, "paracheck.fixtures:flux", layout, control=control)
+
+
+def _ranks(statuses_by_check: dict, world=4, status=RankStatus.OK):
+    """One RankResult per rank; `statuses_by_check[check]` lists the ranks where it fails."""
+    out = []
+    for rank in range(world):
+        checks = [CheckResult(c, Status.FAIL if rank in bad else Status.PASS, "bad" if rank in bad else "",
+                              max_abs=1e-2 if rank in bad else 1e-7) for c, bad in statuses_by_check.items()]
+        out.append(RankResult(0, rank, status, route=Route.NATIVE, checks=checks))
+    return out
+
+
+def test_merge_names_failing_ranks_and_worst_figure():
+    v = merge(_case(), _ranks({CheckId.FORWARD: [1, 3], CheckId.MESH: []}))
+    forward = v.check(CheckId.FORWARD)
+    assert v.status == CaseStatus.FAIL and forward.failed_ranks == [1, 3] and forward.max_abs == 1e-2
+    assert forward.detail_rank == 1 and v.id == "flux-u4-native"
+
+
+def test_findings_are_grouped_by_message():
+    ranks = _ranks({CheckId.FORWARD: []})
+    for r in ranks:
+        r.findings = ["split will not be applied"]
+    assert [(f.message, f.ranks) for f in merge(_case(), ranks).findings] == [("split will not be applied", [0, 1, 2, 3])]
+
+
+@given(st.sets(st.sampled_from([CheckId.CP_HOOKS, CheckId.PROCESSOR_CONFIG, CheckId.FORWARD])))
+def test_control_detected_iff_every_must_trip_check_failed(failing):
+    v = merge(_case("skip-cp-hooks"), _ranks({c: ([0] if c in failing else []) for c in CheckId
+                                               if c != CheckId.COLLECTIVES}))
+    must = {CheckId.CP_HOOKS, CheckId.PROCESSOR_CONFIG}
+    assert v.status == (CaseStatus.DETECTED if must <= failing else CaseStatus.MISSED)
+
+
+def test_secondary_ranks_do_not_hide_the_cause():
+    ranks = [RankResult(0, 0, RankStatus.ERROR, reason="was waiting on rank 1", secondary=True),
+             RankResult(0, 1, RankStatus.ERROR, reason="RuntimeError: boom", traceback="tb")]
+    v = merge(_case(), ranks)
+    assert v.status == CaseStatus.ERROR and v.cause_ranks == [1] and v.secondary_ranks == [0]
+    assert v.reason.startswith("rank 1: RuntimeError: boom; ranks 0 were waiting on it")
+
+
+@pytest.mark.parametrize("status, failing, must_trip, expected", [
+    (CaseStatus.FAIL, [CheckId.GRADS], (CheckId.GRADS,), True),
+    (CaseStatus.XFAIL, [CheckId.GRADS], (CheckId.GRADS,), True),
+    (CaseStatus.XFAIL, [CheckId.GRADS], (CheckId.FORWARD,), False),   # r4's known grads bug: forward controls judge
+    (CaseStatus.ERROR, [CheckId.FORWARD], (CheckId.MESH,), True),     # a raise leaves nothing to judge against
+    (CaseStatus.PASS, [], (CheckId.GRADS,), False),
+    (CaseStatus.XPASS, [], (CheckId.GRADS,), False),
+])
+def test_inconclusive_rule(status, failing, must_trip, expected):
+    plain = merge(_case(), _ranks({CheckId.FORWARD: [0] if CheckId.FORWARD in failing else [],
+                                   CheckId.GRADS: [0] if CheckId.GRADS in failing else []}))
+    plain.status = status
+    assert inconclusive_rule(plain, must_trip) == expected
+
+
+def test_a_control_of_a_failing_case_is_inconclusive_never_missed():
+    plain = merge(_case(), _ranks({CheckId.FORWARD: [0, 1, 2, 3], CheckId.GRADS: [1]}))
+    control = merge(_case("backward-only"), _ranks({CheckId.FORWARD: [0, 1, 2, 3], CheckId.GRADS: []}))
+    assert control.status == CaseStatus.MISSED
+    judge_controls([plain, control])
+    assert control.status == CaseStatus.INCONCLUSIVE and "does not pass parity.grads" in control.reason
+    assert outcome_for_test(control, ())[0] == "skip"
+
+
+def test_a_control_is_still_judged_on_checks_its_plain_case_passes():
+    plain = merge(_case(), _ranks({CheckId.FORWARD: [0, 1, 2, 3], CheckId.GRADS: []}))
+    control = merge(_case("backward-only"), _ranks({CheckId.FORWARD: [0, 1, 2, 3], CheckId.GRADS: []}))
+    judge_controls([plain, control])
+    assert control.status == CaseStatus.MISSED
+
+
+ENTRY = known.KnownFailure(reason="ring backward", model="flux", layout="r*", check="parity.grads")
+
+
+def test_known_failure_turns_a_matching_failure_into_xfail():
+    v = merge(_case(layout=Layout.parse("r4")), _ranks({CheckId.FORWARD: [], CheckId.GRADS: [0, 1, 2, 3]}))
+    known.apply([v], [ENTRY])
+    assert v.status == CaseStatus.XFAIL and v.known == "ring backward"
+    assert outcome_for_test(v, (CheckId.GRADS,))[0] == "xfail" and outcome_for_test(v, (CheckId.FORWARD,))[0] == "pass"
+
+
+def test_known_failure_that_passes_is_xpass():
+    v = merge(_case(layout=Layout.parse("r4")), _ranks({CheckId.FORWARD: [], CheckId.GRADS: []}))
+    known.apply([v], [ENTRY])
+    assert v.status == CaseStatus.XPASS and "remove the entry" in v.reason
+
+
+def test_known_failure_does_not_cover_another_check_or_layout():
+    other_check = merge(_case(layout=Layout.parse("r4")), _ranks({CheckId.FORWARD: [0], CheckId.GRADS: []}))
+    other_layout = merge(_case(), _ranks({CheckId.GRADS: [0]}))
+    known.apply([other_check, other_layout], [ENTRY])
+    assert other_check.status == CaseStatus.FAIL and other_layout.status == CaseStatus.FAIL
+
+
+def test_known_failures_file_errors_name_the_entry(tmp_path):
+    bad = tmp_path / "k.toml"
+    bad.write_text('[[known]]\nmodel = "flux"\ncheck = "parity.nope"\nreason = "x"\n')
+    with pytest.raises(known.KnownFailuresError, match="entry 1: check 'parity.nope' is not a check id"):
+        known.load(str(bad))
+    bad.write_text('[[known]]\nmodell = "flux"\nreason = "x"\n')
+    with pytest.raises(known.KnownFailuresError, match="unknown key"):
+        known.load(str(bad))
+    assert known.load("none") == []
+
+
+def test_shipped_known_failures_load():
+    assert all(e.reason for e in known.load(known.SHIPPED))
