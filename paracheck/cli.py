@@ -54,11 +54,16 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=120.0, help="seconds one case may run before it is a hang")
     run.add_argument("--quiet", action="store_true", help="no per-case lines: only the table and the summary")
     topo = sub.add_parser("topology", help="which layouts a backend can run for a world size and head count")
-    topo.add_argument("--backend", required=True, help="gloo|nccl|neuron: whose topology rules apply")
+    topo.add_argument("--backend", required=True, help="gloo|nccl|neuron: whose topology rules apply "
+                      "(with --simulate, a comma list judges one simulation by each)")
     topo.add_argument("--world", type=int, required=True, help="ranks in the world")
-    topo.add_argument("--heads", type=int, required=True, help="the model's attention head count")
+    topo.add_argument("--heads", type=int, help="the model's attention head count (required without --simulate; "
+                      "with it, overrides the model config's num_attention_heads)")
     topo.add_argument("--layout", help="one layout to judge (exit 1 when refused); default: every layout")
     topo.add_argument("--order", default="cp-fastest", help="cp-fastest|tp-fastest (mesh order)")
+    from .simulate_cli import add_arguments
+
+    add_arguments(topo)
     return parser
 
 
@@ -285,7 +290,13 @@ def _meta(backend, nproc: int, outcome=None) -> dict:
 
 def topology(args) -> int:
     from .layout import fit_heads
+    from .simulate_cli import reject_simulate_only, topology_simulate
 
+    if args.simulate:
+        return topology_simulate(args, UsageError)
+    reject_simulate_only(args, UsageError)
+    if args.heads is None:
+        raise UsageError("--heads: required without --simulate (with --simulate the model's config gives it)")
     backend = get_backend(args.backend)
     if args.world < 1:
         raise UsageError(f"--world {args.world}: must be >= 1")
