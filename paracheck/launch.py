@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -112,13 +113,11 @@ class _StartClock:
     """How long a world took to start its first case (the cost of starting ranks)."""
 
     def __init__(self):
-        import time
-
-        self._now, self.started, self.seconds = time.time, time.time(), 0.0
+        self.started, self.seconds = time.time(), 0.0
 
     def tick(self, supervisor) -> None:
         if not self.seconds and supervisor.progress():
-            self.seconds = self._now() - self.started
+            self.seconds = time.time() - self.started
 
 
 def _current(progress: dict[int, dict], remaining: list[int]) -> int | None:

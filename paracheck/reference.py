@@ -1,9 +1,10 @@
 """Single-device references: planned once per distinct model, fit, inputs and dtype, computed once per run.
 
 A case's *plan* (fit, route, skip reason, reference key) is pure arithmetic every rank repeats. The
-reference itself (weights, output, loss weights, gradients) is computed by one rank and written to the
-run directory as safetensors; every rank that needs it reads it. The keys are dealt out round-robin,
-so the ranks compute different references at the same time, and memory stays flat in the number of cases.
+reference itself (weights, output, loss weights, gradients) is computed by one rank, when the first
+case that needs it comes up, and written to the run directory as safetensors; every rank that needs it
+reads it. Owners are dealt out round-robin over the keys, so the work spreads over the ranks (the
+others wait for the file meanwhile); nothing is kept in memory between cases.
 """
 
 from __future__ import annotations

@@ -12,13 +12,14 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
 import time
 from datetime import timedelta
 
-from .protocol import FAIL_FAST_GRACE, Exit, store_done_key
+from .protocol import Exit
 from .records import RankResult
 
 
@@ -46,34 +47,34 @@ def run_as_rank(args, backend, cases, entries) -> int:
     import torch.distributed as dist
 
     from . import reference
-    from .worker import world_intact, join, local_device, run_case
+    from .worker import case_ended, join, plan_and_run
 
     store = join(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     workdir = tempfile.mkdtemp(prefix=f"paracheck-torchrun-{rank}-")
     refs_dir = os.path.join(workdir, "refs")
     os.makedirs(refs_dir)
-    watchdog, sources, owners = _Watchdog(args.timeout), reference.Sources(), reference.Owners(1)
+    watchdog, sources = _Watchdog(args.timeout), reference.Sources()
     results, started = [], time.time()
     progress = _progress(args, cases, entries) if rank == 0 else None
     for index, case in enumerate(cases):
         watchdog.begin(case.id)
-        p = reference.plan(case, backend, sources)
-        if p.key and not reference.exists(p, refs_dir):
-            reference.compute(p, refs_dir, local_device(backend))
-        result = run_case(index, p, backend, os.path.join(workdir, f"case-{index}"), refs_dir)
-        print(_rank_line(result, case), flush=True)
+        # Nodes share no run directory, so every rank computes the references it needs itself.
+        result = plan_and_run(index, case, backend, sources, lambda key: True, refs_dir,
+                              os.path.join(workdir, f"case-{index}"))
+        _say(_rank_line(result, case))
         store.set(f"paracheck/result/{index}/{rank}", json.dumps(result.to_json()))
-        store.set(store_done_key(index, rank), result.status.value)
-        if result.raised_in_parallel and not world_intact(store, index, world, max(FAIL_FAST_GRACE, result.seconds)):
+        if not case_ended(store, result, world):
             print(f"paracheck: rank {rank}: case {case.id} raised and its peers did not finish it; stopping "
                   f"this world ({result.reason})", file=sys.stderr, flush=True)
+            shutil.rmtree(workdir, ignore_errors=True)
             os._exit(Exit.BROKEN)
         if rank == 0:
             ranks = [RankResult.from_json(json.loads(store.get(f"paracheck/result/{index}/{r}"))) for r in range(world)]
             results.append(ranks)
             progress.case_done(index, ranks)
     watchdog.case = None
+    shutil.rmtree(workdir, ignore_errors=True)
     return _finish(args, backend, cases, results, entries, store, rank, started)
 
 
@@ -92,6 +93,13 @@ def _finish(args, backend, cases, results, entries, store, rank: int, started: f
     dist.barrier()
     dist.destroy_process_group()
     return code
+
+
+def _say(line: str) -> None:
+    """One write of the whole line: every rank shares torchrun's stdout, and a line written in pieces can
+    be split by another rank's (measured: a rank's line missing from the log under load)."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
 
 
 def _progress(args, cases, entries):

@@ -151,24 +151,39 @@ def run_world(rundir: RunDir, cases: list[Case], todo: list[int], backend, store
     """Run the cases in order; each reference is computed by one rank and read by the others."""
     rank, world = dist.get_rank(), dist.get_world_size()
     sources, owners = reference.Sources(), reference.Owners(world)
-    device = local_device(backend)
     for index in todo:
         write_json(rundir.progress(rank), {"index": index, "started": time.time()})
-        p = reference.plan(cases[index], backend, sources)
-        computing = time.perf_counter()
-        if p.key and owners.owner(p.key) == rank and not reference.exists(p, rundir.refs_dir):
-            reference.compute(p, rundir.refs_dir, device)
-        computing = time.perf_counter() - computing
-        os.makedirs(rundir.case_dir(index), exist_ok=True)
-        result = run_case(index, p, backend, rundir.case_dir(index), rundir.refs_dir)
-        result.timings["reference"] = round(result.timings.get("reference", 0.0) + computing, 4)
+        result = plan_and_run(index, cases[index], backend, sources, lambda key: owners.owner(key) == rank,
+                              rundir.refs_dir, rundir.case_dir(index))
         write_json(rundir.result(index, rank), result.to_json())
-        store.set(store_done_key(index, rank), result.status.value)
-        if result.raised_in_parallel and not world_intact(store, index, world, max(FAIL_FAST_GRACE, result.seconds)):
-            store.set(STORE_BROKEN_KEY, str(rank))
+        if not case_ended(store, result, world):
             return RankExit.BROKEN
     write_json(rundir.progress(rank), {"index": None, "done": time.time()})
     return RankExit.DONE
+
+
+def plan_and_run(index: int, case: Case, backend, sources, computes, refs_dir: str, workdir: str) -> RankResult:
+    """Plan the case, compute its reference where `computes(key)` says this rank does, and run it."""
+    p = reference.plan(case, backend, sources)
+    computing = time.perf_counter()
+    if p.key and computes(p.key) and not reference.exists(p, refs_dir):
+        reference.compute(p, refs_dir, local_device(backend))
+    computing = time.perf_counter() - computing
+    os.makedirs(workdir, exist_ok=True)
+    result = run_case(index, p, backend, workdir, refs_dir)
+    result.timings["reference"] = round(result.timings.get("reference", 0.0) + computing, 4)
+    return result
+
+
+def case_ended(store, result: RankResult, world: int) -> bool:
+    """Tell the peers this rank ended the case; False when the world is broken and the rank must stop
+    (it then says so in the store, so a peer that finishes the case does not go on either)."""
+    store.set(store_done_key(result.index, result.rank), result.status.value)
+    if result.raised_in_parallel and not world_intact(store, result.index, world,
+                                                      max(FAIL_FAST_GRACE, result.seconds)):
+        store.set(STORE_BROKEN_KEY, str(result.rank))
+        return False
+    return True
 
 
 def world_intact(store, index: int, world: int, grace: float) -> bool:
