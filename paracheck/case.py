@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 
 from .layout import Layout
 from .records import Route
+from .shapes import Shape
 
 ROUTES = tuple(r.value for r in Route)
 DTYPES = ("fp32", "bf16", "fp16")
@@ -37,6 +38,9 @@ class Case:
     cp_options: tuple = ()
     #: The attention backend asked for: "auto" or a name (see `attention.choose`).
     attention_backend: str = "auto"
+    #: The inputs' shape, where it is not the variant's own (`paracheck explore` draws it); the factory must
+    #: take `shape=` then (the fixtures do).
+    shape: Shape | None = None
     #: Set by the pytest mixins: a directory holding the init dict and inputs (see `payload`).
     payload: str | None = None
     #: Tolerances that override the ones from dtype and backend (the mixins' class attributes).
@@ -46,6 +50,8 @@ class Case:
     def __post_init__(self):
         object.__setattr__(self, "route", Route(self.route))
         object.__setattr__(self, "cp_options", tuple(tuple(o) for o in self.cp_options))
+        if isinstance(self.shape, dict):
+            object.__setattr__(self, "shape", Shape.from_json(self.shape))
 
     def id_with(self, route: Route | None = None) -> str:
         """`model-layout-route[-variant][-control]`; `route` is the resolved one once a rank knows it."""
@@ -70,6 +76,7 @@ class Case:
         data = asdict(self)
         data["route"] = self.route.value
         data["layout"] = {"name": self.layout.name, "order": self.layout.order}
+        data["shape"] = self.shape.to_json() if self.shape else None
         return data
 
     @classmethod
@@ -80,12 +87,14 @@ class Case:
 
 
 def expand(model: str, factory: str, layouts, controls, plain: bool = True, variants=("base",),
-           **fields) -> list[Case]:
-    """Per layout and variant: the plain case (unless `plain` is off), then one case per control name."""
+           cp_options: tuple = (), **fields) -> list[Case]:
+    """Per layout and variant: the plain case (unless `plain` is off), then one case per control name.
+    `cp_options` (`--cp-options`) go to every layout with context parallelism, over the variant's own."""
     cases = []
     for layout in layouts:
         for variant in variants:
-            options = cp_options_for(variant, layout)
+            options = tuple(sorted({**dict(cp_options_for(variant, layout)),
+                                    **(dict(cp_options) if layout.has_cp else {})}.items()))
             if plain:
                 cases.append(Case(model, factory, layout, variant=variant, cp_options=options, **fields))
             cases.extend(Case(model, factory, layout, variant=variant, cp_options=options,
@@ -100,6 +109,26 @@ def cp_options_for(variant: str, layout: Layout) -> tuple:
         return ()
     return tuple((name, True) for name, degree in (("ring_anything", layout.ring), ("ulysses_anything", layout.ulysses))
                  if degree > 1)
+
+
+#: `--cp-options` names and the values each takes (the library's `ContextParallelConfig` fields).
+CP_OPTIONS = {"ulysses_anything": (True, False), "ring_anything": (True, False),
+              "rotate_method": ("allgather", "alltoall"), "convert_to_fp32": (True, False)}
+
+
+def parse_cp_options(text: str) -> tuple:
+    """`name=value,...` -> ((name, value), ...), sorted; ValueError naming the bad part and the rule."""
+    options = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        allowed = CP_OPTIONS.get(name)
+        if not sep or allowed is None:
+            raise ValueError(f"--cp-options {part!r}: write name=value with name one of {', '.join(CP_OPTIONS)}")
+        parsed = {"true": True, "false": False}.get(value.lower(), value) if isinstance(allowed[0], bool) else value
+        if parsed not in allowed:
+            raise ValueError(f"--cp-options {part!r}: {name} takes {' or '.join(str(a) for a in allowed)}")
+        options[name] = parsed
+    return tuple(sorted(options.items()))
 
 
 def load_factory(path: str):
@@ -129,11 +158,13 @@ def factory_variants(path: str) -> tuple[str, ...]:
     return tuple(getattr(load_factory(path), "variants", ("base",)))
 
 
-def call_factory(path: str, variant: str = "base"):
-    """Run a factory (for `variant`, if not base) and check it returns `(model_class, init_dict, inputs)`."""
+def call_factory(path: str, variant: str = "base", shape: Shape | None = None):
+    """Run a factory (for `variant`, if not base; with `shape=`, if given) and check it returns
+    `(model_class, init_dict, inputs)`."""
     try:
         factory = load_factory(path)
-        result = factory(variant=variant) if variant != "base" else factory()
+        kwargs = dict({"variant": variant} if variant != "base" else {}, **({"shape": shape} if shape else {}))
+        result = factory(**kwargs)
     except SpecError:
         raise
     except Exception as exc:

@@ -1,4 +1,4 @@
-"""The command line: `paracheck run`, `paracheck topology`. Exit codes are `protocol.Exit`.
+"""The command line: `paracheck run`, `paracheck explore`, `paracheck topology`. Exit codes are `protocol.Exit`.
 
 Parsing, usage errors and `topology` import no torch; `run` imports it only to load `--spec` factories.
 """
@@ -13,7 +13,7 @@ import time
 
 from . import __version__
 from .backends import BackendError, get_backend, missing_devices, resolve
-from .case import DTYPES, ROUTES, Case, SpecError, call_factory, expand
+from .case import DTYPES, ROUTES, Case, SpecError, call_factory, expand, parse_cp_options
 from .controls import CONTROLS
 from .layout import ORDERS, Layout, LayoutError, layouts_for, parse_layouts
 from .protocol import Exit
@@ -47,12 +47,18 @@ def _parser() -> argparse.ArgumentParser:
                      "_native_flash, flash, sage) or a diffusers attention backend name")
     run.add_argument("--variants", default="all", help="input variants: all, or some of base,batch2,masked,uneven "
                      "(each model runs the ones it offers)")
+    run.add_argument("--cp-options", default="", help="the library's context-parallel options for every CP "
+                     "layout, name=value comma separated: ulysses_anything, ring_anything (true|false), "
+                     "rotate_method (allgather|alltoall), convert_to_fp32 (true|false)")
     run.add_argument("--known-failures", default=None, help="TOML of declared upstream failures, or none "
                      "(default: the file paracheck ships)")
     run.add_argument("--report-json", help="write the JSON report here")
     run.add_argument("--junit", help="write JUnit XML here")
     run.add_argument("--timeout", type=float, default=120.0, help="seconds one case may run before it is a hang")
     run.add_argument("--quiet", action="store_true", help="no per-case lines: only the table and the summary")
+    from .explore_cli import add_parser
+
+    add_parser(sub)
     topo = sub.add_parser("topology", help="which layouts a backend can run for a world size and head count")
     topo.add_argument("--backend", required=True, help="gloo|nccl|neuron: whose topology rules apply "
                       "(with --simulate, a comma list judges one simulation by each)")
@@ -74,6 +80,10 @@ def main(argv=None) -> int:
     try:
         if args.command == "topology":
             return topology(args)
+        if args.command == "explore":
+            from .explore_cli import explore
+
+            return explore(args, UsageError)
         return run(args)
     except (UsageError, LayoutError, BackendError, SpecError, KnownFailuresError) as exc:
         print(f"paracheck: error: {exc}", file=sys.stderr)
@@ -98,6 +108,10 @@ def _check_options(args, backend) -> list[Layout]:
             raise UsageError(f"{flag} {value!r}: must be one of {', '.join(allowed)}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout {args.timeout:g}: must be > 0 seconds")
+    try:
+        args.cp_options = parse_cp_options(args.cp_options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
     if args.only_control and args.only_control not in CONTROLS:
         raise UsageError(f"--only-control {args.only_control!r}: must be one of {', '.join(CONTROLS)}")
     if args.only_control and not args.controls:
@@ -145,7 +159,7 @@ def build_cases(args, backend) -> list[Case]:
     return [case for model, factory in models
             for case in expand(model, factory, layouts, lambda layout: controls, plain=not args.only_control,
                                variants=[v for v in _offered(model, factory) if v in wanted],
-                               route=args.route, grads=not args.no_grads, dtype=args.dtype,
+                               route=args.route, grads=not args.no_grads, dtype=args.dtype, cp_options=args.cp_options,
                                attention_backend=args.attention_backend)]
 
 

@@ -195,10 +195,17 @@ def cp_split_problems(model_class: type, inputs: dict, layout: Layout) -> list[s
     """Top-level inputs the `_cp_plan` splits whose split dimension the CP degree does not divide."""
     if not layout.has_cp:
         return []
+    return [f"input {key!r} dim {dim} has size {size}, which the CP degree {layout.cp} "
+            f"(ring {layout.ring} x ulysses {layout.ulysses}) does not divide"
+            for key, (dim, size) in cp_split_sizes(model_class, inputs).items() if size % layout.cp]
+
+
+def cp_split_sizes(model_class: type, inputs: dict) -> dict[str, tuple[int, int]]:
+    """Top-level inputs the `_cp_plan` splits: name -> (split dimension, its size)."""
     plan = (getattr(model_class, "_cp_plan", None) or {}).get("", {})
-    problems = []
+    sizes = {}
     if not isinstance(plan, dict):
-        return problems
+        return sizes
     for key, spec in plan.items():
         value = inputs.get(key) if isinstance(key, str) else None
         if value is None or not hasattr(value, "shape") or getattr(spec, "split_output", False):
@@ -206,13 +213,8 @@ def cp_split_problems(model_class: type, inputs: dict, layout: Layout) -> list[s
         expected = getattr(spec, "expected_dims", None)
         if expected is not None and value.dim() != expected:
             continue  # diffusers leaves it unsplit; the worker reports that as a finding
-        size = value.shape[spec.split_dim]
-        if size % layout.cp:
-            problems.append(
-                f"input {key!r} dim {spec.split_dim} has size {size}, which the CP degree {layout.cp} "
-                f"(ring {layout.ring} x ulysses {layout.ulysses}) does not divide"
-            )
-    return problems
+        sizes[key] = (spec.split_dim, value.shape[spec.split_dim])
+    return sizes
 
 
 def _init_keys(model_class: type) -> set[str]:

@@ -47,3 +47,31 @@ FIXTURE_VARIANTS: dict[str, tuple[str, ...]] = {
     # packed row (`timestep_indices`) and shared by every sample, so two samples cannot have different timesteps.
     "minimax_h3": _PLAIN,
 }
+
+
+def _spaces():
+    from .shapes import Axis, Space
+
+    image = dict(image=Axis(16, 15, 1, 24), text=Axis(8, 7, 1, 16))
+    grid = dict(height=Axis(4, 3, 1, 6), width=Axis(4, 5, 1, 6))
+    # Wan-like video in patches (patch 2x2 over latent pixels); the text is not split.
+    video = dict(frames=Axis(2, 1, 1, 2), rows=Axis(4, 3, 1, 5), cols=Axis(4, 5, 1, 5), text=Axis(8, 8, 1, 12))
+    ltx = dict(grid, frames=Axis(1, 1, 1, 2), text=Axis(16, 15, 1, 24))
+    return {
+        "flux": Space(image),
+        "flux2": Space(image),
+        "qwenimage": Space(dict(grid, text=Axis(8, 7, 1, 16)), masks=True),
+        "wan": Space(video),
+        "ltx": Space(ltx, masks=True),
+        "qwenimage21": Space(dict(rows=Axis(2, 2, 1, 3), cols=Axis(2, 2, 1, 3), text=Axis(4, 4, 2, 8)), masks=True),
+        "chronoedit": Space(video),
+        # Helios's history latents are patched coarser than the video: only these sizes are known to fit.
+        "helios": Space(dict(frames=Axis(2, 1, 1, 2), side=Axis(4, 3, 3, 4), long=Axis(16, 4, 4, 16, step=12))),
+        "ltx2": Space(dict(grid, text=Axis(16, 15, 1, 24)), masks=True),
+        "minimax_h3": Space(dict(video=Axis(8, 9, 1, 12), grid_width=Axis(4, 3, 1, 4), text=Axis(4, 4, 1, 6),
+                                 audio=Axis(4, 4, 1, 6)), timesteps=False),
+    }
+
+
+#: What shapes each fixture takes (`paracheck.shapes.Space`): base and uneven lengths, explore's ranges.
+FIXTURE_SPACES = _spaces()

@@ -7,8 +7,11 @@
     reason = "ring backward rotates gradient accumulators the wrong way for ring degree > 2"
     upstream = "diffusers 0.42.1 attention_dispatch.TemplatedRingAttention.backward"
 
-Optional keys: `variant`, `dtype`, `route` (globs, default "*"). A plain case that fails the named check
-becomes `xfail`; one that matches an entry and passes becomes `xpass`, so the entry can go.
+Optional keys: `variant`, `dtype`, `route`, `cp_options` (globs, default "*"; `cp_options` is matched
+against the case's options written `name=value,...` in name order, e.g. "*ulysses_anything=True*"), and
+`message`, a glob the failure's text (the error, or the failing check's detail) must match, for a bug
+that shares its check with others. A plain case that fails the named check becomes `xfail`; one that
+matches an entry and passes becomes `xpass`, so the entry can go.
 Torch-free.
 """
 
@@ -22,7 +25,7 @@ from dataclasses import dataclass, fields
 from .records import CaseStatus, CheckId, Status
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "known_failures.toml")
-_MATCHED = ("model", "layout", "variant", "dtype", "route")
+_MATCHED = ("model", "layout", "variant", "dtype", "route", "cp_options")
 
 
 class KnownFailuresError(ValueError):
@@ -38,17 +41,20 @@ class KnownFailure:
     variant: str = "*"
     dtype: str = "*"
     route: str = "*"
+    cp_options: str = "*"
+    message: str = "*"
     upstream: str = ""
 
     def matches_case(self, verdict) -> bool:
         c = verdict.case
         values = {"model": (c.model, verdict.model_class or ""), "layout": (c.layout.name,),
-                  "variant": (c.variant,), "dtype": (c.dtype,), "route": (verdict.route.value,)}
+                  "variant": (c.variant,), "dtype": (c.dtype,), "route": (verdict.route.value,),
+                  "cp_options": (options_text(c.cp_options),)}
         return all(any(fnmatch.fnmatchcase(v, getattr(self, key)) for v in values[key]) for key in _MATCHED)
 
     def explains(self, verdict) -> bool:
         """Whether this entry covers the way `verdict` failed."""
-        if not self.matches_case(verdict):
+        if not self.matches_case(verdict) or not self._message_matches(verdict):
             return False
         if self.check == "*":
             return True
@@ -56,8 +62,18 @@ class KnownFailure:
             return verdict.status == CaseStatus.ERROR
         return CheckId(self.check) in verdict.failing_checks
 
+    def _message_matches(self, verdict) -> bool:
+        if self.message == "*":
+            return True
+        failing = verdict.check(CheckId(self.check)) if self.check not in ("*", "error") else None
+        texts = [verdict.reason] + ([failing.detail] if failing is not None else [])
+        return any(fnmatch.fnmatchcase(t, self.message) for t in texts if t)
+
     def passes_in(self, verdict) -> bool:
-        """The failure this entry declares did not happen: its check ran on every rank and passed."""
+        """The failure this entry declares did not happen: its check ran on every rank and passed. An entry
+        that names a `message` declares a failure of some inputs only, so a pass says nothing about it."""
+        if self.message != "*":
+            return False
         if self.check in ("*", "error"):
             return verdict.status == CaseStatus.PASS
         merged = verdict.check(CheckId(self.check))
@@ -66,6 +82,10 @@ class KnownFailure:
     @property
     def text(self) -> str:
         return self.reason + (f" [{self.upstream}]" if self.upstream else "")
+
+
+def options_text(cp_options) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(cp_options))
 
 
 def load(path: str | None) -> list[KnownFailure]:
@@ -117,6 +137,7 @@ def apply(verdicts: list, entries: list[KnownFailure]) -> None:
 
 def _explaining(verdict, matching: list[KnownFailure]) -> list[KnownFailure]:
     """The entries that together explain every failing check (or the raise); empty when one is unexplained."""
+    matching = [e for e in matching if e._message_matches(verdict)]
     whole = [e for e in matching if e.check == "*" or (e.check == "error" and verdict.status == CaseStatus.ERROR)]
     if whole:
         return whole[:1]

@@ -17,7 +17,7 @@ from typing import Callable
 
 from .attribution import attribute
 from .case import Case
-from .protocol import RunDir, read_json, write_json
+from .protocol import FAIL_FAST_GRACE, RunDir, read_json, write_json
 from .records import RankResult, RankStatus, RunEvent
 from .supervisor import EndKind, Supervisor
 
@@ -107,6 +107,76 @@ class Launcher:
     def stop(self) -> None:
         if self.supervisor is not None:
             self.supervisor.stop()
+
+
+class Feeder:
+    """One world kept up while cases are fed to it one at a time (`paracheck explore`), each answered
+    before the next is chosen; a world that breaks is replaced at the next case. Use as a context manager."""
+
+    #: Seconds the ranks get to leave cleanly once told to stop.
+    STOP_GRACE = 30.0
+
+    def __init__(self, backend, nproc: int, timeout: float, startup_timeout: float = 300.0, keep: bool = False):
+        self.backend, self.nproc, self.timeout = backend, nproc, timeout
+        self.startup_timeout, self.keep = startup_timeout, keep
+        self.worlds, self.next, self.live = 0, 0, False
+
+    def __enter__(self) -> "Feeder":
+        self.rundir = RunDir(tempfile.mkdtemp(prefix="paracheck-explore-")).make()
+        write_json(self.rundir.run, {"backend": self.backend.name, "timeout": self.timeout, "cases": []})
+        self.supervisor = Supervisor(self.rundir, self.backend.name, self.nproc, self.timeout, self.startup_timeout)
+        return self
+
+    def run(self, case: Case) -> tuple[list[RankResult], list[RunEvent]]:
+        """Every rank's result for `case`, and what broke the world if it broke."""
+        index, self.next = self.next, self.next + 1
+        write_json(self.rundir.feed(index), case.to_json())
+        if not self.live:
+            self.worlds += 1
+            self.supervisor.start(self.worlds, {"feed_from": index})
+            self.live = True
+        end = self.supervisor.watch(self.worlds, until=lambda: self._written(index) == self.nproc)
+        results = [_read_result(self.rundir, index, r) for r in range(self.nproc)]
+        if end is None:
+            self._settle(results)
+            return results, []
+        self.live = False
+        self.supervisor.stop()
+        written = {r: res for r, res in enumerate(results) if res is not None}
+        if len(written) == self.nproc:
+            return results, []
+        if end.kind == EndKind.START or not written and not end.progress:
+            message = "the ranks could not start\n" + "\n".join(f"rank {r}: {t}" for r, t in sorted(end.logs.items()))
+            return [RankResult(index, r, RankStatus.ERROR, reason="the ranks could not start")
+                    for r in range(self.nproc)], [RunEvent("start", index, message)]
+        return attribute(index, end, written, self.timeout)
+
+    def _written(self, index: int) -> int:
+        return sum(os.path.exists(self.rundir.result(index, r)) for r in range(self.nproc))
+
+    def _settle(self, results: list[RankResult]) -> None:
+        """After a case that raised mid-collectives the ranks decide whether their world is intact: wait
+        until every rank waits for the next case, or replace the world if one left."""
+        if not any(r.raised_in_parallel for r in results):
+            return
+        deadline = time.time() + FAIL_FAST_GRACE + 5.0
+        while time.time() < deadline and not self.supervisor.exited():
+            progress = self.supervisor.progress()
+            if len(progress) == self.nproc and all(p.get("waiting") for p in progress.values()):
+                return
+            time.sleep(0.05)
+        self.live = False
+        self.supervisor.stop()
+
+    def __exit__(self, exc_type, *exc) -> None:
+        with open(self.rundir.stop, "w"):
+            pass
+        if self.live and exc_type is None:
+            deadline = time.time() + self.STOP_GRACE
+            self.supervisor.watch(self.worlds, until=lambda: time.time() > deadline)
+        self.supervisor.stop()
+        if not self.keep:
+            shutil.rmtree(self.rundir.path, ignore_errors=True)
 
 
 class _StartClock:

@@ -8,7 +8,9 @@ the cases listed in its world's todo file in order and, for every case, atomical
 file and then sets a store key; before a case it writes its progress file, which is how the launcher
 knows which case a stuck or dead rank was in. A rank that raised after collectives began waits a few
 seconds for its peers to reach the end of the case; if they do not, it exits with `RankExit.BROKEN` and
-the launcher replaces the world for the cases left. Nothing in this module imports torch.
+the launcher replaces the world for the cases left. A *fed* world (`paracheck explore`) has no case list:
+its todo file says where to start, and each rank waits for the launcher to write the next case file
+(`feed/N.json`) until the launcher writes `stop`. Nothing in this module imports torch.
 """
 
 from __future__ import annotations
@@ -88,11 +90,18 @@ class RunDir:
     def result(self, index: int, rank: int) -> str:
         return self._at("results", f"{index}.{rank}.json")
 
+    def feed(self, index: int) -> str:
+        return self._at("feed", f"{index}.json")
+
+    @property
+    def stop(self) -> str:
+        return self._at("stop")
+
     def case_dir(self, index: int) -> str:
         return self._at(f"case-{index}")
 
     def make(self) -> "RunDir":
-        for folder in (self.results_dir, self.refs_dir):
+        for folder in (self.results_dir, self.refs_dir, self._at("feed")):
             os.makedirs(folder, exist_ok=True)
         return self
 

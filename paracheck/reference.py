@@ -55,14 +55,14 @@ class Sources:
         self._loaded: dict[str, tuple] = {}
 
     def get(self, case: Case):
-        name = (case.payload or case.factory, case.variant)
+        name = (case.payload or case.factory, case.variant, case.shape)
         if name not in self._loaded:
             if case.payload:
                 from .payload import load
 
                 self._loaded[name] = load(os.path.join(case.payload, case.variant))
             else:
-                self._loaded[name] = call_factory(case.factory, case.variant)
+                self._loaded[name] = call_factory(case.factory, case.variant, case.shape)
         return self._loaded[name]
 
 
@@ -111,8 +111,9 @@ def _control_fits(case: Case, p: Plan) -> None:
 
 def _key(case: Case, model_class: type, init_dict: dict, attention: str) -> str:
     source = case.payload or case.factory
+    shape = case.shape.to_json() if case.shape else None
     text = json.dumps([source, f"{model_class.__module__}.{model_class.__qualname__}", init_dict, case.variant,
-                       case.dtype, case.grads, attention], sort_keys=True, default=str)
+                       shape, case.dtype, case.grads, attention], sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 

@@ -7,6 +7,7 @@ import shlex
 from xml.sax.saxutils import escape, quoteattr
 
 from .attribution import ranks_text
+from .case import cp_options_for
 from .records import CaseStatus, CheckId, Status
 from .verdict import Verdict
 
@@ -42,6 +43,8 @@ def replay_command(v: Verdict, argv_extra: list[str]) -> str:
         args += ["--controls", "--only-control", c.control]
     if c.layout.order != "cp-fastest":
         args += ["--order", c.layout.order]
+    if c.cp_options != cp_options_for(c.variant, c.layout):
+        args += ["--cp-options", ",".join(f"{k}={v}" for k, v in c.cp_options)]
     return " ".join(shlex.quote(a) for a in args)
 
 

@@ -147,12 +147,15 @@ class Supervisor:
             env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
         return env
 
-    def watch(self, attempt: int, tick=None) -> WorldEnd:
-        """Poll until the world ends; `tick()` runs every poll (the launcher reads results there)."""
+    def watch(self, attempt: int, tick=None, until=None) -> WorldEnd | None:
+        """Poll until the world ends; `tick()` runs every poll (the launcher reads results there). With
+        `until`, return None as soon as `until()` holds and the world is still up."""
         started = time.time()
         while True:
             if tick:
                 tick()
+            if until is not None and until() and not self.exited():
+                return None
             codes = [r.poll() for r in self.ranks]
             if all(c is not None for c in codes):
                 kind = EndKind.DONE if all(c == 0 for c in codes) else EndKind.RANK_EXIT
@@ -191,6 +194,10 @@ class Supervisor:
     def _end(self, kind: EndKind, attempt: int, codes: list, stacks=None, progress=None) -> WorldEnd:
         logs = {i: _tail(self.rundir.log(attempt, i)) for i, c in enumerate(codes) if c not in (0, RankExit.BROKEN)}
         return WorldEnd(kind, attempt, codes, stacks or {}, progress if progress is not None else self.progress(), logs)
+
+    def exited(self) -> bool:
+        """Some rank process has ended (a world that lost a rank cannot run another case)."""
+        return any(r.poll() is not None for r in self.ranks)
 
     def progress(self) -> dict[int, dict]:
         found = {}

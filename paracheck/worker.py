@@ -147,13 +147,14 @@ def _attempt(step, result: RankResult):
 # -- many cases in one world -----------------------------------------------------------------------
 
 
-def run_world(rundir: RunDir, cases: list[Case], todo: list[int], backend, store) -> int:
-    """Run the cases in order; each reference is computed by one rank and read by the others."""
+def run_world(rundir: RunDir, todo, backend, store) -> int:
+    """Run the cases `todo` yields as (index, case), in order; each reference is computed by one rank and
+    read by the others."""
     rank, world = dist.get_rank(), dist.get_world_size()
     sources, owners = reference.Sources(), reference.Owners(world)
-    for index in todo:
+    for index, case in todo:
         write_json(rundir.progress(rank), {"index": index, "started": time.time()})
-        result = plan_and_run(index, cases[index], backend, sources, lambda key: owners.owner(key) == rank,
+        result = plan_and_run(index, case, backend, sources, lambda key: owners.owner(key) == rank,
                               rundir.refs_dir, rundir.case_dir(index))
         write_json(rundir.result(index, rank), result.to_json())
         if not case_ended(store, result, world):
@@ -197,6 +198,19 @@ def world_intact(store, index: int, world: int, grace: float) -> bool:
     return not store.check([STORE_BROKEN_KEY])
 
 
+def fed(rundir: RunDir, start: int, rank: int, poll: float = 0.02):
+    """The cases of a fed world, as the launcher writes them, until it writes `stop`."""
+    index = start
+    while True:
+        write_json(rundir.progress(rank), {"index": None, "waiting": time.time()})
+        while (data := read_json(rundir.feed(index))) is None:
+            if os.path.exists(rundir.stop):
+                return
+            time.sleep(poll)
+        yield index, Case.from_json(data)
+        index += 1
+
+
 def main(rundir_path: str) -> int:
     rundir = RunDir(rundir_path)
     run = read_json(rundir.run)
@@ -205,9 +219,12 @@ def main(rundir_path: str) -> int:
     stacks = open(rundir.stacks(rank), "w")
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     store = join(backend, os.environ[ENV_STORE])
-    cases = [Case.from_json(c) for c in run["cases"]]
     todo = read_json(os.path.join(rundir.path, os.environ[ENV_TODO]))
-    code = run_world(rundir, cases, todo, backend, store)
+    if isinstance(todo, dict):
+        code = run_world(rundir, fed(rundir, todo["feed_from"], rank), backend, store)
+    else:
+        cases = [Case.from_json(c) for c in run["cases"]]
+        code = run_world(rundir, ((i, cases[i]) for i in todo), backend, store)
     if code == RankExit.DONE:
         # The library's ring all-gathers are never waited on; without a barrier gloo's teardown can abort.
         dist.barrier()

@@ -1,5 +1,6 @@
 """Factories the kit's own tests run: good ones, and deliberately broken ones (failure modes)."""
 
+import functools
 import os
 
 import torch
@@ -89,3 +90,39 @@ def flux_fixed_ring():
 
 
 _KEPT = []
+
+
+@functools.cache
+def _batch_mask_bug_class():
+    from diffusers import QwenImageTransformer2DModel
+
+    class BatchMaskBugQwenImage(QwenImageTransformer2DModel):
+        """Parallel runs only: scales the output by 1.05 when two or more samples come with a padded mask."""
+
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            mask = kwargs.get("encoder_hidden_states_mask")
+            planted = (getattr(self, "_parallel_config", None) is not None and mask is not None
+                       and mask.shape[0] >= 2 and bool((mask == 0).any()))
+            return (out[0] * 1.05, *out[1:]) if planted else out
+
+    return BatchMaskBugQwenImage
+
+
+def batch_mask_bug(variant="base", shape=None):
+    """QwenImage whose parallel output is wrong only for a batch of two or more with a padded text mask: what
+    `paracheck explore` must find and shrink to exactly that (tests/test_explore.py)."""
+    from paracheck.fixtures import qwenimage
+
+    _, init, inputs = qwenimage(variant, shape)
+    return _batch_mask_bug_class(), init, inputs
+
+
+def _batch_mask_space():
+    from paracheck.shapes import Axis, Space
+
+    # Image tokens 2 x width and text lengths are even, so 2 ranks always divide them.
+    return Space(dict(height=Axis(2, 2, 2, 2), width=Axis(2, 3, 1, 3), text=Axis(4, 4, 2, 6, step=2)), masks=True)
+
+
+batch_mask_bug.space = _batch_mask_space()

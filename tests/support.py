@@ -27,13 +27,13 @@ class Run:
         return next(c for c in self.case(model, layout, control, variant)["checks"] if c["id"] == check_id)
 
 
-def run_paracheck(args, tmp_path, timeout=900, env=None) -> Run:
-    """A real `paracheck run` in a subprocess, with its own TMPDIR so leftovers are visible."""
+def run_paracheck(args, tmp_path, timeout=900, env=None, command="run") -> Run:
+    """A real `paracheck run` (or `command`) in a subprocess, with its own TMPDIR so leftovers are visible."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir(exist_ok=True)
     report = tmp_path / "report.json"
     env = dict(os.environ, TMPDIR=str(tmpdir), **(env or {}))
-    proc = subprocess.run([sys.executable, "-m", "paracheck", "run", *args, "--report-json", str(report)],
+    proc = subprocess.run([sys.executable, "-m", "paracheck", command, *args, "--report-json", str(report)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     data = json.loads(report.read_text()) if report.exists() else {}
     return Run(proc.returncode, proc.stdout + proc.stderr, data, str(tmpdir))

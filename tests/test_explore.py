@@ -1,0 +1,144 @@
+"""`paracheck explore`: the pieces in process (shapes, strategy, signatures, found files), then real gloo
+worlds: a planted bug that needs two samples and a mask is found and shrunk to exactly that, and its spec
+file replays it; a correct model gives nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paracheck.case import Case, load_factory, parse_cp_options
+from paracheck.explore import Target, draws, signature
+from paracheck.fixtures_index import FIXTURE_SPACES, FIXTURE_VARIANTS
+from paracheck.found import Found, read, write
+from paracheck.layout import Layout
+from paracheck.records import CaseStatus, CheckId, MergedCheck, Route, Status
+from paracheck.shapes import THIRD, Axis, Shape
+from paracheck.verdict import Verdict
+
+from .support import SPECS, run_paracheck
+
+U2 = Layout.parse("u2", "cp-fastest")
+TARGETS = [Target(name, f"paracheck.fixtures:{name}", space, (U2, Layout.parse("r2", "cp-fastest")))
+           for name, space in FIXTURE_SPACES.items()]
+
+
+def _shapes():
+    return st.builds(lambda batch, lengths, padded, shared: Shape(batch, lengths, padded=padded[:batch] if padded else (),
+                                                                 shared_timestep=shared),
+                     st.integers(1, 3), st.dictionaries(st.sampled_from(["image", "text", "rows"]),
+                                                        st.integers(1, 30)).map(lambda d: tuple(d.items())),
+                     st.one_of(st.just(()), st.lists(st.integers(0, 9), min_size=3, max_size=3).map(tuple)),
+                     st.booleans()).filter(lambda s: not s.padded or len(s.padded) == s.batch)
+
+
+@given(_shapes())
+def test_shape_round_trips_through_json(shape):
+    assert Shape.from_json(json.loads(json.dumps(shape.to_json()))) == shape
+
+
+def test_named_variants_are_shapes_with_their_labels():
+    for name in ("base", "batch2", "masked", "uneven"):
+        assert Shape.of_variant(name).label == name
+    assert Shape.of_variant("masked").masked_count(1, 8) == 3 and Shape.of_variant("masked").masked_count(0, 8) == 0
+    assert Shape(batch=1, padded=(99,)).masked_count(0, 5) == 4  # one position always stays
+
+
+def test_axis_rejects_a_range_that_excludes_its_defaults():
+    with pytest.raises(ValueError, match="low <= even"):
+        Axis(4, 3, low=5)
+
+
+@settings(max_examples=60)
+@given(st.data())
+def test_draws_stay_inside_each_models_space(data):
+    d = data.draw(draws(TARGETS, ["fp32", "bf16"]))
+    space = d.target.space
+    assert d.layout in d.target.layouts and 1 <= d.shape.batch <= space.batch
+    assert {k: v for k, v in d.shape.lengths} .keys() == space.axes.keys()
+    assert all(v in space.axes[k].values for k, v in d.shape.lengths)
+    assert not d.shape.padded or (space.masks and len(d.shape.padded) == d.shape.batch)
+    assert all(dict(d.options).get(k) is None for k in ("ulysses_anything", "ring_anything")) or not d.uneven
+    if d.layout.ring == 1:
+        assert "rotate_method" not in dict(d.options)
+
+
+def _verdict(status, checks=(), reason="", layout="u2"):
+    case = Case("ltx", "paracheck.fixtures:ltx", Layout.parse(layout, "cp-fastest"))
+    return Verdict(case, status, Route.NATIVE, reason=reason, checks=list(checks), model_class="LTXVideoTransformer3DModel")
+
+
+def test_signature_names_the_first_failing_check_and_blanks_numbers():
+    raised = MergedCheck(CheckId.GRADS, Status.FAIL, [0, 1], detail="rank 0: backward raised RuntimeError: shape "
+                         "'[1, 4, 2, 1, 12]' is invalid for input of size 48 (also ranks 1)")
+    other = _verdict(CaseStatus.ERROR, [MergedCheck(CheckId.FORWARD, Status.PASS), raised])
+    assert signature(other) == ("LTXVideoTransformer3DModel parity.grads: RuntimeError: shape '[#, #, #, #, #]' "
+                                "is invalid for input of size #")
+    wrong = MergedCheck(CheckId.FORWARD, Status.FAIL, [0], detail="output differs")
+    assert signature(_verdict(CaseStatus.FAIL, [wrong, raised], layout="r2xu2")).endswith(
+        "parity.forward: wrong under ring+ulysses")
+    assert signature(_verdict(CaseStatus.PASS)) is None and signature(_verdict(CaseStatus.XFAIL)) is None
+    hang = _verdict(CaseStatus.ERROR, reason="rank 1: hung past --timeout 120s in x.py:3; ranks 0 were waiting on them")
+    assert signature(hang) == "LTXVideoTransformer3DModel error: hung past --timeout #s in x.py:#"
+
+
+def test_cp_options_parse_and_name_the_rule():
+    assert parse_cp_options("rotate_method=alltoall,ulysses_anything=true") == (
+        ("rotate_method", "alltoall"), ("ulysses_anything", True))
+    for bad, rule in (("ring=1", "name one of"), ("convert_to_fp32=maybe", "takes True or False"), ("x", "name=value")):
+        with pytest.raises(ValueError, match=rule):
+            parse_cp_options(bad)
+
+
+def test_found_case_round_trips_and_its_spec_builds_the_same_inputs(tmp_path):
+    shape = Shape(2, (("height", 2), ("width", 1), ("text", 2)), padded=(0, 1))
+    case = Case("qwenimage", "paracheck.fixtures:qwenimage", U2, variant="masked", shape=shape,
+                cp_options=(("ulysses_anything", True),))
+    spec, command = write(str(tmp_path), Found(case, "sig", "detail"), 2, None, True, {"diffusers": "x"})
+    assert read(str(tmp_path)) == [Found(case, "sig", "detail")]
+    assert "--cp-options ulysses_anything=True --known-failures none" in command
+    factory = load_factory(f"{spec}:qwenimage")
+    assert factory.variants == ("masked",)
+    _, _, inputs = factory("masked")
+    assert inputs["hidden_states"].shape[:2] == (2, 2) and inputs["encoder_hidden_states_mask"].tolist() == [[1, 1], [1, 0]]
+
+
+def test_fixture_spaces_cover_every_fixture_and_their_masks():
+    assert set(FIXTURE_SPACES) == set(FIXTURE_VARIANTS)
+    for name, space in FIXTURE_SPACES.items():
+        assert space.masks == ("masked" in FIXTURE_VARIANTS[name]), name
+
+
+@pytest.mark.slow
+def test_explore_finds_a_planted_bug_and_shrinks_it_to_two_samples_and_a_mask(tmp_path):
+    out = tmp_path / "found"
+    run = run_paracheck(["--spec", f"{SPECS}:batch_mask_bug", "--nproc", "2", "--layouts", "u2", "--examples", "25",
+                         "--seed", "0", "--out", str(out), "--quiet"], tmp_path, command="explore")
+    assert run.code == 1, run.out
+    [found] = run.report["found"]
+    assert found["signature"] == "BatchMaskBugQwenImage parity.forward: wrong under ulysses"
+    assert found["shape"] == "batch 2, height 2, text 2, width 1, padded [0, 1]", run.out
+    assert found["cp_options"] == {} and found["dtype"] == "fp32"
+    assert os.listdir(run.tmpdir) == []  # the fed world's directory is gone
+    # The spec file replays the failure with the command it carries.
+    replay = run_paracheck(found["replay"].split()[2:], tmp_path)
+    assert replay.code == 1, replay.out
+    [case] = replay.report["cases"]
+    assert case["variant"] == "masked" and case["status"] == "fail"
+    # A second explore tries the found case first and finds it again before drawing anything.
+    again = run_paracheck(["--spec", f"{SPECS}:batch_mask_bug", "--nproc", "2", "--layouts", "u2", "--examples", "1",
+                           "--seed", "5", "--out", str(out), "--quiet"], tmp_path, command="explore")
+    assert again.code == 1 and "1 found before" in again.out, again.out
+
+
+@pytest.mark.slow
+def test_explore_is_quiet_on_a_correct_model(tmp_path):
+    run = run_paracheck(["--models", "flux", "--nproc", "2", "--layouts", "u2,tp2", "--examples", "12", "--seed", "3",
+                         "--out", str(tmp_path / "found")], tmp_path, command="explore")
+    assert run.code == 0, run.out
+    assert run.report["found"] == [] and run.report["cases_run"] >= 6
+    assert not (tmp_path / "found").exists()
