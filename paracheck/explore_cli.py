@@ -18,7 +18,7 @@ from .protocol import Exit
 
 #: New cases explore generates by default (shrinking comes on top): enough to find both LTX bugs of
 #: diffusers 0.42.1 on `--models ltx` from scratch (see docs/explore.md for the measured cost).
-DEFAULT_EXAMPLES = 60
+DEFAULT_EXAMPLES = 150
 
 
 def add_parser(sub) -> None:
