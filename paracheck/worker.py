@@ -8,6 +8,7 @@ share `join` (the rank setup) and `run_case`. See `protocol` for how ranks and l
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import resource
 import signal
@@ -61,7 +62,8 @@ def local_device(backend) -> torch.device:
 # -- one case ------------------------------------------------------------------------------------
 
 
-def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str) -> RankResult:
+def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str,
+             references: reference.References | None = None) -> RankResult:
     started = time.time()
     result = RankResult(index, dist.get_rank(), RankStatus.OK, route=p.route, fit=p.fit,
                         model_class=p.model_class.__name__ if p.model_class else None, attention_backend=p.attention)
@@ -71,7 +73,8 @@ def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str
         if p.error:
             raise RuntimeError(p.error)
         with _phase(result, "reference"):
-            ref = reference.load(p, refs_dir, local_device(backend))
+            references = references or reference.References()
+            ref = references.get(p, refs_dir, local_device(backend))
         _run_parallel(p, ref, backend, workdir, result)
     except Unfittable as exc:
         result.status, result.reason, result.never = RankStatus.SKIP, str(exc), exc.never
@@ -81,11 +84,38 @@ def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str
     # A rank whose collective broke because a peer went away did not cause the failure: it says so.
     result.secondary = result.raised_in_parallel and lost_peer(result.traceback + result.reason)
     result.seconds = round(time.time() - started, 3)
+    return result
+
+
+def _measure(result: RankResult) -> None:
+    """This rank's memory and CPU when the case is over (its model and reference released)."""
+    _release_memory()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     result.peak_rss_mb = round(usage.ru_maxrss / 1024, 1)
     result.rss_mb = _rss_mb()
     result.cpu_seconds = round(usage.ru_utime + usage.ru_stime, 3)
-    return result
+
+
+def _release_memory() -> None:
+    """Free the case's model now, not whenever the collector next runs (its hooks make reference cycles),
+    and hand the freed heap back to the system, so a rank's resident memory does not ratchet up over cases."""
+    gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _libc():
+    """glibc, whose `malloc_trim` returns freed heap pages; None elsewhere (musl, macOS)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
 
 
 def _rss_mb() -> float:
@@ -106,8 +136,7 @@ def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir:
     with library.Findings() as findings, attention.scope(p.attention, fault), \
             library.parallel_shims(backend.device_type):
         with parallel:
-            model = p.model_class(**p.init_dict).eval().to(ref.out.device, ref.out.dtype)
-            model.load_state_dict(ref.model.state_dict())
+            model = reference.copy_of(p.model_class, p.init_dict, ref.model.state_dict(), ref.out.device, ref.out.dtype)
             result.raised_in_parallel = True  # from here on, a raise may leave peers inside a collective
             model, applied = apply(p.route, model, case.layout, backend, control, ref.model, workdir, case.cp_options)
         ctx = CheckContext(model, ref.model, applied, ref.out, ref.weights,
@@ -187,8 +216,9 @@ def plan_and_run(index: int, case: Case, backend, sources, computes, refs_dir: s
         reference.compute(p, refs_dir, local_device(backend))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     os.makedirs(workdir, exist_ok=True)
-    result = run_case(index, p, backend, workdir, refs_dir)
+    result = run_case(index, p, backend, workdir, refs_dir, sources.references)
     _add_time(result, "reference", wall, cpu)
+    _measure(result)
     return result
 
 
@@ -222,6 +252,8 @@ def main(rundir_path: str) -> int:
     stacks = open(rundir.stacks(rank), "w")
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     store = join(backend, os.environ[ENV_STORE])
+    # Everything imported so far lives as long as the rank: the collector need not walk it again after each case.
+    gc.freeze()
     cases = [Case.from_json(c) for c in run["cases"]]
     todo = read_json(os.path.join(rundir.path, os.environ[ENV_TODO]))
     code = _profiled(lambda: run_world(rundir, cases, todo, backend, store), rank)
