@@ -6,11 +6,19 @@
 exit; (b) the cases (a) ran, one launch each with fresh interpreters (what a `torch.multiprocessing.spawn`
 per test costs, as diffusers' own mixins do). Prints a/c and b/a (medians), the split of (a) into start,
 references, parallel runs, checks and reporting, and each rank's peak resident memory over the run.
+
+Wall-clock seconds measure the machine as much as the code when other jobs share it, so (a) and (c) are
+also given in CPU seconds: (c) as its processes' user + system time, (a) as the launcher's plus every
+rank's (each rank reports its own in the JSON, `cpu_seconds`; forked ranks are not the launcher's waited
+children, so the operating system's accounting misses them). The fork server's one import of torch and
+diffusers is in neither, about one process of (c). The phase split gives wall and CPU seconds, and memory
+is given as each rank's peak and its resident size now, after the first and the last case.
 """
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -20,29 +28,49 @@ import time
 FLOOR = "import torch, diffusers, diffusers.models.transformers"
 
 
-def timed(cmd: list[str], env=None) -> float:
-    start = time.perf_counter()
+def children_cpu() -> float:
+    """User + system seconds of this process's waited-for children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(cmd: list[str], env=None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the command's own process and the children it waited for)."""
+    start, cpu = time.perf_counter(), children_cpu()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **(env or {})))
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, children_cpu() - cpu
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    return elapsed
+    return elapsed, cpu
 
 
-def floor(nproc: int) -> float:
-    start = time.perf_counter()
+def floor(nproc: int) -> tuple[float, float]:
+    start, cpu = time.perf_counter(), children_cpu()
     procs = [subprocess.Popen([sys.executable, "-c", FLOOR]) for _ in range(nproc)]
     for p in procs:
         p.wait()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, children_cpu() - cpu
 
 
-def default_run(nproc: int, extra: list[str]) -> tuple[float, dict]:
+def default_run(nproc: int, extra: list[str]) -> tuple[float, float, dict]:
+    """(wall seconds, CPU seconds of the launcher and every rank, the JSON report)."""
     report = os.path.join(tempfile.mkdtemp(), "r.json")
-    seconds = timed([sys.executable, "-m", "paracheck", "run", "--nproc", str(nproc), "--quiet",
-                     "--report-json", report, *extra])
+    seconds, launcher_cpu = timed([sys.executable, "-m", "paracheck", "run", "--nproc", str(nproc), "--quiet",
+                                   "--report-json", report, *extra])
     with open(report) as handle:
-        return seconds, json.load(handle)
+        data = json.load(handle)
+    return seconds, launcher_cpu + ranks_cpu(data), data
+
+
+def ranks_cpu(report: dict) -> float:
+    """Every rank's CPU seconds, summed: each rank's count grows case by case and starts again in a new
+    world, so the rises are added up."""
+    total, last = 0.0, {}
+    for case in report["cases"]:
+        for rank, seconds in enumerate(case.get("cpu_seconds") or []):
+            total += seconds - last.get(rank, 0.0) if seconds >= last.get(rank, 0.0) else seconds
+            last[rank] = seconds
+    return total
 
 
 def per_case(report: dict, nproc: int, sample: int | None) -> tuple[float, int, int]:
@@ -54,16 +82,32 @@ def per_case(report: dict, nproc: int, sample: int | None) -> tuple[float, int, 
     for case in timed_cases:
         args = ["--nproc", str(nproc), "--models", case["model"], "--layouts", case["layout"], "--variants",
                 case["variant"], "--quiet"]
-        total += timed([sys.executable, "-m", "paracheck", "run", *args], env={"PARACHECK_START": "fresh"})
+        total += timed([sys.executable, "-m", "paracheck", "run", *args], env={"PARACHECK_START": "fresh"})[0]
     return total * len(ran) / max(len(timed_cases), 1), len(timed_cases), len(ran)
 
 
 def split(seconds: float, report: dict) -> dict:
-    phases = {"start": report.get("start_seconds", 0.0)}
+    """Phase -> (wall seconds, CPU seconds), summed over cases, the slowest rank's each (no CPU for start)."""
+    phases = {"start": (report.get("start_seconds", 0.0), None)}
     for name in ("reference", "parallel", "checks"):
-        phases[name] = sum(c.get("timings", {}).get(name, 0.0) for c in report["cases"])
-    phases["reporting and the rest"] = max(seconds - sum(phases.values()), 0.0)
+        phases[name] = tuple(sum(c.get("timings", {}).get(key, 0.0) for c in report["cases"])
+                             for key in (name, f"{name}_cpu"))
+    phases["reporting and the rest"] = (max(seconds - sum(w for w, _ in phases.values()), 0.0), None)
     return phases
+
+
+def memory(report: dict) -> list[str]:
+    """Each rank's peak and resident memory after the first and the last case that ran."""
+    ran = [c for c in report["cases"] if c.get("peak_rss_mb")]
+    if not ran:
+        return []
+    lines = []
+    for key, what in (("peak_rss_mb", "peak"), ("rss_mb", "resident")):
+        first, last = ran[0].get(key) or [], ran[-1].get(key) or []
+        if first and last:
+            pairs = ", ".join(f"{a:.0f}->{b:.0f}" for a, b in zip(first, last))
+            lines.append(f"  {what:9} MiB per rank, first case -> last case: {pairs}")
+    return lines
 
 
 def main() -> None:
@@ -77,25 +121,26 @@ def main() -> None:
     args = parser.parse_args()
     extra = args.extra.split()
     runs = [default_run(args.nproc, extra) for _ in range(args.repeat)]
-    a = statistics.median(s for s, _ in runs)
-    report = runs[0][1]
-    c = statistics.median(floor(args.nproc) for _ in range(args.repeat))
+    a, a_cpu = statistics.median(s for s, _, _ in runs), statistics.median(c for _, c, _ in runs)
+    report = runs[0][2]
+    floors = [floor(args.nproc) for _ in range(args.repeat)]
+    c, c_cpu = statistics.median(s for s, _ in floors), statistics.median(u for _, u in floors)
     ran = sum(1 for x in report["cases"] if x["status"] != "skip")
-    print(f"(a) default run: {a:.1f}s for {len(report['cases'])} cases ({ran} ran, {report.get('references')} "
-          f"references, ranks {report.get('start_method')})")
-    print(f"(c) floor, {args.nproc} processes importing torch+diffusers: {c:.1f}s")
-    print(f"a/c = {a / c:.2f}")
+    print(f"(a) default run: {a:.1f}s, {a_cpu:.1f} CPU s, for {len(report['cases'])} cases ({ran} ran, "
+          f"{report.get('references')} references, ranks {report.get('start_method')})")
+    print(f"(c) floor, {args.nproc} processes importing torch+diffusers: {c:.1f}s, {c_cpu:.1f} CPU s")
+    print(f"a/c = {a / c:.2f} (wall), {a_cpu / c_cpu:.2f} (CPU)")
     if not args.skip_per_case:
         b, timed_cases, ran = per_case(report, args.nproc, args.per_case_sample)
         how = "" if timed_cases == ran else f" (timed {timed_cases} of {ran} cases, scaled up)"
         print(f"(b) one launch per plain case, fresh interpreters: {b:.1f}s{how};  b/a = {b / a:.2f}")
-    print("\nsplit of (a), seconds summed over cases (slowest rank each):")
-    for name, seconds in split(a, report).items():
-        print(f"  {name:24} {seconds:6.1f}")
-    rss = [x.get("peak_rss_mb") or [] for x in report["cases"] if x.get("peak_rss_mb")]
-    if rss:
-        first, last = max(rss[0]), max(rss[-1])
-        print(f"\npeak resident memory per rank: {first:.0f} MiB after the first case, {last:.0f} MiB after the last")
+    print("\nsplit of (a), seconds summed over cases (slowest rank each), wall and CPU:")
+    for name, (wall, cpu) in split(a, report).items():
+        print(f"  {name:24} {wall:6.1f}  {'' if cpu is None else f'{cpu:6.1f}'}")
+    lines = memory(report)
+    if lines:
+        print("\nmemory of (a):")
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

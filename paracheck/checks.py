@@ -7,6 +7,7 @@ the forward (so a planted bug that breaks the forward still gets them), then the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -343,18 +344,20 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
     ref_params = dict(ctx.reference.named_parameters())
     worst = CheckResult(CheckId.GRADS, Status.PASS, atol=ctx.atol, rtol=ctx.rtol, max_abs=0.0, max_rel=0.0)
     failures, tp_partial = [], []
-    for name, param in sorted(ctx.model.named_parameters()):
+    params = sorted(ctx.model.named_parameters())
+    # Every rank has the same parameters with and without a gradient (the model's structure decides),
+    # so every rank issues the same collectives here.
+    wholes = _whole_grads({n: p.grad for n, p in params if p.grad is not None}, specs, groups, tp_partial)
+    for name, param in params:
         ref_grad = ref_params[name].grad
         if param.grad is None:
-            # Every rank takes the same branch: a missing grad comes from the model's structure.
             if ref_grad is not None and bool(ref_grad.abs().max() > 0):
                 failures.append(f"{name} has no gradient" + ("" if param.requires_grad else " (requires_grad=False)"))
             continue
-        grad = _whole_grad(param.grad, specs.get(name), groups, name, tp_partial)
         if ref_grad is None:
             failures.append(f"{name} has a gradient the reference lacks")
             continue
-        result = compare(CheckId.GRADS, grad, ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
+        result = compare(CheckId.GRADS, wholes[name], ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
                          expected32=ctx.ref_grads32.get(name), floor=torch.finfo(ref_grad.dtype).eps)
         if result.status == Status.FAIL:
             failures.append(f"{name} (max_abs {result.max_abs if result.max_abs is not None else 'n/a'})")
@@ -377,27 +380,37 @@ class _Groups:
     tp: object
 
 
-def _whole_grad(grad, spec, groups: _Groups, name: str, tp_partial: list[str]) -> torch.Tensor:
-    """This parameter's gradient over the whole model: TP shards assembled, CP slices summed."""
+def _whole_grads(grads: dict, specs: dict, groups: _Groups, tp_partial: list[str]) -> dict:
+    """Each parameter's gradient over the whole model: TP shards assembled, CP slices summed. One
+    collective per group and dtype moves them all: one per parameter cost more than the checks' arithmetic."""
     from torch.distributed.tensor import DTensor
 
-    if isinstance(grad, DTensor):
-        if spec is not None and spec.dim is not None:
-            grad = assemble(_all_gather(grad.to_local(), groups.tp), spec)
+    whole, local = {}, {}
+    for name, grad in grads.items():
+        spec = specs.get(name)
+        if isinstance(grad, DTensor) and (spec is None or spec.dim is None):
+            whole[name] = grad.full_tensor()
+        elif isinstance(grad, DTensor):
+            local[name] = grad.to_local()
+        elif groups.tp is not None:
+            # Outside the plan but fed by sharded activations (QK-norms after the head split), each TP
+            # rank holds a partial gradient; computed redundantly, every TP rank holds the whole one.
+            local[name] = grad
         else:
-            grad = grad.full_tensor()
-    elif groups.tp is not None:
-        # Outside the plan but fed by sharded activations (QK-norms after the head split), each TP
-        # rank holds a partial gradient; computed redundantly, every TP rank holds the whole one.
-        pieces = _all_gather(grad, groups.tp)
-        if any(not torch.equal(p, pieces[0]) for p in pieces[1:]):
-            grad = torch.stack(pieces).sum(0)
+            whole[name] = grad
+    gather = lambda flat: _all_gather(flat, groups.tp)  # noqa: E731
+    for name, pieces in gather_each(local, gather).items():
+        if isinstance(grads[name], DTensor):
+            whole[name] = assemble(pieces, specs[name])
+        elif any(not torch.equal(p, pieces[0]) for p in pieces[1:]):
+            whole[name] = torch.stack(pieces).sum(0)
             tp_partial.append(name)
+        else:
+            whole[name] = grads[name]
     if groups.cp is not None:
         # Under CP each rank's gradient covers its slice of the sequence: sum over the CP group only.
-        grad = grad.clone()
-        dist.all_reduce(grad, group=groups.cp)
-    return grad
+        whole = reduce_each(whole, lambda flat: dist.all_reduce(flat, group=groups.cp))
+    return whole
 
 
 def _cp_process_group(applied):
@@ -411,3 +424,46 @@ def _all_gather(tensor: torch.Tensor, group) -> list[torch.Tensor]:
     pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
     dist.all_gather(pieces, tensor, group=group)
     return pieces
+
+
+# -- one collective for many tensors ---------------------------------------------------------------
+
+
+def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One new 1-D buffer holding `tensors` (one dtype) back to back."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def unflatten(flat: torch.Tensor, shapes: list) -> list[torch.Tensor]:
+    """Inverse of `flatten`: views of `flat` in `shapes`."""
+    sizes = [math.prod(shape) for shape in shapes]
+    return [piece.view(shape) for piece, shape in zip(flat.split(sizes), shapes)]
+
+
+def dtype_buckets(tensors: dict) -> list[list[str]]:
+    """The names grouped by dtype (a buffer has one), buckets in an order every rank agrees on."""
+    buckets: dict[str, list[str]] = {}
+    for name, tensor in tensors.items():
+        buckets.setdefault(str(tensor.dtype), []).append(name)
+    return [buckets[key] for key in sorted(buckets)]
+
+
+def gather_each(tensors: dict, all_gather: Callable) -> dict:
+    """name -> every rank's copy of that tensor, from one `all_gather(flat) -> [flat per rank]` per dtype."""
+    out = {}
+    for names in dtype_buckets(tensors):
+        shapes = [tensors[n].shape for n in names]
+        per_rank = [unflatten(flat, shapes) for flat in all_gather(flatten([tensors[n] for n in names]))]
+        out.update({name: [pieces[i] for pieces in per_rank] for i, name in enumerate(names)})
+    return out
+
+
+def reduce_each(tensors: dict, all_reduce: Callable) -> dict:
+    """name -> that tensor reduced over the group, from one in-place `all_reduce(flat)` per dtype (as
+    torch's own coalesced all-reduce does); the inputs are left as they were."""
+    out = {}
+    for names in dtype_buckets(tensors):
+        flat = flatten([tensors[n] for n in names])
+        all_reduce(flat)
+        out.update(zip(names, unflatten(flat, [tensors[n].shape for n in names])))
+    return out

@@ -38,6 +38,7 @@ class RankExit(enum.IntEnum):
 ENV_STORE = "PARACHECK_STORE"        # FileStore path of this world
 ENV_TODO = "PARACHECK_TODO"          # todo file name of this world (case indices, in order)
 ENV_PG_TIMEOUT = "PARACHECK_PG_TIMEOUT"
+ENV_PROFILE = "PARACHECK_PROFILE"    # a folder: each rank writes its cProfile stats there (rank-R.prof)
 
 #: Seconds a rank that raised mid-case waits for its peers before it declares its world broken.
 FAIL_FAST_GRACE = 5.0

@@ -136,6 +136,10 @@ class RankResult:
     timings: dict = field(default_factory=dict)
     #: This rank's peak resident memory so far, in MiB, when the case ended.
     peak_rss_mb: float = 0.0
+    #: This rank's resident memory in MiB when the case ended: growth over cases shows here after the peak.
+    rss_mb: float = 0.0
+    #: CPU seconds (user + system) this rank process has used since it started, when the case ended.
+    cpu_seconds: float = 0.0
 
     def check(self, check_id: CheckId) -> CheckResult | None:
         return next((c for c in self.checks if c.id == check_id), None)

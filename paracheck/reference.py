@@ -4,15 +4,18 @@ A case's *plan* (fit, route, skip reason, reference key) is pure arithmetic ever
 reference itself (weights, output, loss weights, gradients) is computed by one rank, when the first
 case that needs it comes up, and written to the run directory as safetensors; every rank that needs it
 reads it. Owners are dealt out round-robin over the keys, so the work spreads over the ranks (the
-others wait for the file meanwhile); nothing is kept in memory between cases.
+others wait for the file meanwhile). Each rank keeps the few references it read last (`References`,
+within a byte budget), since consecutive cases often share one; memory stays flat in the number of cases.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -49,10 +52,14 @@ class Plan:
 
 
 class Sources:
-    """Each factory or payload loaded once per process."""
+    """What a rank keeps between cases: each factory or payload, loaded once per process, and the
+    references it read last (`References`)."""
+
+    KEEP = 32
 
     def __init__(self):
-        self._loaded: dict[str, tuple] = {}
+        self._loaded: dict[tuple, tuple] = {}
+        self.references = References()
 
     def get(self, case: Case):
         name = (case.payload or case.factory, case.variant, case.shape)
@@ -63,6 +70,8 @@ class Sources:
                 self._loaded[name] = load(os.path.join(case.payload, case.variant))
             else:
                 self._loaded[name] = call_factory(case.factory, case.variant, case.shape)
+            if len(self._loaded) > self.KEEP:  # explore draws a new shape per case: keep the recent ones
+                del self._loaded[next(iter(self._loaded))]
         return self._loaded[name]
 
 
@@ -215,6 +224,11 @@ class Reference:
     grads32: dict = field(default_factory=dict)
     inputs: dict = field(default_factory=dict)
 
+    def nbytes(self) -> int:
+        tensors = [*self.model.parameters(), *self.model.buffers(), self.out, self.weights, self.out32,
+                   *self.grads32.values(), *(q.grad for q in self.model.parameters())]
+        return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
+
 
 def load(p: Plan, refs_dir: str, device: torch.device, wait: float = 3600.0) -> Reference:
     """The reference for `p`, waiting for the rank that computes it; raises Unfittable if fitting failed."""
@@ -235,10 +249,68 @@ def load(p: Plan, refs_dir: str, device: torch.device, wait: float = 3600.0) -> 
     tensors = {k: v.to(device) for k, v in load_file(_path(refs_dir, p.key)).items()}
     dtype = torch_dtype(p.case.dtype)
     torch.manual_seed(0)
-    model = p.model_class(**p.init_dict).eval().to(device, dtype)
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("state.")})
+    model = copy_of(p.model_class, p.init_dict, {k[6:]: v for k, v in tensors.items() if k.startswith("state.")},
+                    device, dtype)
     for name, param in model.named_parameters():
         param.grad = tensors.get(f"grad.{name}")
     grads32 = {k[7:]: v for k, v in tensors.items() if k.startswith("grad32.")}
     return Reference(model, tensors["out"], tensors["weights"], tensors.get("out32"), grads32,
                      place(p.inputs, device, dtype))
+
+
+class References:
+    """The references this rank read last, within a byte budget, so that a case whose reference was read
+    a moment ago (a plain case and its controls; the variants of a model, over its layouts) does not
+    read and rebuild it again. The budget keeps memory flat in the number of cases; a reference over it
+    is not kept at all. Nothing in a case writes to its reference, so sharing one between cases is safe."""
+
+    def __init__(self, budget_bytes: int = 64 * 2**20):
+        self.budget = budget_bytes
+        self._held: OrderedDict[str, tuple[Reference, int]] = OrderedDict()
+
+    def get(self, p: Plan, refs_dir: str, device: torch.device) -> Reference:
+        if p.key in self._held:
+            self._held.move_to_end(p.key)
+            return self._held[p.key][0]
+        ref = load(p, refs_dir, device)
+        self._held[p.key] = (ref, ref.nbytes())
+        while sum(size for _, size in self._held.values()) > self.budget:
+            self._held.popitem(last=False)
+        return ref
+
+
+#: torch.nn.init's random initializers. A module's __init__ draws its weights with them; a copy of a model
+#: whose weights we hold has them overwritten in full right after, so it need not draw them first.
+_RANDOM_INITS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+                 "xavier_normal_", "orthogonal_", "sparse_")
+
+
+def copy_of(model_class: type, init_dict: dict, state: dict, device: torch.device, dtype: torch.dtype):
+    """`model_class(**init_dict)` in eval mode on `device` in `dtype`, holding `state` (load_state_dict is
+    strict: every parameter and persistent buffer comes from `state`). The same model as constructing
+    and loading gives, without drawing random weights only to overwrite them: buffers outside the state
+    (rotary tables) are computed in __init__ as always, and deterministic initializers still run."""
+    with _undrawn():
+        model = model_class(**init_dict)
+    model = model.eval().to(device, dtype)
+    model.load_state_dict(state)
+    return model
+
+
+@contextlib.contextmanager
+def _undrawn():
+    """Inside: torch.nn.init's random initializers leave their tensor as it is; restored on exit, also on error."""
+    from torch.nn import init
+
+    saved = {name: getattr(init, name) for name in _RANDOM_INITS if hasattr(init, name)}
+    for name in saved:
+        setattr(init, name, _unchanged)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(init, name, fn)
+
+
+def _unchanged(tensor, *args, **kwargs):
+    return tensor

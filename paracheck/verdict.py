@@ -39,6 +39,9 @@ class Verdict:
     timings: dict = field(default_factory=dict)
     #: Every rank's peak resident memory (MiB) when the case ended.
     peak_rss_mb: list[float] = field(default_factory=list)
+    #: Every rank's resident memory (MiB) and CPU seconds since it started, when the case ended.
+    rss_mb: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -63,7 +66,8 @@ class Verdict:
                 "attention_backend": self.attention_backend, "status": self.status.value, "reason": self.reason,
                 "checks": [m.to_json() for m in self.checks], "fit": self.fit,
                 "findings": [f"input not split on ranks {ranks_text(f.ranks)}: {f.message}" for f in self.findings],
-                "seconds": self.seconds, "timings": self.timings, "peak_rss_mb": self.peak_rss_mb}
+                "seconds": self.seconds, "timings": self.timings, "peak_rss_mb": self.peak_rss_mb,
+                "rss_mb": self.rss_mb, "cpu_seconds": self.cpu_seconds}
         if self.known:
             data["known_failure"] = self.known
         if self.status == CaseStatus.ERROR:
@@ -118,7 +122,8 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
                 attention_backend=first.attention_backend, seconds=max(r.seconds for r in ranks),
                 model_class=first.model_class,
                 timings={k: max(r.timings.get(k, 0.0) for r in ranks) for r in ranks for k in r.timings},
-                peak_rss_mb=[r.peak_rss_mb for r in ranks])
+                peak_rss_mb=[r.peak_rss_mb for r in ranks], rss_mb=[r.rss_mb for r in ranks],
+                cpu_seconds=[r.cpu_seconds for r in ranks])
     statuses = {r.status for r in ranks}
     if RankStatus.ERROR in statuses and not (case.control and _judgeable(v, ranks)):
         return _error(v, ranks)

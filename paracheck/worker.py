@@ -8,6 +8,7 @@ share `join` (the rank setup) and `run_case`. See `protocol` for how ranks and l
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import resource
 import signal
@@ -26,7 +27,7 @@ from .case import Case
 from .checks import STRUCTURE, CheckContext, grads_skip_reason, run_checks, tolerance
 from .controls import get_control
 from .fitting import Unfittable
-from .protocol import ENV_PG_TIMEOUT, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE, STORE_BROKEN_KEY, RankExit, RunDir, \
+from .protocol import ENV_PG_TIMEOUT, ENV_PROFILE, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE, STORE_BROKEN_KEY, RankExit, RunDir, \
     read_json, store_done_key, write_json
 from .records import CheckId, RankResult, RankStatus
 from .routes import apply
@@ -61,7 +62,8 @@ def local_device(backend) -> torch.device:
 # -- one case ------------------------------------------------------------------------------------
 
 
-def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str) -> RankResult:
+def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str,
+             references: reference.References | None = None) -> RankResult:
     started = time.time()
     result = RankResult(index, dist.get_rank(), RankStatus.OK, route=p.route, fit=p.fit,
                         model_class=p.model_class.__name__ if p.model_class else None, attention_backend=p.attention)
@@ -71,7 +73,8 @@ def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str
         if p.error:
             raise RuntimeError(p.error)
         with _phase(result, "reference"):
-            ref = reference.load(p, refs_dir, local_device(backend))
+            references = references or reference.References()
+            ref = references.get(p, refs_dir, local_device(backend))
         _run_parallel(p, ref, backend, workdir, result)
     except Unfittable as exc:
         result.status, result.reason, result.never = RankStatus.SKIP, str(exc), exc.never
@@ -81,8 +84,47 @@ def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str
     # A rank whose collective broke because a peer went away did not cause the failure: it says so.
     result.secondary = result.raised_in_parallel and lost_peer(result.traceback + result.reason)
     result.seconds = round(time.time() - started, 3)
-    result.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return result
+
+
+def _measure(result: RankResult) -> None:
+    """This rank's memory and CPU when the case is over (its model and reference released)."""
+    _release_memory()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result.peak_rss_mb = round(usage.ru_maxrss / 1024, 1)
+    result.rss_mb = _rss_mb()
+    result.cpu_seconds = round(usage.ru_utime + usage.ru_stime, 3)
+
+
+def _release_memory() -> None:
+    """Free the case's model now, not whenever the collector next runs (its hooks make reference cycles),
+    and hand the freed heap back to the system, so a rank's resident memory does not ratchet up over cases."""
+    gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _libc():
+    """glibc, whose `malloc_trim` returns freed heap pages; None elsewhere (musl, macOS)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+def _rss_mb() -> float:
+    """Resident memory now (the peak alone hides whether memory comes back after a big case)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return round(int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir: str, result: RankResult) -> None:
@@ -94,8 +136,7 @@ def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir:
     with library.Findings() as findings, attention.scope(p.attention, fault), \
             library.parallel_shims(backend.device_type):
         with parallel:
-            model = p.model_class(**p.init_dict).eval().to(ref.out.device, ref.out.dtype)
-            model.load_state_dict(ref.model.state_dict())
+            model = reference.copy_of(p.model_class, p.init_dict, ref.model.state_dict(), ref.out.device, ref.out.dtype)
             result.raised_in_parallel = True  # from here on, a raise may leave peers inside a collective
             model, applied = apply(p.route, model, case.layout, backend, control, ref.model, workdir, case.cp_options)
         ctx = CheckContext(model, ref.model, applied, ref.out, ref.weights,
@@ -122,17 +163,22 @@ def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir:
 
 
 class _phase:
-    """Adds the time spent inside each `with` to `result.timings[name]` (re-enterable)."""
+    """Adds the wall and CPU seconds spent inside each `with` to `result.timings[name]` and
+    `[name_cpu]` (re-enterable). CPU seconds are what a machine shared with other jobs does not blur."""
 
     def __init__(self, result: RankResult, name: str):
         self.result, self.name = result, name
 
     def __enter__(self):
-        self.started = time.perf_counter()
+        self.started, self.cpu = time.perf_counter(), time.process_time()
 
     def __exit__(self, *exc):
-        spent = time.perf_counter() - self.started
-        self.result.timings[self.name] = round(self.result.timings.get(self.name, 0.0) + spent, 4)
+        _add_time(self.result, self.name, time.perf_counter() - self.started, time.process_time() - self.cpu)
+
+
+def _add_time(result: RankResult, name: str, wall: float, cpu: float) -> None:
+    for key, spent in ((name, wall), (f"{name}_cpu", cpu)):
+        result.timings[key] = round(result.timings.get(key, 0.0) + spent, 4)
 
 
 def _attempt(step, result: RankResult):
@@ -166,13 +212,14 @@ def run_world(rundir: RunDir, todo, backend, store) -> int:
 def plan_and_run(index: int, case: Case, backend, sources, computes, refs_dir: str, workdir: str) -> RankResult:
     """Plan the case, compute its reference where `computes(key)` says this rank does, and run it."""
     p = reference.plan(case, backend, sources)
-    computing = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     if p.key and computes(p.key) and not reference.exists(p, refs_dir):
         reference.compute(p, refs_dir, local_device(backend))
-    computing = time.perf_counter() - computing
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     os.makedirs(workdir, exist_ok=True)
-    result = run_case(index, p, backend, workdir, refs_dir)
-    result.timings["reference"] = round(result.timings.get("reference", 0.0) + computing, 4)
+    result = run_case(index, p, backend, workdir, refs_dir, sources.references)
+    _add_time(result, "reference", wall, cpu)
+    _measure(result)
     return result
 
 
@@ -219,17 +266,37 @@ def main(rundir_path: str) -> int:
     stacks = open(rundir.stacks(rank), "w")
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     store = join(backend, os.environ[ENV_STORE])
+    # Everything imported so far lives as long as the rank: the collector need not walk it again after each case.
+    gc.freeze()
     todo = read_json(os.path.join(rundir.path, os.environ[ENV_TODO]))
     if isinstance(todo, dict):
-        code = run_world(rundir, fed(rundir, todo["feed_from"], rank), backend, store)
+        feed = fed(rundir, todo["feed_from"], rank)
     else:
         cases = [Case.from_json(c) for c in run["cases"]]
-        code = run_world(rundir, ((i, cases[i]) for i in todo), backend, store)
+        feed = ((i, cases[i]) for i in todo)
+    code = _profiled(lambda: run_world(rundir, feed, backend, store), rank)
     if code == RankExit.DONE:
         # The library's ring all-gathers are never waited on; without a barrier gloo's teardown can abort.
         dist.barrier()
         dist.destroy_process_group()
     return int(code)
+
+
+def _profiled(run, rank: int):
+    """`run()`, under cProfile when PARACHECK_PROFILE names a folder (one `rank-R.prof` per rank there):
+    a developer's view of where a rank's time goes, with no profiler to install. It counts CPU time, not
+    wall time: four ranks on a shared machine mostly wait for a core, and that is not the code's cost."""
+    folder = os.environ.get(ENV_PROFILE)
+    if not folder:
+        return run()
+    import cProfile
+
+    profiler = cProfile.Profile(time.process_time)
+    try:
+        return profiler.runcall(run)
+    finally:
+        os.makedirs(folder, exist_ok=True)
+        profiler.dump_stats(os.path.join(folder, f"rank-{rank}.prof"))
 
 
 if __name__ == "__main__":
