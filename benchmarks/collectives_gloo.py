@@ -74,7 +74,7 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]
         with torch.no_grad(), ring:
             with CommDebugMode() as comm:
                 out = model(**inputs, return_dict=False)[0]
-            with count_collectives(model) as counts:
+            with count_collectives(rank) as counts:
                 again = model(**inputs, return_dict=False)[0]
             assert torch.equal(out, again)  # uses (and so waits on) the second forward's output too
         check = verdict(counts, layout)

@@ -8,7 +8,8 @@ diffusers' ring attention merges per-chunk results with their log-sum-exp (LSE);
   input dtype (bf16 in, bf16 out; LSE always float32), so a bf16 result is the float32 one rounded once.
   (Under ring, diffusers casts the merged output to the input dtype before the backward reads it.)
 - `cpu_lse_attention()`: registers the pair under `BACKEND` and makes it the active backend, only
-  inside a `with` block; `fault=` plants one of two ring-only bugs (negative controls).
+  inside a `with` block; `fault=` plants one of `FAULTS` (negative controls): two ring-only bugs, and a
+  backend that ignores the context-parallel config it is handed.
 - `reversed_ring_rotation()`: test-only, hand-applies the fix for diffusers 0.42.1's ring backward
   rotation (see docs/upstream/ring_backward_rotation.md).
 
@@ -24,8 +25,7 @@ import math
 import torch
 
 BACKEND = "paracheck_cpu_lse"
-FAULTS = ("stale-kv-backward", "drop-ring-merge")
-
+FAULTS = ("stale-kv-backward", "drop-ring-merge", "ignore-cp-config")
 
 
 class _Name(str, enum.Enum):
@@ -152,7 +152,7 @@ def _stale_kv_backward_op(ctx, grad_out, *args, key=None, value=None, **kwargs):
 
 
 def _ops(fault):
-    if fault is None:
+    if fault in (None, "ignore-cp-config"):
         return forward_op, backward_op
     if fault == "stale-kv-backward":
         return forward_op, _stale_kv_backward_op
@@ -164,7 +164,12 @@ def _ops(fault):
 # -- the backend and its scope --------------------------------------------------------------------
 
 
-def _backend(forward, backward):
+def _backend(fault):
+    forward, backward = _ops(fault)
+    # The shape of a kernel that bypasses the library's context-parallel path: handed the CP config, it
+    # attends this rank's own shard (no all-to-all, no KV gather) and raises nothing.
+    honours_cp = fault != "ignore-cp-config"
+
     def paracheck_cpu_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                           enable_gqa=False, return_lse=False, _parallel_config=None):
         from .library import templated_context_parallel_attention
@@ -172,7 +177,7 @@ def _backend(forward, backward):
         # As the native backend does before SDPA: a (batch, keys) mask means "per key", not (queries, keys).
         if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape == (query.shape[0], key.shape[1]):
             attn_mask = attn_mask[:, None, None, :]
-        if _parallel_config is None:
+        if _parallel_config is None or not honours_cp:
             _refuse(dropout_p, is_causal, enable_gqa)
             out, lse = attend(query, key, value, attn_mask, scale)
             return (out, lse) if return_lse else out
@@ -189,14 +194,14 @@ def cpu_lse_attention(fault: str | None = None):
     """Inside the block, attention dispatched with no explicit backend runs `forward_op`/`backward_op`.
 
     That covers single-device calls and diffusers' templated ring, Ulysses and unified ring x Ulysses
-    paths (whose library code runs unchanged). `fault` plants a ring-only bug: "stale-kv-backward"
+    paths (whose library code runs unchanged). `fault` plants a ring-only bug, "stale-kv-backward"
     (forward exact, ring gradients wrong; diffusers #14265's shape) or "drop-ring-merge" (ring forward
-    attends only the local KV chunk). On exit, also on error, the registry is as it was found.
+    attends only the local KV chunk), or "ignore-cp-config" (every context-parallel call attends this
+    rank's shard alone, Ulysses and ring). On exit, also on error, the registry is as it was found.
     Processors with an explicit `_attention_backend` bypass the active backend and are not affected."""
     from . import library
 
-    forward, backward = _ops(fault)
-    with library.active_attention_backend(_Name.CPU_LSE, _backend(forward, backward)):
+    with library.active_attention_backend(_Name.CPU_LSE, _backend(fault)):
         yield _Name.CPU_LSE
 
 

@@ -1,8 +1,9 @@
 """Checks: structure and numbers on every rank, registered by id, each taking one `CheckContext`.
 
 Each check returns one `CheckResult` for this rank; the launcher merges ranks and names the failing
-ones. The stable ids (and the report's short names) are `records.CheckId`. Structure checks run before
-the forward (so a planted bug that breaks the forward still gets them), then the forward, then grads.
+ones. The stable ids (and the report's short names) are `records.CheckId`. The structure checks of
+`STRUCTURE` run before the forward (so a planted bug that breaks the forward still gets them); the
+collectives, counted during the forward, are judged after it, then the forward, then grads.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class CheckContext:
     ref_grads32: dict = field(default_factory=dict)
     out: torch.Tensor | None = None
     forward_error: str | None = None
+    #: The collectives the parallel forward issued on this rank (`collectives.Counts`), when counted.
+    collectives: object | None = None
     backward_error: str | None = None
 
     @property
@@ -71,7 +74,7 @@ def run_checks(ids, ctx: CheckContext) -> list[CheckResult]:
 
 
 def _verdict(check_id: CheckId, problems: list[str]) -> CheckResult:
-    return CheckResult(check_id, Status.FAIL if problems else Status.PASS, _summary(problems))
+    return CheckResult(check_id, Status.FAIL if problems else Status.PASS, problems_text(problems))
 
 
 def tolerance(dtype: torch.dtype, device_type: str) -> tuple[float, float]:
@@ -155,7 +158,8 @@ def group_ranks(mesh, dim: str | None = None) -> list[int]:
     return sorted(dist.get_process_group_ranks(group))
 
 
-def _summary(items: list[str], limit: int = 3) -> str:
+def problems_text(items: list[str], limit: int = 3) -> str:
+    """The first `limit` problems, joined, and how many more there are."""
     more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
     return "; ".join(items[:limit]) + more
 
@@ -305,6 +309,17 @@ def _shard_problems(name: str, param, ref_param, spec, ctx: CheckContext) -> lis
     return problems
 
 
+@check(CheckId.COLLECTIVES)
+def check_collectives(ctx: CheckContext) -> CheckResult:
+    from . import collectives
+
+    if ctx.forward_error:
+        return CheckResult(CheckId.COLLECTIVES, Status.SKIP, "the forward raised, so its collectives are incomplete")
+    if ctx.collectives is None:
+        return CheckResult(CheckId.COLLECTIVES, Status.SKIP, "the forward's collectives were not counted")
+    return collectives.verdict(ctx.collectives, ctx.layout, ctx.rank)
+
+
 # -- numbers -----------------------------------------------------------------------------------
 
 
@@ -369,7 +384,7 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
         notes.append(f"{len(tp_partial)} params outside the TP plan have TP-partial grads (e.g. {tp_partial[0]})")
     if failures:
         worst.status = Status.FAIL
-        notes.insert(0, f"{len(failures)} grads differ: {_summary(failures)}")
+        notes.insert(0, f"{len(failures)} grads differ: {problems_text(failures)}")
     worst.detail = "; ".join(notes)
     return worst
 

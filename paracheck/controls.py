@@ -33,7 +33,7 @@ class Control:
     routes: tuple[Route, ...] | None = None
     #: A note for the report, given the checks that failed.
     note: Callable[[set], str] | None = None
-    #: A bug planted in paracheck's own CPU attention op (see `attention.FAULTS`), for ring.
+    #: A bug planted in paracheck's own CPU attention op (one of `attention.FAULTS`).
     attention_fault: str | None = None
 
     def skip_reason(self, layout: Layout, route: Route | None = None) -> str | None:
@@ -162,7 +162,7 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("skip-cp-hooks", "CP requested; hooks never registered, processors not told",
             (CheckId.CP_HOOKS, CheckId.PROCESSOR_CONFIG), _needs_cp, _skip_cp_hooks, note=_numbers_stayed_right),
     Control("skip-processor-config", "hooks registered; attention processors not given the config",
-            (CheckId.PROCESSOR_CONFIG, CheckId.FORWARD), _needs_cp, _skip_processor_config),
+            (CheckId.PROCESSOR_CONFIG, CheckId.COLLECTIVES, CheckId.FORWARD), _needs_cp, _skip_processor_config),
     Control("skip-output-gather", "the cp_output hook left out",
             (CheckId.CP_HOOKS, CheckId.FORWARD), _needs_cp, _skip_output_gather),
     Control("global-rank-shard-index", "TP shards picked by global rank (mod tp) instead of TP-mesh coordinate",
@@ -177,6 +177,9 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
             "shape); forward exact", (CheckId.GRADS,), _needs_ring, attention_fault="stale-kv-backward"),
     Control("ring-drop-merge", "ring forward drops the visiting KV chunks' partial results (no LSE merge)",
             (CheckId.FORWARD,), _needs_ring, attention_fault="drop-ring-merge"),
+    Control("cp-attention-local", "the attention backend ignores the CP config it is handed and attends this "
+            "rank's own shard: no all-to-all, no KV gather, no error", (CheckId.COLLECTIVES, CheckId.FORWARD),
+            _needs_cp, attention_fault="ignore-cp-config"),
 )}
 
 

@@ -226,6 +226,11 @@ def _init_keys(model_class: type) -> set[str]:
         return set()
 
 
+def init_value(model_class: type, init_dict: dict, key: str):
+    """The value `key` takes when `model_class(**init_dict)` is built: given, or the class's default."""
+    return init_dict[key] if key in init_dict else _default(model_class, key)
+
+
 def _default(model_class: type, key: str):
     import inspect
 

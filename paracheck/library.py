@@ -34,6 +34,11 @@ def cp_flattened_mesh(cp_config):
     return cp_config._flattened_mesh
 
 
+def ulysses_mesh(cp_config):
+    """The 1-D mesh the library's Ulysses all-to-alls use."""
+    return cp_config._ulysses_mesh
+
+
 def config_mesh(part_config):
     return part_config._mesh
 
@@ -210,6 +215,30 @@ def attention_backend_problem(name: str) -> str | None:
     except Exception as exc:  # the library says what is missing (a package, a version, a device)
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+@contextlib.contextmanager
+def observed_attention(observe):
+    """Inside the block, every registered attention backend runs inside `observe(parallel_config)`, a
+    context-manager factory given the config the call was dispatched with (None: a call on this rank's
+    tensors alone). On exit, also on error, the registry holds the original functions again."""
+    import functools
+
+    backends = _attention_registry()._backends
+    originals = dict(backends)
+
+    def observed(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            with observe(kwargs.get("_parallel_config")):
+                return fn(*args, **kwargs)
+        return call
+
+    backends.update({name: observed(fn) for name, fn in originals.items()})
+    try:
+        yield
+    finally:
+        backends.update(originals)
 
 
 def named_attention_backend(name: str):

@@ -1,4 +1,5 @@
-"""`paracheck topology --simulate`: the command-line side of `simulate.py`.
+"""`paracheck topology --simulate`: the command-line side of `simulate.py`: its options, `--heads`, the
+tables it prints and the report it writes.
 
 Exit codes: 0 every layout simulated as the rules say (with `--layout`: every named layout is ok; with
 `--control`: the control was detected wherever it applied), 1 otherwise or when the library built a wrong
@@ -40,7 +41,7 @@ def models_from(args, usage_error) -> list[tuple[str, type, dict, dict]]:
     """(name, model_class, init_dict, inputs) per model asked for, heads overridden by --heads."""
     from .case import call_factory
     from .fixtures_index import FIXTURES
-    from .simulate import SimulationError, with_heads
+    from .simulate import SimulationError
 
     if args.spec and args.models:
         raise usage_error("--models and --spec: give one or the other")
@@ -66,11 +67,44 @@ def models_from(args, usage_error) -> list[tuple[str, type, dict, dict]]:
 
 
 def topology_simulate(args, usage_error) -> int:
+    from .protocol import Exit
+    from .simulate import simulate_on
+
+    backends, route = _validated(args, usage_error)
+    layouts = _layouts(args, usage_error)
+    models = models_from(args, usage_error)
+    started = time.perf_counter()
+    report, code, total_ranks, total_cpu = [], 0, 0, 0.0
+    for name, model_class, init_dict, inputs in models:
+        by_backend = simulate_on(model_class, init_dict, backends, args.world, layouts, order=args.order, route=route,
+                                 control=args.control, collectives=args.collectives, inputs=inputs)
+        for backend in backends:
+            results = by_backend[backend.name]
+            _print_results(name, model_class, init_dict, backend, results, args, route)
+            code = max(code, _exit_code(results, args))
+            report.append({"model": name, "class": model_class.__name__, "backend": backend.name,
+                           "heads": heads_of(model_class, init_dict), "results": [r.to_json() for r in results]})
+        ranks, cpu = _print_cost(by_backend[backends[0].name], backends)
+        total_ranks, total_cpu = total_ranks + ranks, total_cpu + cpu
+    elapsed = time.perf_counter() - started
+    print(f"{total_ranks} ranks in {elapsed:.1f} s" + (f" ({1000 * total_cpu / total_ranks:.0f} ms CPU per rank)"
+                                                       if total_ranks else ""))
+    if args.report_json:
+        import json
+
+        with open(args.report_json, "w") as handle:
+            json.dump({"backends": [b.name for b in backends], "world": args.world, "order": args.order, "route": route,
+                       "control": args.control, "models": report, "seconds": round(elapsed, 3)}, handle, indent=1)
+    sys.stdout.flush()
+    return Exit(code)
+
+
+def _validated(args, usage_error):
+    """(the backends, the route) the options name; a usage error names the bad option and its rule."""
     from .backends import get_backend
     from .controls import CONTROLS
     from .layout import ORDERS
-    from .protocol import Exit
-    from .simulate import MAX_WORLD, ROUTES, heads_of, simulate_on, table
+    from .simulate import MAX_WORLD, ROUTES
 
     names = [b.strip() for b in args.backend.split(",") if b.strip()]
     backends = [get_backend(name) for name in dict.fromkeys(names)]
@@ -92,50 +126,32 @@ def topology_simulate(args, usage_error) -> int:
         from .cli import _check_writable
 
         _check_writable(args.report_json, "--report-json")
-    layouts = _layouts(args, usage_error)
-    models = models_from(args, usage_error)
+    return backends, route
 
-    started = time.perf_counter()
-    report, code, total_ranks, total_cpu = [], 0, 0, 0.0
-    for name, model_class, init_dict, inputs in models:
-        by_backend = simulate_on(model_class, init_dict, backends, args.world, layouts, order=args.order, route=route,
-                                 control=args.control, collectives=args.collectives, inputs=inputs)
-        for backend in backends:
-            results = by_backend[backend.name]
-            print(f"{name} ({model_class.__name__}, {heads_of(model_class, init_dict)} heads) on {backend.name}, "
-                  f"world {args.world}, order {args.order}, route {route}"
-                  + (f", control {args.control}" if args.control else ""))
-            print(table(results))
-            for r in results:
-                for check, failure in r.failures.items():
-                    print(f"  {r.layout}: {check} fails on ranks {_ranks(failure['ranks'])}: {failure['detail']}")
-                for note in r.notes:
-                    print(f"  {r.layout}: note: {note}")
-            code = max(code, _exit_code(results, args))
-            report.append({"model": name, "class": model_class.__name__, "backend": backend.name,
-                           "heads": heads_of(model_class, init_dict), "results": [r.to_json() for r in results]})
-        # One simulation served every backend: count its ranks and time once.
-        simulated = [r for r in by_backend[backends[0].name] if r.ranks]
-        ranks = sum(r.ranks for r in simulated)
-        wall = sum(r.seconds for r in simulated)
-        cpu = sum(r.cpu_seconds for r in simulated)
-        total_ranks, total_cpu = total_ranks + ranks, total_cpu + cpu
-        if ranks:
-            print(f"  {ranks} ranks simulated in {wall:.1f} s: {1000 * wall / ranks:.0f} ms/rank wall, "
-                  f"{1000 * cpu / ranks:.0f} ms/rank CPU" + (f" (judged by {', '.join(b.name for b in backends)})"
-                                                            if len(backends) > 1 else ""))
-        print(flush=True)
-    elapsed = time.perf_counter() - started
-    print(f"{total_ranks} ranks in {elapsed:.1f} s" + (f" ({1000 * total_cpu / total_ranks:.0f} ms CPU per rank)"
-                                                       if total_ranks else ""))
-    if args.report_json:
-        import json
 
-        with open(args.report_json, "w") as handle:
-            json.dump({"backends": [b.name for b in backends], "world": args.world, "order": args.order, "route": route,
-                       "control": args.control, "models": report, "seconds": round(elapsed, 3)}, handle, indent=1)
-    sys.stdout.flush()
-    return Exit(code)
+def _print_results(name, model_class, init_dict, backend, results, args, route) -> None:
+    print(f"{name} ({model_class.__name__}, {heads_of(model_class, init_dict)} heads) on {backend.name}, "
+          f"world {args.world}, order {args.order}, route {route}" + (f", control {args.control}" if args.control else ""))
+    print(table(results))
+    for r in results:
+        for check, failure in r.failures.items():
+            print(f"  {r.layout}: {check} fails on ranks {_ranks(failure['ranks'])}: {failure['detail']}")
+        for note in r.notes:
+            print(f"  {r.layout}: note: {note}")
+
+
+def _print_cost(results, backends) -> tuple[int, float]:
+    """One simulation served every backend: its ranks and time, counted once. Returns (ranks, CPU seconds)."""
+    simulated = [r for r in results if r.ranks]
+    ranks = sum(r.ranks for r in simulated)
+    wall = sum(r.seconds for r in simulated)
+    cpu = sum(r.cpu_seconds for r in simulated)
+    if ranks:
+        print(f"  {ranks} ranks simulated in {wall:.1f} s: {1000 * wall / ranks:.0f} ms/rank wall, "
+              f"{1000 * cpu / ranks:.0f} ms/rank CPU" + (f" (judged by {', '.join(b.name for b in backends)})"
+                                                        if len(backends) > 1 else ""))
+    print(flush=True)
+    return ranks, cpu
 
 
 def _layouts(args, usage_error):
@@ -165,6 +181,88 @@ def _exit_code(results, args) -> int:
 
 
 def _ranks(ranks) -> str:
-    from .simulate import compress
+    from .attribution import ranks_text
 
-    return compress(ranks)
+    return ranks_text(ranks)
+
+
+# -- heads --------------------------------------------------------------------------------------------
+
+
+def with_heads(model_class: type, init_dict: dict, heads: int | None) -> dict:
+    """`init_dict` with `num_attention_heads` set to `heads` (and what the model ties to heads x head_dim)."""
+    import inspect
+
+    from .fitting import HEAD_DIM_KEY, HEADS_KEY, TIED_TO_INNER_DIM, init_value
+    from .simulate import SimulationError
+
+    if heads is None:
+        return dict(init_dict)
+    if heads < 1:
+        raise SimulationError(f"--heads {heads}: must be >= 1")
+    if HEADS_KEY not in inspect.signature(model_class.__init__).parameters:
+        raise SimulationError(f"--heads {heads}: {model_class.__name__} takes no {HEADS_KEY}")
+    out = dict(init_dict, **{HEADS_KEY: heads})
+    head_dim = init_value(model_class, out, HEAD_DIM_KEY)
+    for key in TIED_TO_INNER_DIM.get(model_class.__name__, ()):
+        if isinstance(head_dim, int):
+            out[key] = heads * head_dim
+    return out
+
+
+def heads_of(model_class: type, init_dict: dict):
+    from .fitting import HEADS_KEY, init_value
+
+    return init_value(model_class, init_dict, HEADS_KEY)
+
+
+# -- the table ----------------------------------------------------------------------------------------
+
+
+def short_name(check: str) -> str:
+    """A simulated check's column: the kit's short name for its own ids; `groups` for backend.groups."""
+    from .records import CheckId
+    from .simulate import BACKEND_GROUPS
+
+    if check == BACKEND_GROUPS:
+        return "groups"
+    try:
+        return CheckId(check).short
+    except ValueError:
+        return check  # simulate.apply: the route itself raised
+
+
+def short_reason(result) -> str:
+    """The table's reason: failing checks by rank (their details follow the table), or why not simulated."""
+    if not result.failures:
+        return result.reason
+    return "; ".join(f"{short_name(c)} fails on ranks {_ranks(f['ranks'])}" for c, f in result.failures.items())
+
+
+def _cell(result, check: str) -> str:
+    return "FAIL" if check in result.failures else "ok" if check in result.passed else "-"
+
+
+def _row(r) -> list[str]:
+    from .simulate import SIM_CHECKS
+
+    verdict = r.status
+    if r.control:
+        verdict = f"{r.status} ({'detected' if r.detected else 'MISSED' if r.detected is False else r.status})"
+    return ([r.layout.name, verdict] + [_cell(r, c) for c in SIM_CHECKS]
+            + [str(r.ranks or "-"), f"{1000 * r.per_rank:.0f}" if r.ranks else "-",
+               f"{1000 * r.cpu_per_rank:.0f}" if r.ranks else "-", short_reason(r)])
+
+
+def table(results) -> str:
+    """One row per layout: verdict, each check's cell, ranks simulated, time per rank, reason."""
+    from .simulate import SIM_CHECKS
+
+    header = ["layout", "verdict"] + [short_name(c) for c in SIM_CHECKS] + ["ranks", "ms/rank", "cpu ms", "reason"]
+    rows = [_row(r) for r in results]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    widths[-1] = 0
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
+             "  ".join("-" * max(w, len(h)) for h, w in zip(header, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)

@@ -27,7 +27,7 @@ from .controls import applicable
 from .layout import Layout
 from .records import CheckId
 
-STRUCTURE_IDS = tuple(c for c in CheckId if c.structural and c != CheckId.COLLECTIVES)
+STRUCTURE_IDS = tuple(c for c in CheckId if c.structural)
 
 _RESULTS: dict[tuple, dict] = {}
 
@@ -199,7 +199,7 @@ def _failure(verdict, ranks, headline: str, replay: str) -> str:
     from .attribution import ranks_text
     from .report import CELL
 
-    shown = [c for c in CheckId if c != CheckId.COLLECTIVES or verdict.check(c)]
+    shown = list(CheckId)
     c = verdict.case
     lines = [f"paracheck {c.model} {c.layout.name} route={verdict.route.value}"
              + (f" control={c.control}" if c.control else "") + f": {headline}",

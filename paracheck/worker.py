@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from . import attention, library, reference
+from .collectives import count_collectives
 from .attribution import lost_peer
 from .backends import get_backend
 from .case import Case
@@ -144,10 +145,11 @@ def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir:
                            grads_requested=case.grads, ref_out32=ref.out32, ref_grads32=ref.grads32)
         with checking:
             checks = run_checks(STRUCTURE, ctx)
-        with parallel:
+        with parallel, count_collectives(result.rank) as counts:
             ctx.out, ctx.forward_error = _attempt(lambda: reference.forward(model, ref.inputs), result)
+        ctx.collectives = counts
         with checking:
-            checks += run_checks([CheckId.FORWARD], ctx)
+            checks += run_checks([CheckId.COLLECTIVES, CheckId.FORWARD], ctx)
         if grads_skip_reason(ctx) is None:
             with parallel:
                 _, ctx.backward_error = _attempt(lambda: (ctx.out * ref.weights).sum().backward(), result)

@@ -19,7 +19,7 @@ def test_global_rank_index_applies_exactly_where_it_can_show(layout):
 def test_cp_controls_need_cp_and_backward_only_always_applies(layout):
     names = applicable(layout)
     assert "backward-only" in names
-    for name in ("skip-cp-hooks", "skip-processor-config", "skip-output-gather"):
+    for name in ("skip-cp-hooks", "skip-processor-config", "skip-output-gather", "cp-attention-local"):
         assert (name in names) == layout.has_cp
     assert ("tp-processor-config" in names) == (layout.has_tp and not layout.has_cp)
 

@@ -88,3 +88,31 @@ def test_entry_point_errors_name_the_entry_point_and_route():
     with pytest.raises(library.LibraryError, match="diffusers' enable_parallelism raised on route native: ValueError"):
         with library.entry_point("enable_parallelism", "native"):
             raise ValueError("'2' is not a submodule of 'ModuleList'")
+
+
+def test_observed_attention_sees_the_config_and_restores_the_registry():
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry, dispatch_attention_fn
+
+    before = dict(_AttentionBackendRegistry._backends)
+    seen = []
+
+    import contextlib
+
+    @contextlib.contextmanager
+    def observe(config):
+        seen.append(config)
+        yield
+
+    q = torch.ones(1, 4, 2, 8)
+    with pytest.raises(RuntimeError):
+        with library.observed_attention(observe):
+            dispatch_attention_fn(q, q, q, backend="native")
+            raise RuntimeError("boom")
+    assert seen == [None]
+    assert _AttentionBackendRegistry._backends == before
+
+
+def test_the_ulysses_mesh_is_where_the_adapter_reads_it():
+    from diffusers.models._modeling_parallel import ContextParallelConfig
+
+    assert "_ulysses_mesh" in inspect.getsource(ContextParallelConfig.setup)

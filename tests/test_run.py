@@ -13,7 +13,7 @@ from tests.support import ROOT, SPECS, run_paracheck
 
 pytestmark = pytest.mark.slow
 
-CP_CONTROLS = ["skip-cp-hooks", "skip-processor-config", "skip-output-gather", "backward-only"]
+CP_CONTROLS = ["skip-cp-hooks", "skip-processor-config", "skip-output-gather", "backward-only", "cp-attention-local"]
 HYBRID_CONTROLS = CP_CONTROLS + ["global-rank-shard-index", "swapped-mesh-order"]
 
 
@@ -27,10 +27,55 @@ def test_default_run_passes_on_every_rank(default_run):
             assert forward["max_abs"] < 1e-6 and forward["failed_ranks"] == []
             assert {c["id"] for c in case["checks"]} == {
                 "structure.mesh", "structure.cp_hooks", "structure.processor_config", "structure.tp_shards",
-                "parity.forward", "parity.grads"}
+                "structure.collectives", "parity.forward", "parity.grads"}
     for model in ("wan", "ltx"):
         assert default_run.case(model, "u4")["status"] == "pass"
         assert "no _tp_plan" in default_run.case(model, "tp2xu2")["reason"]
+
+
+def _collectives(run, model, layout, rank, control=None):
+    return run.check(model, layout, "structure.collectives", control)["data"]["per_rank"][str(rank)]
+
+
+def _ops(*items):
+    return [{"kind": k, "group": g, "count": n} for k, g, n in items]
+
+
+def test_collectives_are_counted_and_judged_in_every_case(default_run):
+    plain = [c for c in default_run.report["cases"] if c["control"] is None and c["status"] != "skip"]
+    for case in plain:
+        colls = next(c for c in case["checks"] if c["id"] == "structure.collectives")
+        raised = any(c["id"] == "parity.forward" and c["detail"].startswith("forward raised") for c in case["checks"])
+        assert colls["status"] == ("skip" if raised else "pass"), (case["id"], colls["detail"])
+        assert raised or sorted(colls["data"]["per_rank"]) == ["0", "1", "2", "3"]
+    # Per rank, as diffusers 0.42.1 runs tiny Flux (2 attention calls): Ulysses all-to-alls q, k, v and
+    # the output back; ring gathers the KV once; TP's 5 rowwise projections all-reduce.
+    u4 = _collectives(default_run, "flux", "u4", 1)
+    assert u4["attention"] == [{"parallel": True, "calls": 2, "per_call": _ops(("all_to_all", [0, 1, 2, 3], 4))}]
+    assert u4["outside"] == _ops(("all_gather", [0, 1, 2, 3], 1))
+    r4 = _collectives(default_run, "flux", "r4", 3)
+    assert r4["attention"] == [{"parallel": True, "calls": 2, "per_call": _ops(("all_gather", [0, 1, 2, 3], 1))}]
+    tp4 = _collectives(default_run, "flux", "tp4", 0)
+    assert tp4["attention"] == [{"parallel": False, "calls": 2, "per_call": []}]
+    assert tp4["outside"] == _ops(("all_reduce", [0, 1, 2, 3], 5))
+    hybrid = _collectives(default_run, "flux", "tp2xu2", 2)
+    assert hybrid["attention"][0]["per_call"] == _ops(("all_to_all", [2, 3], 4))
+    assert hybrid["outside"] == _ops(("all_gather", [2, 3], 1), ("all_reduce", [0, 2], 5))
+    # Wan's text cross-attention holds the config but is dispatched without it: local, and exact.
+    wan = _collectives(default_run, "wan", "u4", 0)["attention"]
+    assert {"parallel": False, "calls": 2, "per_call": []} in wan and wan[0]["parallel"]
+    assert " colls " in default_run.out
+
+
+def test_cp_attention_local_is_seen_by_collectives_alone_among_the_structure_checks(default_run):
+    for layout in ("u4", "r4", "tp2xu2", "r2xu2"):
+        case = default_run.case("flux", layout, "cp-attention-local")
+        failing = {c["id"] for c in case["checks"] if c["status"] == "fail"}
+        assert case["status"] == "detected" and not any(c.startswith("structure.") for c in
+                                                        failing - {"structure.collectives"}), (layout, failing)
+        colls = default_run.check("flux", layout, "structure.collectives", "cp-attention-local")
+        assert colls["failed_ranks"] == [0, 1, 2, 3]
+        assert "attention calls dispatched with a parallel config issued no" in colls["detail"]
 
 
 def test_fixture_heads_are_fitted(default_run):

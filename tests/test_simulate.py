@@ -10,18 +10,16 @@ import torch
 from paracheck.cli import main
 from paracheck.fixtures import flux
 from paracheck.layout import Layout, layouts_for
-from paracheck.simulate import (
+from paracheck.attribution import ranks_text
+from paracheck.shardledger import (
     Provenance,
-    _merge,
-    _sub,
-    compress,
     expected_intervals,
-    neuron_alltoall_problems,
+    merge_intervals,
     shard_index,
     shard_ledger,
-    simulate,
-    simulate_layout,
+    sub_intervals,
 )
+from paracheck.simulate import neuron_alltoall_problems, simulate, simulate_layout
 
 
 def _flux(heads):
@@ -123,9 +121,22 @@ def test_collectives_on_meta():
     for name in ("u4", "tp2xu2", "r4"):
         result = simulate_layout(cls, init, Layout.parse(name), "nccl", collectives=True, inputs=inputs)
         assert "structure.collectives" in result.passed, (name, result.failures)
-    counts = result.counts[1]  # r4, rank 1: KV gathered per attention call, plus the output gather
-    assert counts["attention_calls"] == 2
-    assert counts["ops"] == [{"kind": "all_gather", "group": [0, 1, 2, 3], "count": 3}]
+    counts = result.counts[1]  # r4, rank 1: KV gathered once per attention call, then the output gather
+    gather = [{"kind": "all_gather", "group": [0, 1, 2, 3], "count": 1}]
+    assert counts["attention"] == [{"parallel": True, "calls": 2, "per_call": gather}]
+    assert counts["outside"] == gather
+
+
+def test_wan_cross_attention_runs_local_on_meta_too():
+    """Wan's text cross-attention is dispatched without the config, as in the real run; its CP hooks warn
+    through `warning_once`, which the meta forward must supply as the real run does."""
+    from paracheck.fixtures import wan
+
+    cls, init, inputs = wan()
+    result = simulate_layout(cls, dict(init, num_attention_heads=4), Layout.parse("u4"), "nccl", collectives=True,
+                             inputs=inputs, ranks=[2])
+    assert "structure.collectives" in result.passed, result.failures
+    assert {"parallel": False, "calls": 2, "per_call": []} in result.counts[2]["attention"]
 
 
 def test_skip_processor_config_fails_collectives_on_meta():
@@ -140,8 +151,8 @@ def test_skip_processor_config_fails_collectives_on_meta():
 
 
 def test_intervals():
-    assert _merge([(0, 2), (2, 3), (9, 1)]) == ((0, 5), (9, 1))
-    assert _sub(((10, 4), (20, 4)), 2, 6) == ((12, 2), (20, 2))
+    assert merge_intervals([(0, 2), (2, 3), (9, 1)]) == ((0, 5), (9, 1))
+    assert sub_intervals(((10, 4), (20, 4)), 2, 6) == ((12, 2), (20, 2))
 
     class Spec:
         dim, block_sizes = 0, [8, 16]
@@ -170,7 +181,7 @@ def test_neuron_alltoall_rule():
     assert neuron_alltoall_problems(list(range(32, 64))) == []
     assert any("strided" in p for p in neuron_alltoall_problems([0, 4, 8, 12]))
     assert any("4, 8, 16" in p for p in neuron_alltoall_problems([0, 1]))
-    assert compress([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert ranks_text([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
 # -- command line -------------------------------------------------------------------------------
