@@ -64,7 +64,7 @@ def local_device(backend) -> torch.device:
 
 
 def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str,
-             references: reference.References | None = None) -> RankResult:
+             last: reference.LastReference | None = None) -> RankResult:
     started = time.time()
     result = RankResult(index, dist.get_rank(), RankStatus.OK, route=p.route, fit=p.fit,
                         model_class=p.model_class.__name__ if p.model_class else None, attention_backend=p.attention)
@@ -74,8 +74,7 @@ def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str
         if p.error:
             raise RuntimeError(p.error)
         with _phase(result, "reference"):
-            references = references or reference.References()
-            ref = references.get(p, refs_dir, local_device(backend))
+            ref = (last or reference.LastReference()).get(p, refs_dir, local_device(backend))
         _run_parallel(p, ref, backend, workdir, result)
     except Unfittable as exc:
         result.status, result.reason, result.never = RankStatus.SKIP, str(exc), exc.never
@@ -219,7 +218,7 @@ def plan_and_run(index: int, case: Case, backend, sources, computes, refs_dir: s
         reference.compute(p, refs_dir, local_device(backend))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     os.makedirs(workdir, exist_ok=True)
-    result = run_case(index, p, backend, workdir, refs_dir, sources.references)
+    result = run_case(index, p, backend, workdir, refs_dir, sources.last_reference)
     _add_time(result, "reference", wall, cpu)
     _measure(result)
     return result
