@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from . import attention, library, reference
-from .collectives import count_collectives
 from .attribution import lost_peer
 from .backends import get_backend
 from .case import Case
 from .checks import STRUCTURE, CheckContext, grads_skip_reason, run_checks, tolerance
+from .collectives import count_collectives
 from .controls import get_control
 from .fitting import Unfittable
 from .protocol import ENV_PG_TIMEOUT, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE, STORE_BROKEN_KEY, RankExit, RunDir, \
