@@ -118,11 +118,15 @@ def main() -> None:
     parser.add_argument("--per-case-sample", type=int, default=None,
                         help="time (b) on this many of the cases and scale up (it is said in the output)")
     parser.add_argument("--extra", default="", help="extra `paracheck run` arguments for (a), space separated")
+    parser.add_argument("--keep-report", default=None, help="also write (a)'s JSON report (the first run's) here")
     args = parser.parse_args()
     extra = args.extra.split()
     runs = [default_run(args.nproc, extra) for _ in range(args.repeat)]
     a, a_cpu = statistics.median(s for s, _, _ in runs), statistics.median(c for _, c, _ in runs)
     report = runs[0][2]
+    if args.keep_report:
+        with open(args.keep_report, "w") as handle:
+            json.dump(report, handle)
     floors = [floor(args.nproc) for _ in range(args.repeat)]
     c, c_cpu = statistics.median(s for s, _ in floors), statistics.median(u for _, u in floors)
     ran = sum(1 for x in report["cases"] if x["status"] != "skip")
