@@ -7,6 +7,7 @@ the forward (so a planted bug that breaks the forward still gets them), then the
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -398,8 +399,7 @@ def _whole_grads(grads: dict, specs: dict, groups: _Groups, tp_partial: list[str
             local[name] = grad
         else:
             whole[name] = grad
-    gather = lambda flat: _all_gather(flat, groups.tp)  # noqa: E731
-    for name, pieces in gather_each(local, gather).items():
+    for name, pieces in gather_each(local, functools.partial(_all_gather, group=groups.tp)).items():
         if isinstance(grads[name], DTensor):
             whole[name] = assemble(pieces, specs[name])
         elif any(not torch.equal(p, pieces[0]) for p in pieces[1:]):
