@@ -1,16 +1,17 @@
 """Where a run's time goes, as ratios, with real gloo runs (no timed assertions anywhere).
 
-    python benchmarks/bench.py [--repeat 3] [--nproc 4] [--skip-per-case]
+    python benchmarks/bench.py [--repeat 3] [--nproc 4] [--skip-per-case] [--per-case-sample N]
+                               [--extra "ARGS"] [--keep-report PATH]
 
 (a) the default `paracheck run`; (c) the floor: `--nproc` processes that import torch and diffusers and
 exit; (b) the cases (a) ran, one launch each with fresh interpreters (what a `torch.multiprocessing.spawn`
 per test costs, as diffusers' own mixins do). Prints a/c and b/a (medians), the split of (a) into start,
 references, parallel runs, checks and reporting, and each rank's peak resident memory over the run.
 
-Wall-clock seconds measure the machine as much as the code when other jobs share it, so (a) and (c) are
-also given in CPU seconds: (c) as its processes' user + system time, (a) as the launcher's plus every
-rank's (each rank reports its own in the JSON, `cpu_seconds`; forked ranks are not the launcher's waited
-children, so the operating system's accounting misses them). The fork server's one import of torch and
+Wall-clock seconds measure the machine as much as the code when other jobs share it, so everything is
+also given in CPU seconds: (b) and (c) as their processes' user + system time, (a) as the launcher's plus
+every rank's (each rank reports its own in the JSON, `cpu_seconds`; forked ranks are not the launcher's
+waited children, so the operating system's accounting misses them). The fork server's one import of torch and
 diffusers is in neither, about one process of (c). The phase split gives wall and CPU seconds, and memory
 is given as each rank's peak and its resident size now, after the first and the last case.
 """
@@ -73,17 +74,20 @@ def ranks_cpu(report: dict) -> float:
     return total
 
 
-def per_case(report: dict, nproc: int, sample: int | None) -> tuple[float, int, int]:
-    """The cases (a) ran, each in its own launch of fresh interpreters: (seconds, cases timed, cases ran);
-    with `sample`, only every k-th case is timed and the total scaled up."""
+def per_case(report: dict, nproc: int, sample: int | None) -> tuple[float, float, int, int]:
+    """The cases (a) ran, each in its own launch of fresh interpreters: (seconds, CPU seconds, cases timed,
+    cases ran); with `sample`, only every k-th case is timed and the totals scaled up. Fresh ranks are the
+    launcher's waited children, so their CPU is counted."""
     ran = [c for c in report["cases"] if c["status"] != "skip" and not c["control"]]
     timed_cases = ran[::max(1, len(ran) // sample)][:sample] if sample else ran
-    total = 0.0
+    wall = cpu = 0.0
     for case in timed_cases:
         args = ["--nproc", str(nproc), "--models", case["model"], "--layouts", case["layout"], "--variants",
                 case["variant"], "--quiet"]
-        total += timed([sys.executable, "-m", "paracheck", "run", *args], env={"PARACHECK_START": "fresh"})[0]
-    return total * len(ran) / max(len(timed_cases), 1), len(timed_cases), len(ran)
+        seconds, used = timed([sys.executable, "-m", "paracheck", "run", *args], env={"PARACHECK_START": "fresh"})
+        wall, cpu = wall + seconds, cpu + used
+    scale = len(ran) / max(len(timed_cases), 1)
+    return wall * scale, cpu * scale, len(timed_cases), len(ran)
 
 
 def split(seconds: float, report: dict) -> dict:
@@ -118,11 +122,15 @@ def main() -> None:
     parser.add_argument("--per-case-sample", type=int, default=None,
                         help="time (b) on this many of the cases and scale up (it is said in the output)")
     parser.add_argument("--extra", default="", help="extra `paracheck run` arguments for (a), space separated")
+    parser.add_argument("--keep-report", default=None, help="also write (a)'s JSON report (the first run's) here")
     args = parser.parse_args()
     extra = args.extra.split()
     runs = [default_run(args.nproc, extra) for _ in range(args.repeat)]
     a, a_cpu = statistics.median(s for s, _, _ in runs), statistics.median(c for _, c, _ in runs)
     report = runs[0][2]
+    if args.keep_report:
+        with open(args.keep_report, "w") as handle:
+            json.dump(report, handle)
     floors = [floor(args.nproc) for _ in range(args.repeat)]
     c, c_cpu = statistics.median(s for s, _ in floors), statistics.median(u for _, u in floors)
     ran = sum(1 for x in report["cases"] if x["status"] != "skip")
@@ -131,9 +139,10 @@ def main() -> None:
     print(f"(c) floor, {args.nproc} processes importing torch+diffusers: {c:.1f}s, {c_cpu:.1f} CPU s")
     print(f"a/c = {a / c:.2f} (wall), {a_cpu / c_cpu:.2f} (CPU)")
     if not args.skip_per_case:
-        b, timed_cases, ran = per_case(report, args.nproc, args.per_case_sample)
+        b, b_cpu, timed_cases, ran = per_case(report, args.nproc, args.per_case_sample)
         how = "" if timed_cases == ran else f" (timed {timed_cases} of {ran} cases, scaled up)"
-        print(f"(b) one launch per plain case, fresh interpreters: {b:.1f}s{how};  b/a = {b / a:.2f}")
+        print(f"(b) one launch per plain case, fresh interpreters: {b:.1f}s, {b_cpu:.1f} CPU s{how};  "
+              f"b/a = {b / a:.2f} (wall), {b_cpu / a_cpu:.2f} (CPU)")
     print("\nsplit of (a), seconds summed over cases (slowest rank each), wall and CPU:")
     for name, (wall, cpu) in split(a, report).items():
         print(f"  {name:24} {wall:6.1f}  {'' if cpu is None else f'{cpu:6.1f}'}")

@@ -8,6 +8,7 @@ collectives, counted during the forward, are judged after it, then the forward, 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -413,8 +414,7 @@ def _whole_grads(grads: dict, specs: dict, groups: _Groups, tp_partial: list[str
             local[name] = grad
         else:
             whole[name] = grad
-    gather = lambda flat: _all_gather(flat, groups.tp)  # noqa: E731
-    for name, pieces in gather_each(local, gather).items():
+    for name, pieces in gather_each(local, functools.partial(_all_gather, group=groups.tp)).items():
         if isinstance(grads[name], DTensor):
             whole[name] = assemble(pieces, specs[name])
         elif any(not torch.equal(p, pieces[0]) for p in pieces[1:]):

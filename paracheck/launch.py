@@ -82,10 +82,16 @@ class Launcher:
             self._finish(current, ranks, remaining, outcome)
 
     def _collect(self, rundir: RunDir, remaining: list[int], outcome: Outcome) -> None:
+        # Every rank writes its results in the order of `remaining` (its todo), so no case after the first
+        # one a rank has not written can be complete: stop there. Trying every case's files at each poll
+        # cost the launcher most of a core on a run of 2000 cases, taken from the ranks.
         for index in list(remaining):
-            ranks = [_read_result(rundir, index, r) for r in range(self.nproc)]
-            if all(r is not None for r in ranks):
-                self._finish(index, ranks, remaining, outcome)
+            ranks = []
+            for rank in range(self.nproc):
+                ranks.append(_read_result(rundir, index, rank))
+                if ranks[-1] is None:
+                    return
+            self._finish(index, ranks, remaining, outcome)
 
     def _finish(self, index: int, ranks: list[RankResult], remaining: list[int], outcome: Outcome) -> None:
         outcome.results[index] = ranks

@@ -281,10 +281,18 @@ def copy_of(model_class: type, init_dict: dict, state: dict, device: torch.devic
     and loading gives, without drawing random weights only to overwrite them: buffers outside the state
     (rotary tables) are computed in __init__ as always, and deterministic initializers still run."""
     with _undrawn():
-        model = model_class(**init_dict)
-    model = model.eval().to(device, dtype)
+        model = model_class(**init_dict).eval()
+    if not _placed(model, device, dtype):
+        model = model.to(device, dtype)
     model.load_state_dict(state)
     return model
+
+
+def _placed(model, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `model.to(device, dtype)` would change nothing: it casts floating and complex tensors
+    only. Skipping it spares a walk over every module and diffusers' warning about fp32 modules."""
+    return all(t.device == device and (t.dtype == dtype or not (t.is_floating_point() or t.is_complex()))
+               for t in (*model.parameters(), *model.buffers()))
 
 
 @contextlib.contextmanager

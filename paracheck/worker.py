@@ -21,15 +21,15 @@ import torch
 import torch.distributed as dist
 
 from . import attention, library, reference
-from .collectives import count_collectives
 from .attribution import lost_peer
 from .backends import get_backend
 from .case import Case
 from .checks import STRUCTURE, CheckContext, grads_skip_reason, run_checks, tolerance
+from .collectives import count_collectives
 from .controls import get_control
 from .fitting import Unfittable
-from .protocol import ENV_PG_TIMEOUT, ENV_PROFILE, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE, STORE_BROKEN_KEY, RankExit, RunDir, \
-    read_json, store_done_key, write_json
+from .protocol import ENV_PG_TIMEOUT, ENV_PROFILE, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE, STORE_BROKEN_KEY, RankExit, \
+    RunDir, read_json, store_done_key, write_json
 from .records import CheckId, RankResult, RankStatus
 from .routes import apply
 
@@ -88,7 +88,7 @@ def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str
 
 
 def _measure(result: RankResult) -> None:
-    """This rank's memory and CPU when the case is over (its model and reference released)."""
+    """This rank's memory and CPU when the case is over (its model freed; the last reference is kept)."""
     _release_memory()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     result.peak_rss_mb = round(usage.ru_maxrss / 1024, 1)

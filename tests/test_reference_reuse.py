@@ -47,6 +47,19 @@ def test_copy_of_is_what_constructing_and_loading_gives(dtype):
     assert all(got.state_dict()[k].data_ptr() != v.data_ptr() for k, v in state.items())
 
 
+@pytest.mark.filterwarnings("ignore:Casting complex values to real")
+def test_copy_of_casts_what_to_would_cast():
+    class Mixed(Tiny):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("index", torch.arange(3), persistent=False)
+            self.register_buffer("phase", torch.ones(2, dtype=torch.complex64), persistent=False)
+
+    got = copy_of(Mixed, {}, _state(), torch.device("cpu"), torch.float32)
+    expected = Mixed().to("cpu", torch.float32)  # casts the complex table too, with torch's warning
+    assert got.index.dtype == torch.int64 and got.phase.dtype == expected.phase.dtype == torch.float32
+
+
 def test_copy_of_draws_no_random_weights():
     state = _state()
     before = torch.random.get_rng_state()
