@@ -110,6 +110,7 @@ def test_failing_mixin_shows_ranks_and_replay(pytester):
 
         class TestLtxShortText(LtxConfig, ContextParallelTesterMixin):
             text_tokens = 8
+            paracheck_known_failures = "none"  # the shipped file declares this bug
 
         class TestLtxEqualText(LtxConfig, ContextParallelTesterMixin):
             text_tokens = 16
