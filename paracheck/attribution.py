@@ -33,6 +33,12 @@ def ranks_text(ranks) -> str:
     return ",".join(out)
 
 
+def ranks_named(ranks) -> str:
+    """[3] -> 'rank 3'; [0, 2, 3] -> 'ranks 0,2-3'."""
+    ranks = sorted(set(ranks))
+    return f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)}"
+
+
 def attribute(index: int, end: WorldEnd, written: dict[int, RankResult], timeout: float):
     """(one RankResult per rank for case `index`, the RunEvents) after `end` broke the world mid-case."""
     if end.kind == EndKind.HANG:
@@ -94,9 +100,9 @@ def _secondary(index: int, rank: int, end: WorldEnd, own: RankResult | None, cau
     where = f" in {innermost(stack)}" if stack else ""
     if own is not None and own.status == RankStatus.ERROR:
         own.secondary = True
-        own.reason = f"lost a peer (rank {ranks_text(causes)}): {own.reason}"
+        own.reason = f"lost a peer ({ranks_named(causes)}): {own.reason}"
         return own
-    return RankResult(index, rank, RankStatus.ERROR, reason=f"was waiting on rank {ranks_text(causes)}{where}",
+    return RankResult(index, rank, RankStatus.ERROR, reason=f"was waiting on {ranks_named(causes)}{where}",
                       secondary=True, stack=stack)
 
 

@@ -6,7 +6,7 @@ import json
 import shlex
 from xml.sax.saxutils import escape, quoteattr
 
-from .attribution import ranks_text
+from .attribution import ranks_named, ranks_text
 from .case import cp_options_for
 from .records import CaseStatus, CheckId, Status
 from .verdict import Verdict
@@ -99,7 +99,7 @@ def _case_notes(v: Verdict, replay: str) -> list[str]:
         if v.status != CaseStatus.MISSED:
             for m in v.checks:
                 if m.status == Status.FAIL and m.detail:
-                    out.append(f"      {m.id.value} failed on ranks {ranks_text(m.failed_ranks)}: "
+                    out.append(f"      {m.id.value} failed on {ranks_named(m.failed_ranks)}: "
                                f"rank {m.detail_rank}: {m.detail}")
         if v.traceback:
             out.append("      " + v.traceback.strip().splitlines()[-1])
@@ -107,7 +107,7 @@ def _case_notes(v: Verdict, replay: str) -> list[str]:
     elif v.status in (CaseStatus.XFAIL, CaseStatus.XPASS, CaseStatus.INCONCLUSIVE):
         out.append(f"{v.status.value:5} {label}: {v.reason}")
     for f in ([] if v.case.control else v.findings):  # a control's inputs are its plain case's
-        out.append(f"note  {label}: input not split on ranks {ranks_text(f.ranks)}: {f.message}")
+        out.append(f"note  {label}: input not split on {ranks_named(f.ranks)}: {f.message}")
     return out
 
 

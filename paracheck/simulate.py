@@ -358,7 +358,7 @@ def _tally(table: dict, checks, rank: int) -> None:
 def _judge(shared: LayoutResult, backend: Backend, per_check: dict, own: dict, planted, cpu: float,
            started: float) -> LayoutResult:
     """One backend's result from the tallies: failures, passes, skips, and the rule table cross-check."""
-    from .attribution import ranks_text
+    from .attribution import ranks_named
 
     result = copy.deepcopy(shared)
     for check_id, entry in list(per_check.items()) + list(own.items()):
@@ -376,7 +376,7 @@ def _judge(shared: LayoutResult, backend: Backend, per_check: dict, own: dict, p
     if planted:
         result.detected = any(c.value in result.failures for c in planted.must_trip + (CheckId.COLLECTIVES,))
     result.cpu_seconds = cpu
-    reasons = [f"{c} fails on ranks {ranks_text(f['ranks'])}: {f['detail']}" for c, f in result.failures.items()]
+    reasons = [f"{c} fails on {ranks_named(f['ranks'])}: {f['detail']}" for c, f in result.failures.items()]
     return _done(result, "no" if result.failures else "ok", "; ".join(reasons), started)
 
 

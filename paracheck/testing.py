@@ -196,7 +196,7 @@ def _variant_inputs(test, variant: str):
 
 def _failure(verdict, ranks, headline: str, replay: str) -> str:
     """The per-rank table for one case, with the command that replays it."""
-    from .attribution import ranks_text
+    from .attribution import ranks_named
     from .report import CELL
 
     shown = list(CheckId)
@@ -211,7 +211,7 @@ def _failure(verdict, ranks, headline: str, replay: str) -> str:
         lines.append(f"{rank.rank:<4}  " + "  ".join(f"{x:6}" for x in cells) + f"  {figure:11}  {rank.status.value}")
     for m in verdict.checks:
         if m.status.value == "fail":
-            lines.append(f"{m.id.value} failed on ranks {ranks_text(m.failed_ranks)}: rank {m.detail_rank}: {m.detail}")
+            lines.append(f"{m.id.value} failed on {ranks_named(m.failed_ranks)}: rank {m.detail_rank}: {m.detail}")
     if verdict.traceback:
         lines.append(verdict.traceback.strip().splitlines()[-1])
     lines.append(f"replay: {replay}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .attribution import ranks_text
+from .attribution import ranks_named, ranks_text
 from .case import Case
 from .controls import get_control
 from .records import CaseStatus, CheckId, Finding, MergedCheck, RankResult, RankStatus, Route, Status
@@ -65,7 +65,7 @@ class Verdict:
                 "cp_options": dict(c.cp_options), "control": c.control,
                 "attention_backend": self.attention_backend, "status": self.status.value, "reason": self.reason,
                 "checks": [m.to_json() for m in self.checks], "fit": self.fit,
-                "findings": [f"input not split on ranks {ranks_text(f.ranks)}: {f.message}" for f in self.findings],
+                "findings": [f"input not split on {ranks_named(f.ranks)}: {f.message}" for f in self.findings],
                 "seconds": self.seconds, "timings": self.timings, "peak_rss_mb": self.peak_rss_mb,
                 "rss_mb": self.rss_mb, "cpu_seconds": self.cpu_seconds}
         if self.known:
@@ -155,9 +155,10 @@ def _error(v: Verdict, ranks: list[RankResult]) -> Verdict:
     v.secondary_ranks = [r.rank for r in errors if r.secondary]
     v.reason = f"rank {root.rank}: {root.reason}"
     if len(causes) > 1:
-        v.reason += f" (also rank{'s' if len(causes) > 2 else ''} {ranks_text(r.rank for r in causes[1:])})"
+        v.reason += f" (also {ranks_named(r.rank for r in causes[1:])})"
     if v.secondary_ranks:
-        v.reason += f"; ranks {ranks_text(v.secondary_ranks)} were waiting on {'it' if len(causes) == 1 else 'them'}"
+        waited = "were" if len(v.secondary_ranks) > 1 else "was"
+        v.reason += f"; {ranks_named(v.secondary_ranks)} {waited} waiting on {'it' if len(causes) == 1 else 'them'}"
     v.traceback = root.traceback
     v.stacks = {r.rank: r.stack for r in errors if r.stack}
     return v

@@ -53,7 +53,7 @@ def test_attribution(name, end, written, causes, secondary, kinds):
 def test_waiting_ranks_say_on_whom_and_where():
     end = WorldEnd(EndKind.RANK_EXIT, 1, [None, None, RankExit.BROKEN, RankExit.BROKEN], stacks={0: WAITING, 1: WAITING})
     ranks, _ = attribute(0, end, {2: _raised(2), 3: _raised(3)}, timeout=30)
-    assert ranks[0].reason == "was waiting on rank 2-3 in distributed_c10d.py:4000 in barrier, called from worker.py:9 in g"
+    assert ranks[0].reason == "was waiting on ranks 2-3 in distributed_c10d.py:4000 in barrier, called from worker.py:9 in g"
 
 
 def test_signal_reason_names_the_signal():

@@ -53,7 +53,7 @@ def test_secondary_ranks_do_not_hide_the_cause():
              RankResult(0, 1, RankStatus.ERROR, reason="RuntimeError: boom", traceback="tb")]
     v = merge(_case(), ranks)
     assert v.status == CaseStatus.ERROR and v.cause_ranks == [1] and v.secondary_ranks == [0]
-    assert v.reason.startswith("rank 1: RuntimeError: boom; ranks 0 were waiting on it")
+    assert v.reason.startswith("rank 1: RuntimeError: boom; rank 0 was waiting on it")
 
 
 @pytest.mark.parametrize("status, failing, must_trip, expected", [
