@@ -124,7 +124,7 @@ def _compare_reduced(check_id: CheckId, actual, expected, expected32, what: str,
     detail = "" if ok else (f"{what}: error vs fp32 {error:.2e} > bound {bound:.2e} "
                             f"({BOUND_FACTOR:g} x single-device error {own:.2e} + {floor:g} x {scale:.2e})")
     return CheckResult(check_id, Status.PASS if ok else Status.FAIL, detail, error, error / max(scale, 1e-12),
-                       data={"single_device_error": own, "bound": bound})
+                       data={"single_device_error": own, "bound": bound, "ratio": error / max(bound, 1e-30)})
 
 
 # -- helpers shared with routes and controls ---------------------------------------------------
@@ -359,7 +359,7 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
     groups = _Groups(_cp_process_group(applied), applied.meshes["tp"].get_group() if layout.has_tp else None)
     ref_params = dict(ctx.reference.named_parameters())
     worst = CheckResult(CheckId.GRADS, Status.PASS, atol=ctx.atol, rtol=ctx.rtol, max_abs=0.0, max_rel=0.0)
-    failures, tp_partial = [], []
+    failures, tp_partial, ratio = [], [], 0.0
     params = sorted(ctx.model.named_parameters())
     # Every rank has the same parameters with and without a gradient (the model's structure decides),
     # so every rank issues the same collectives here.
@@ -375,11 +375,14 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
             continue
         result = compare(CheckId.GRADS, wholes[name], ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
                          expected32=ctx.ref_grads32.get(name), floor=torch.finfo(ref_grad.dtype).eps)
+        ratio = max(ratio, (result.data or {}).get("ratio", 0.0))
         if result.status == Status.FAIL:
             failures.append(f"{name} (max_abs {result.max_abs if result.max_abs is not None else 'n/a'})")
         if result.max_abs is not None and result.max_abs >= (worst.max_abs or 0.0):
             worst.max_abs, worst.max_rel, worst.detail = result.max_abs, result.max_rel, f"worst: {name}"
             worst.data = dict(result.data, param=name) if result.data else {}
+    if worst.data:
+        worst.data["ratio"] = ratio  # the parameter furthest over its own bound, which need not be the worst
     notes = [worst.detail] if worst.detail else []
     if tp_partial:
         notes.append(f"{len(tp_partial)} params outside the TP plan have TP-partial grads (e.g. {tp_partial[0]})")
