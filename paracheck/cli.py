@@ -136,7 +136,7 @@ def _check_attention_backend(name: str) -> None:
 
 
 def build_cases(args, backend) -> list[Case]:
-    from .fixtures_index import FIXTURES
+    from .fixtures_index import select
 
     layouts = _check_options(args, backend)
     built = {}
@@ -146,11 +146,10 @@ def build_cases(args, backend) -> list[Case]:
         built = {spec: call_factory(spec) for spec in args.spec}  # fail fast, exit 2, before any rank starts
         models = _spec_names(args.spec)
     else:
-        names = list(FIXTURES) if args.models == "all" else [m.strip() for m in args.models.split(",")]
-        unknown = [n for n in names if n not in FIXTURES]
-        if unknown:
-            raise UsageError(f"--models {','.join(unknown)}: unknown; fixtures are {', '.join(FIXTURES)} (or all)")
-        models = [(n, FIXTURES[n]) for n in names]
+        try:
+            models = select(args.models)
+        except ValueError as e:
+            raise UsageError(f"--models {e}") from None
     if args.layouts.strip() != "all" and (args.spec or args.models != "all"):
         _check_fits(models, layouts, built)
     # Every control on every layout: one that cannot apply is reported as skipped, with the reason.

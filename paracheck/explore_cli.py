@@ -81,17 +81,16 @@ def _targets(args, usage_error) -> list:
     from .case import call_factory
     from .explore import Target
     from .fitting import Unfittable, fit_init_dict
-    from .fixtures_index import FIXTURES
+    from .fixtures_index import select
 
     layouts = parse_layouts(args.layouts, args.nproc, args.order)
     if args.spec:
         named = [(spec.rpartition(":")[2], spec) for spec in args.spec]
     else:
-        names = list(FIXTURES) if args.models == "all" else [m.strip() for m in args.models.split(",")]
-        unknown = [n for n in names if n not in FIXTURES]
-        if unknown:
-            raise usage_error(f"--models {','.join(unknown)}: unknown; fixtures are {', '.join(FIXTURES)} (or all)")
-        named = [(n, FIXTURES[n]) for n in names]
+        try:
+            named = select(args.models)
+        except ValueError as e:
+            raise usage_error(f"--models {e}") from None
     targets = []
     for name, factory in named:
         space = getattr(load_factory(factory), "space", None)

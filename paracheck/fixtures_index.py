@@ -13,6 +13,16 @@ FIXTURES: dict[str, str] = {
     "minimax_h3": "paracheck.fixtures:minimax_h3",
 }
 
+
+def select(models: str) -> list[tuple[str, str]]:
+    """`--models` text ("all" or names, comma separated) -> (name, factory path) pairs in the order given.
+    ValueError names the unknown ones and the fixtures there are."""
+    names = list(FIXTURES) if models == "all" else [m.strip() for m in models.split(",")]
+    unknown = [n for n in names if n not in FIXTURES]
+    if unknown:
+        raise ValueError(f"{','.join(unknown)}: unknown; fixtures are {', '.join(FIXTURES)} (or all)")
+    return [(n, FIXTURES[n]) for n in names]
+
 #: The diffusers classes the fixtures build (preloaded by the fork server).
 FIXTURE_CLASSES = (
     "FluxTransformer2DModel", "Flux2Transformer2DModel", "QwenImageTransformer2DModel", "WanTransformer3DModel",
