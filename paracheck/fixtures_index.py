@@ -23,6 +23,7 @@ def select(models: str) -> list[tuple[str, str]]:
         raise ValueError(f"{','.join(unknown)}: unknown; fixtures are {', '.join(FIXTURES)} (or all)")
     return [(n, FIXTURES[n]) for n in names]
 
+
 #: The diffusers classes the fixtures build (preloaded by the fork server).
 FIXTURE_CLASSES = (
     "FluxTransformer2DModel", "Flux2Transformer2DModel", "QwenImageTransformer2DModel", "WanTransformer3DModel",
