@@ -336,7 +336,13 @@ def test_bf16_clean_cases_pass_and_controls_are_still_detected(tmp_path):
         assert case["status"] == "pass" and case["dtype"] == "bf16"
         own = max(d["single_device_error"] for d in forward["data"]["per_rank"].values())
         assert 1e-4 < own < 5e-2 and forward["max_abs"] <= 2 * own + 1e-2
+        for check in case["checks"]:
+            if check["id"] in ("parity.forward", "parity.grads"):  # grads: the parameter furthest over its bound
+                assert all(d["ratio"] <= 1 for d in check["data"]["per_rank"].values()), (layout, check)
     assert run.report["summary"]["missed"] == 0 and run.report["summary"]["detected"] >= 10
+    tripped = [c for case in run.report["cases"] if case["control"] for c in case["checks"]
+               if c["id"] in ("parity.forward", "parity.grads") and c["status"] == "fail" and c["data"]]
+    assert tripped and all(max(d["ratio"] for d in c["data"]["per_rank"].values()) > 1 for c in tripped)
 
 
 def test_the_other_fixtures_pass_every_layout_they_take(tmp_path):

@@ -18,6 +18,9 @@ def test_bound_is_a_multiple_of_the_single_device_error(own, ratio):
     bound = BOUND_FACTOR * own + FLOOR * 1.0
     assert result.data["single_device_error"] == pytest_approx(own)
     assert (result.status == Status.PASS) == (own * ratio <= bound + 1e-12)
+    # The reported ratio is the error over the bound it was judged by: at most 1 when it passes.
+    assert result.data["ratio"] == pytest_approx(result.max_abs / result.data["bound"])
+    assert result.data["ratio"] <= 1 if result.status == Status.PASS else result.data["ratio"] >= 1
 
 
 def test_a_parallel_run_as_accurate_as_one_device_passes_and_reports_both_errors():
