@@ -131,6 +131,11 @@ def parse_cp_options(text: str) -> tuple:
     return tuple(sorted(options.items()))
 
 
+def options_text(cp_options) -> str:
+    """((name, value), ...) -> `name=value,...`, sorted: what `parse_cp_options` reads back."""
+    return ",".join(f"{k}={v}" for k, v in sorted(cp_options))
+
+
 def load_factory(path: str):
     """Import `module:function`; a module may also be a file path (`tests/my_spec.py:make`)."""
     module_name, sep, function = path.rpartition(":")
@@ -163,7 +168,11 @@ def call_factory(path: str, variant: str = "base", shape: Shape | None = None):
     `(model_class, init_dict, inputs)`."""
     try:
         factory = load_factory(path)
-        kwargs = dict({"variant": variant} if variant != "base" else {}, **({"shape": shape} if shape else {}))
+        kwargs = {}
+        if variant != "base":
+            kwargs["variant"] = variant
+        if shape:
+            kwargs["shape"] = shape
         result = factory(**kwargs)
     except SpecError:
         raise

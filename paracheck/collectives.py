@@ -24,6 +24,7 @@ that notes whether the call was dispatched with a parallel config, which is how 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -68,7 +69,6 @@ _NOT_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd", "barrier", "monitore
 #: Kinds that move the KV around a ring group.
 _KV_KINDS = ("all_gather", "permute", "send", "recv")
 
-Group = tuple  # ranks of a process group, or None when unknown
 Ops = Counter  # (kind, group) -> count
 
 
@@ -212,6 +212,7 @@ class _Recorder:
             self.counts.attention[CallShape.of(parallel_config is not None, ops)] += 1
 
 
+@functools.cache  # one class for every count: a rank counts every case's forward
 def _make_mode():
     import torch
     from torch.distributed.tensor import DTensor

@@ -82,6 +82,7 @@ def _targets(args, usage_error) -> list:
     from .explore import Target
     from .fitting import Unfittable, fit_init_dict
     from .fixtures_index import select
+    from .shapes import Shape
 
     layouts = parse_layouts(args.layouts, args.nproc, args.order)
     if args.spec:
@@ -97,7 +98,8 @@ def _targets(args, usage_error) -> list:
         if space is None:
             raise SpecError(f"--spec {factory!r}: explore needs a factory that takes shape= and has a `space` "
                             "attribute (a paracheck.shapes.Space); see docs/explore.md")
-        model_class, init, _ = call_factory(factory)
+        # Built at its plainest shape now, so a factory that takes no shape= fails here (exit 2), not on every draw.
+        model_class, init, _ = call_factory(factory, shape=Shape())
         fits = []
         for layout in layouts:
             try:

@@ -11,10 +11,10 @@ import hashlib
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass
 
-from .case import Case
-from .known import options_text
+from .case import Case, options_text
 from .protocol import write_json
 
 INDEX = "found.json"
@@ -63,17 +63,13 @@ def write(out: str, found: Found, nproc: int, backend: str | None, no_known: boo
 
 
 def replay_command(case: Case, spec: str, nproc: int, backend: str | None, no_known: bool) -> str:
-    parts = ["paracheck", "run", "--spec", spec, "--layouts", case.layout.name, "--nproc", str(nproc),
-             "--dtype", case.dtype]
-    if case.layout.order != "cp-fastest":
-        parts += ["--order", case.layout.order]
-    if case.cp_options:
-        parts += ["--cp-options", options_text(case.cp_options)]
-    if backend:
-        parts += ["--backend", backend]
-    if no_known:
-        parts += ["--known-failures", "none"]
-    return " ".join(parts)
+    """`paracheck run` on the spec file, with the options that pick this case out (`report.case_options`)."""
+    from .report import case_options
+
+    parts = ["paracheck", "run", "--spec", spec, "--layouts", case.layout.name, "--nproc", str(nproc)]
+    parts += case_options(case) + (["--backend", backend] if backend else [])
+    parts += ["--known-failures", "none"] if no_known else []
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 def _spec_text(found: Found, function: str, command: str, versions: dict) -> str:

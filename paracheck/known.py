@@ -22,6 +22,7 @@ import os
 import tomllib
 from dataclasses import dataclass, fields
 
+from .case import options_text
 from .records import CaseStatus, CheckId, Status
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "known_failures.toml")
@@ -52,17 +53,8 @@ class KnownFailure:
                   "cp_options": (options_text(c.cp_options),)}
         return all(any(fnmatch.fnmatchcase(v, getattr(self, key)) for v in values[key]) for key in _MATCHED)
 
-    def explains(self, verdict) -> bool:
-        """Whether this entry covers the way `verdict` failed."""
-        if not self.matches_case(verdict) or not self._message_matches(verdict):
-            return False
-        if self.check == "*":
-            return True
-        if self.check == "error":
-            return verdict.status == CaseStatus.ERROR
-        return CheckId(self.check) in verdict.failing_checks
-
-    def _message_matches(self, verdict) -> bool:
+    def message_matches(self, verdict) -> bool:
+        """Whether `message` matches the case's reason or the named check's detail ("*" matches anything)."""
         if self.message == "*":
             return True
         failing = verdict.check(CheckId(self.check)) if self.check not in ("*", "error") else None
@@ -82,10 +74,6 @@ class KnownFailure:
     @property
     def text(self) -> str:
         return self.reason + (f" [{self.upstream}]" if self.upstream else "")
-
-
-def options_text(cp_options) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(cp_options))
 
 
 def load(path: str | None) -> list[KnownFailure]:
@@ -137,7 +125,7 @@ def apply(verdicts: list, entries: list[KnownFailure]) -> None:
 
 def _explaining(verdict, matching: list[KnownFailure]) -> list[KnownFailure]:
     """The entries that together explain every failing check (or the raise); empty when one is unexplained."""
-    matching = [e for e in matching if e._message_matches(verdict)]
+    matching = [e for e in matching if e.message_matches(verdict)]
     whole = [e for e in matching if e.check == "*" or (e.check == "error" and verdict.status == CaseStatus.ERROR)]
     if whole:
         return whole[:1]

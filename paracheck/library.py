@@ -98,12 +98,14 @@ def cp_options_refused(layout, cp_options: tuple) -> str | None:
     """The library's own words refusing these context-parallel options on `layout`; None when it takes them."""
     from diffusers.models._modeling_parallel import ContextParallelConfig
 
+    from .case import options_text
+
     if not layout.has_cp or not cp_options:
         return None
     try:
         ContextParallelConfig(ring_degree=layout.ring, ulysses_degree=layout.ulysses, **dict(cp_options))
     except (ValueError, NotImplementedError, TypeError) as exc:
-        return f"diffusers refuses {', '.join(f'{k}={v}' for k, v in cp_options)} on {layout}: {exc}"
+        return f"diffusers refuses {options_text(cp_options)} on {layout}: {exc}"
     return None
 
 

@@ -7,7 +7,7 @@ import shlex
 from xml.sax.saxutils import escape, quoteattr
 
 from .attribution import ranks_named, ranks_text
-from .case import cp_options_for
+from .case import Case, cp_options_for, options_text
 from .records import CaseStatus, CheckId, Status
 from .verdict import Verdict
 
@@ -34,7 +34,12 @@ def replay_command(v: Verdict, argv_extra: list[str]) -> str:
     c = v.case
     args = ["paracheck", "run", "--layouts", c.layout.name, "--route", v.route.value, *argv_extra]
     args += ["--models", c.model] if c.factory.startswith("paracheck.fixtures:") else ["--spec", c.factory]
-    args += ["--variants", c.variant]
+    return " ".join(shlex.quote(a) for a in args + case_options(c))
+
+
+def case_options(c: Case) -> list[str]:
+    """The `paracheck run` options that pick case `c` out of its model's cases, other than `--layouts`."""
+    args = ["--variants", c.variant]
     if c.dtype != "fp32":
         args += ["--dtype", c.dtype]
     if c.attention_backend != "auto":
@@ -44,8 +49,8 @@ def replay_command(v: Verdict, argv_extra: list[str]) -> str:
     if c.layout.order != "cp-fastest":
         args += ["--order", c.layout.order]
     if c.cp_options != cp_options_for(c.variant, c.layout):
-        args += ["--cp-options", ",".join(f"{k}={v}" for k, v in c.cp_options)]
-    return " ".join(shlex.quote(a) for a in args)
+        args += ["--cp-options", options_text(c.cp_options)]
+    return args
 
 
 def _columns(verdicts: list[Verdict]) -> list[CheckId]:

@@ -9,7 +9,7 @@ shape travels inside a case and into a found case's replay file.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 #: `Shape.padded` value of the named `masked` variant: sample 0 unmasked, the last third of sample 1's text.
 THIRD = -3
@@ -91,9 +91,6 @@ class Shape:
         if self.uneven:
             return "uneven"
         return "batch2" if self.batch > 1 else "base"
-
-    def with_lengths(self, **lengths: int) -> "Shape":
-        return replace(self, lengths=tuple({**dict(self.lengths), **lengths}.items()))
 
     def to_json(self) -> dict:
         return {"batch": self.batch, "lengths": dict(self.lengths), "uneven": self.uneven,

@@ -10,6 +10,7 @@ DTensor's mesh coordinate implies.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -66,8 +67,9 @@ def _arg(args, kwargs, name: str, index: int, default=None):
     return kwargs.get(name, args[index] if len(args) > index else default)
 
 
+@functools.cache
 def ledger_class():
-    """The `ShardLedger` class (a `TorchDispatchMode`; built on first use so importing this needs no mode)."""
+    """The `ShardLedger` class (a `TorchDispatchMode`; built once, on first use, so importing this needs no mode)."""
     from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.weak import WeakTensorKeyDictionary

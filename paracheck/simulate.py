@@ -36,7 +36,7 @@ from .fakeworld import build_meta, fake_world, meta_inputs, quiet
 from .fitting import HEADS_KEY, Unfittable, cp_split_problems, fit_init_dict, init_value
 from .layout import Layout, layouts_for
 from .records import CheckId, CheckResult, Route, Status
-from .shardledger import check_tp_shards_meta, ledger_class
+from .shardledger import check_tp_shards_meta, shard_ledger
 
 MAX_WORLD = 128
 ROUTES = ("auto", "native", "composed")
@@ -195,7 +195,7 @@ def _simulate_rank(s: _Setup):
 
 def _ledger(s: _Setup, model):
     """A shard ledger that knows the planned parameters of `model` and of the template controls plant from."""
-    ledger = ledger_class()()
+    ledger = shard_ledger()
     for source in (model, s.template):
         for name, param in source.named_parameters():
             if name in s.specs:

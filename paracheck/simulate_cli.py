@@ -135,7 +135,7 @@ def _print_results(name, model_class, init_dict, backend, results, args, route) 
     print(table(results))
     for r in results:
         for check, failure in r.failures.items():
-            print(f"  {r.layout}: {check} fails on ranks {_ranks(failure['ranks'])}: {failure['detail']}")
+            print(f"  {r.layout}: {check} fails on {_ranks(failure['ranks'])}: {failure['detail']}")
         for note in r.notes:
             print(f"  {r.layout}: note: {note}")
 
@@ -181,9 +181,9 @@ def _exit_code(results, args) -> int:
 
 
 def _ranks(ranks) -> str:
-    from .attribution import ranks_text
+    from .attribution import ranks_named
 
-    return ranks_text(ranks)
+    return ranks_named(ranks)
 
 
 # -- heads --------------------------------------------------------------------------------------------
@@ -236,7 +236,7 @@ def short_reason(result) -> str:
     """The table's reason: failing checks by rank (their details follow the table), or why not simulated."""
     if not result.failures:
         return result.reason
-    return "; ".join(f"{short_name(c)} fails on ranks {_ranks(f['ranks'])}" for c, f in result.failures.items())
+    return "; ".join(f"{short_name(c)} fails on {_ranks(f['ranks'])}" for c, f in result.failures.items())
 
 
 def _cell(result, check: str) -> str:
