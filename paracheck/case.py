@@ -194,14 +194,22 @@ def call_factory(path: str, variant: str = "base", shape: Shape | None = None):
 
 
 def _import_file(path: str):
+    """The module at `path`, run once per process as an import would be: explore calls a factory per
+    draw, and a spec's own caches (a class built once) must survive between calls."""
     if not os.path.exists(path):
         raise SpecError(f"--spec: file {path!r} does not exist")
-    name = "paracheck_spec_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    where = os.path.abspath(path)
+    if where not in _FILES:
+        name = "paracheck_spec_" + os.path.splitext(os.path.basename(path))[0]
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        _FILES[where] = module
+    return _FILES[where]
+
+
+_FILES: dict = {}  # absolute path -> module
 
 
 def _shape(value) -> str:

@@ -93,7 +93,7 @@ def _sometimes(one_in: int) -> st.SearchStrategy:
 def probe(draw: Draw, attention_backend: str = "auto") -> Case | None:
     """The case to run for `draw`, or None when it cannot run (the launcher asks, not the ranks)."""
     from . import library
-    from .case import call_factory
+    from .case import call_factory, cp_options_for
     from .fitting import Unfittable, cp_split_problems, cp_split_sizes, fit_init_dict
 
     layout = draw.layout
@@ -105,11 +105,8 @@ def probe(draw: Draw, attention_backend: str = "auto") -> Case | None:
         return None
     if any(size < layout.cp for _, size in cp_split_sizes(model_class, inputs).values()):
         return None  # fewer tokens than ranks: outside what any mode claims to take
-    options = dict(draw.options)
-    if draw.uneven:
-        options.update({name: True for name, degree in (("ulysses_anything", layout.ulysses),
-                                                        ("ring_anything", layout.ring)) if degree > 1})
-    options = tuple(sorted(options.items()))
+    modes = cp_options_for("uneven" if draw.uneven else "base", layout)  # uneven lengths run as the variant does
+    options = tuple(sorted(dict(draw.options, **dict(modes)).items()))
     if library.cp_options_refused(layout, options):
         return None
     try:
@@ -187,7 +184,7 @@ class Explorer:
         """One hypothesis run for one new failure; returns the new cases it ran before finding one."""
         state = {"target": None, "last": None, "generated": 0, "shrinking": 0}
 
-        @settings(max_examples=max(1, examples), database=None, deadline=None, derandomize=False,
+        @settings(max_examples=max(1, examples), database=None, deadline=None,
                   suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
                   report_multiple_bugs=False, verbosity=Verbosity.quiet, print_blob=False)
         @hypothesis_seed(seed)
