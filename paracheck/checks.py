@@ -318,7 +318,7 @@ def check_collectives(ctx: CheckContext) -> CheckResult:
         return CheckResult(CheckId.COLLECTIVES, Status.SKIP, "the forward raised, so its collectives are incomplete")
     if ctx.collectives is None:
         return CheckResult(CheckId.COLLECTIVES, Status.SKIP, "the forward's collectives were not counted")
-    return collectives.verdict(ctx.collectives, ctx.layout, ctx.rank)
+    return collectives.verdict(ctx.collectives, ctx.layout)
 
 
 # -- numbers -----------------------------------------------------------------------------------

@@ -144,7 +144,7 @@ def build_cases(args, backend) -> list[Case]:
         raise UsageError("--models with --spec: --models names bundled fixtures; give one or the other")
     if args.spec:
         built = {spec: call_factory(spec) for spec in args.spec}  # fail fast, exit 2, before any rank starts
-        models = _spec_names(args.spec)
+        models = spec_names(args.spec)
     else:
         try:
             models = select(args.models)
@@ -184,7 +184,7 @@ def _offered(model: str, factory: str) -> tuple[str, ...]:
     return factory_variants(factory)
 
 
-def _spec_names(specs: list[str]) -> list[tuple[str, str]]:
+def spec_names(specs: list[str]) -> list[tuple[str, str]]:
     """A spec's model name is its function's name, or module:function where two functions share one."""
     short = [spec.rpartition(":")[2] for spec in specs]
     return [(name if short.count(name) == 1 else os.path.basename(spec), spec) for name, spec in zip(short, specs)]
@@ -203,7 +203,7 @@ def _check_fits(models: list[tuple[str, str]], layouts: list[Layout], built: dic
                 raise UsageError(f"--layouts {layout.name} with {name}: {exc}") from exc
 
 
-def _check_writable(path: str | None, flag: str) -> None:
+def check_writable(path: str | None, flag: str) -> None:
     if not path:
         return
     folder = os.path.dirname(os.path.abspath(path))
@@ -219,8 +219,8 @@ def run(args) -> int:
     backend = resolve(args.backend)
     cases = build_cases(args, backend)
     entries = known.load(known.SHIPPED if args.known_failures is None else args.known_failures)
-    _check_writable(args.report_json, "--report-json")
-    _check_writable(args.junit, "--junit")
+    check_writable(args.report_json, "--report-json")
+    check_writable(args.junit, "--junit")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from .torchrun import run_as_rank
 

@@ -355,8 +355,8 @@ class _Judge:
                 self.problems.append(f"{n} all-reduce over the {'/'.join(roles)} group {list(members)}")
 
 
-def verdict(counts: Counts, layout: Layout, rank: int | None = None) -> CheckResult:
-    """`structure.collectives` for one rank, from its counts alone."""
-    problems = _Judge(counts, layout, counts.rank if rank is None else rank).judge()
+def verdict(counts: Counts, layout: Layout) -> CheckResult:
+    """`structure.collectives` for the rank that made `counts`, from its counts alone."""
+    problems = _Judge(counts, layout, counts.rank).judge()
     return CheckResult(CHECK_ID, Status.FAIL if problems else Status.PASS,
                        "; ".join(problems) if problems else counts.summary(), data=counts.to_json())

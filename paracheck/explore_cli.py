@@ -6,7 +6,6 @@ Usage errors import no torch; everything after them does (explore builds inputs 
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import sys
@@ -70,8 +69,9 @@ def _check(args, usage_error) -> list[str]:
         raise usage_error(f"--dtype {args.dtype!r}: {', '.join(bad)}: dtypes are {', '.join(DTYPES)}")
     if args.spec and args.models != "all":
         raise usage_error("--models with --spec: --models names bundled fixtures; give one or the other")
-    if args.report_json and not os.path.isdir(os.path.dirname(os.path.abspath(args.report_json))):
-        raise usage_error(f"--report-json {args.report_json}: its folder does not exist")
+    from .cli import check_writable
+
+    check_writable(args.report_json, "--report-json")
     args.seed = random.randrange(2 ** 16) if args.seed is None else args.seed
     return dtypes
 
@@ -86,7 +86,9 @@ def _targets(args, usage_error) -> list:
 
     layouts = parse_layouts(args.layouts, args.nproc, args.order)
     if args.spec:
-        named = [(spec.rpartition(":")[2], spec) for spec in args.spec]
+        from .cli import spec_names
+
+        named = spec_names(args.spec)
     else:
         try:
             named = select(args.models)

@@ -219,7 +219,7 @@ def _forward_collectives(model, inputs: dict, layout: Layout):
                     tensor.wait()  # an AsyncCollectiveTensor from the output gather: settle it
     except Exception as exc:
         return CheckResult(CheckId.COLLECTIVES, Status.FAIL, f"forward on meta raised {type(exc).__name__}: {exc}"), None
-    return verdict(counts, layout, rank), counts
+    return verdict(counts, layout), counts
 
 
 # -- one layout -------------------------------------------------------------------------------------

@@ -123,9 +123,9 @@ def _validated(args, usage_error):
     if args.heads is not None and args.heads < 1:
         raise usage_error(f"--heads {args.heads}: must be >= 1")
     if args.report_json:
-        from .cli import _check_writable
+        from .cli import check_writable
 
-        _check_writable(args.report_json, "--report-json")
+        check_writable(args.report_json, "--report-json")
     return backends, route
 
 
