@@ -136,20 +136,10 @@ def _check_attention_backend(name: str) -> None:
 
 
 def build_cases(args, backend) -> list[Case]:
-    from .fixtures_index import select
-
     layouts = _check_options(args, backend)
-    built = {}
-    if args.spec and args.models != "all":
-        raise UsageError("--models with --spec: --models names bundled fixtures; give one or the other")
-    if args.spec:
-        built = {spec: call_factory(spec) for spec in args.spec}  # fail fast, exit 2, before any rank starts
-        models = spec_names(args.spec)
-    else:
-        try:
-            models = select(args.models)
-        except ValueError as e:
-            raise UsageError(f"--models {e}") from None
+    models = named_models(args)
+    # fail fast, exit 2, before any rank starts
+    built = {spec: call_factory(spec) for spec in args.spec} if args.spec else {}
     if args.layouts.strip() != "all" and (args.spec or args.models != "all"):
         _check_fits(models, layouts, built)
     # Every control on every layout: one that cannot apply is reported as skipped, with the reason.
@@ -182,6 +172,20 @@ def _offered(model: str, factory: str) -> tuple[str, ...]:
     if FIXTURES.get(model) == factory:
         return FIXTURE_VARIANTS.get(model, ("base",))
     return factory_variants(factory)
+
+
+def named_models(args) -> list[tuple[str, str]]:
+    """(name, factory) for each model `--models` or `--spec` asks for (run and explore)."""
+    from .fixtures_index import select
+
+    if args.spec and args.models != "all":
+        raise UsageError("--models with --spec: --models names bundled fixtures; give one or the other")
+    if args.spec:
+        return spec_names(args.spec)
+    try:
+        return select(args.models)
+    except ValueError as e:
+        raise UsageError(f"--models {e}") from None
 
 
 def spec_names(specs: list[str]) -> list[tuple[str, str]]:

@@ -67,8 +67,6 @@ def _check(args, usage_error) -> list[str]:
     bad = [d for d in dtypes if d not in DTYPES] or ([] if dtypes else ["(empty)"])
     if bad:
         raise usage_error(f"--dtype {args.dtype!r}: {', '.join(bad)}: dtypes are {', '.join(DTYPES)}")
-    if args.spec and args.models != "all":
-        raise usage_error("--models with --spec: --models names bundled fixtures; give one or the other")
     from .cli import check_writable
 
     check_writable(args.report_json, "--report-json")
@@ -81,19 +79,11 @@ def _targets(args, usage_error) -> list:
     from .case import call_factory
     from .explore import Target
     from .fitting import Unfittable, fit_init_dict
-    from .fixtures_index import select
+    from .cli import named_models
     from .shapes import Shape
 
     layouts = parse_layouts(args.layouts, args.nproc, args.order)
-    if args.spec:
-        from .cli import spec_names
-
-        named = spec_names(args.spec)
-    else:
-        try:
-            named = select(args.models)
-        except ValueError as e:
-            raise usage_error(f"--models {e}") from None
+    named = named_models(args)
     targets = []
     for name, factory in named:
         space = getattr(load_factory(factory), "space", None)
