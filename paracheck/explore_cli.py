@@ -140,8 +140,8 @@ class _Lines:
         from .explore import signature
         from .records import CheckId
 
-        new = signature(verdict) is not None
-        if self.quiet and not new:
+        failing = signature(verdict) is not None
+        if self.quiet and not failing:
             return
         forward = verdict.check(CheckId.FORWARD)
         figure = f"max_abs {forward.max_abs:.1e}" if forward is not None and forward.max_abs is not None else ""
