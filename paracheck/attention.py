@@ -1,19 +1,20 @@
-"""A plain-torch attention that returns its log-sum-exp, registered as a scoped diffusers backend so ring runs on gloo.
+"""Which attention backend a case runs, the faults planted in it, and the kit's own CPU op for ring.
 
-diffusers' ring attention merges per-chunk results with their log-sum-exp (LSE); its only CPU backend
-("native") refuses `return_lse=True`, so without this module every ring layout is skipped on CPU. Here:
-
-- `forward_op` / `backward_op`: the op pair diffusers' templated ring and Ulysses code calls, in the
-  library's (B, S, H, D) layout with LSE as (B, S, H) float32. Both compute in float32 whatever the
-  input dtype (bf16 in, bf16 out; LSE always float32), so a bf16 result is the float32 one rounded once.
-  (Under ring, diffusers casts the merged output to the input dtype before the backward reads it.)
-- `cpu_lse_attention()`: registers the pair under `BACKEND` and makes it the active backend, only
-  inside a `with` block; `fault=` plants one of `FAULTS` (negative controls): two ring-only bugs, and a
-  backend that ignores the context-parallel config it is handed.
+- `choose()`: diffusers' own backend wherever one can run the layout on the device (`native` for TP and
+  Ulysses, on CPU too); the kit's op only where none can (ring on CPU: diffusers' only CPU backend,
+  "native", refuses `return_lse=True`, which ring's merge needs).
+- `fault_scope()`: plants one of `FAULTS` (negative controls) in whichever backend runs: two ring bugs
+  in the op pair handed to the library's templated ring code, and a backend that ignores the
+  context-parallel config it is handed (always, or only when no gradient is recorded).
+- `forward_op` / `backward_op`: the kit's op pair, in the library's (B, S, H, D) layout with LSE as
+  (B, S, H) float32. Both compute in float32 whatever the input dtype (bf16 in, bf16 out; LSE always
+  float32), so a bf16 result is the float32 one rounded once. (Under ring, diffusers casts the merged
+  output to the input dtype before the backward reads it.) `cpu_lse_attention()` registers them under
+  `BACKEND` and makes it the active backend, only inside a `with` block.
 - `reversed_ring_rotation()`: test-only, hand-applies the fix for diffusers 0.42.1's ring backward
   rotation (see docs/upstream/ring_backward_rotation.md).
 
-The registry it plugs into is diffusers' private state, reached only through `library`.
+The registry and the templated machinery are diffusers' private state, reached only through `library`.
 """
 
 from __future__ import annotations
@@ -131,62 +132,98 @@ def _chunk_grads(grad_out, q, k, v, out, lse, attn_mask, scale):
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-# -- planted ring bugs ---------------------------------------------------------------------------
-# Both key off what only the ring loop does: it calls the forward with `_save_ctx=False` after its
-# first step, and it alone hands the backward a visiting key/value. Ulysses-only and single-device
-# runs never hit either, so the faults are inert at ring degree 1.
+# -- planted backend faults ----------------------------------------------------------------------
+# Each fault is planted in whichever backend the case runs (diffusers' own or this module's), at one of
+# the two seams every context-parallel backend shares: the op pair a backend hands the library's
+# templated ring/Ulysses machinery (the ring faults), and the backend function the dispatcher calls with
+# the parallel config (the config faults). Single-device runs never reach either with a config.
 
 
-def _drop_ring_merge_forward_op(ctx, *args, _save_ctx=True, **kwargs):
-    """Every visiting chunk reports lse = -inf, so the merge keeps only the rank's own chunk."""
-    result = forward_op(ctx, *args, _save_ctx=_save_ctx, **kwargs)
-    if _save_ctx or not isinstance(result, tuple):
-        return result
-    out, lse = result
-    return out, torch.full_like(lse, float("-inf"))
+def _drop_ring_merge(forward, backward):
+    """Every visiting chunk reports lse = -inf, so the merge keeps only the rank's own chunk. Only the
+    ring loop calls the forward op with `_save_ctx=False` (after its first step)."""
+
+    def forward_op(ctx, *args, _save_ctx=True, **kwargs):
+        result = forward(ctx, *args, _save_ctx=_save_ctx, **kwargs)
+        if _save_ctx or not isinstance(result, tuple):
+            return result
+        out, lse = result
+        return out, torch.full_like(lse, float("-inf"))
+
+    return forward_op, backward
 
 
-def _stale_kv_backward_op(ctx, grad_out, *args, key=None, value=None, **kwargs):
-    """Ignores the visiting chunk and reuses the saved (first, local) one at every ring step."""
-    return backward_op(ctx, grad_out, *args, **kwargs)
+def _stale_kv_backward(forward, backward):
+    """The backward ignores the visiting chunk the ring hands it and reuses the saved (local) one."""
+
+    def backward_op(ctx, grad_out, *args, key=None, value=None, **kwargs):
+        return backward(ctx, grad_out, *args, **kwargs)
+
+    return forward, backward_op
 
 
-def _ops(fault):
-    if fault in (None, "ignore-cp-config"):
-        return forward_op, backward_op
-    if fault == "stale-kv-backward":
-        return forward_op, _stale_kv_backward_op
-    if fault == "drop-ring-merge":
-        return _drop_ring_merge_forward_op, backward_op
-    raise ValueError(f"fault {fault!r}: must be None or one of {', '.join(FAULTS)}")
+def _always() -> bool:
+    return True
 
 
-# -- the backend and its scope --------------------------------------------------------------------
+def _no_grad() -> bool:
+    return not torch.is_grad_enabled()
 
 
-def _backend(fault):
-    forward, backward = _ops(fault)
-    # The shape of a kernel that bypasses the library's context-parallel path: handed the CP config, it
-    # attends this rank's own shard (no all-to-all, no KV gather) and raises nothing.
-    honours_cp = fault != "ignore-cp-config"
+#: fault -> wraps (forward_op, backward_op) handed to the templated CP machinery.
+_OP_FAULTS = {"stale-kv-backward": _stale_kv_backward, "drop-ring-merge": _drop_ring_merge}
+#: fault -> when the backend drops the parallel config it is handed (attends this rank's shard alone:
+#: no all-to-all, no KV gather, no error), the shape of a kernel that bypasses the CP path.
+_CONFIG_FAULTS = {"ignore-cp-config": _always, "ignore-cp-config-no-grad": _no_grad}
+FAULTS = (*_OP_FAULTS, *_CONFIG_FAULTS)
 
-    def paracheck_cpu_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                          enable_gqa=False, return_lse=False, _parallel_config=None):
-        from .library import templated_context_parallel_attention
 
-        # As the native backend does before SDPA: a (batch, keys) mask means "per key", not (queries, keys).
-        if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape == (query.shape[0], key.shape[1]):
-            attn_mask = attn_mask[:, None, None, :]
-        if _parallel_config is None or not honours_cp:
-            _refuse(dropout_p, is_causal, enable_gqa)
-            out, lse = attend(query, key, value, attn_mask, scale)
-            return (out, lse) if return_lse else out
-        return templated_context_parallel_attention(
-            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
-            forward_op=forward, backward_op=backward, _parallel_config=_parallel_config,
-        )
+@contextlib.contextmanager
+def fault_scope(fault: str | None):
+    """Inside the block, `fault` (one of `FAULTS`) is planted in every registered attention backend;
+    None plants nothing. Enter it inside the backend's own scope, so a backend registered for the case
+    is faulted too. On exit, also on error, the library is as it was."""
+    from . import library
 
-    return paracheck_cpu_lse
+    if fault is None:
+        yield
+    elif fault in _OP_FAULTS:
+        with library.templated_ops(_OP_FAULTS[fault]):
+            yield
+    elif fault in _CONFIG_FAULTS:
+        when = _CONFIG_FAULTS[fault]
+        with library.wrapped_backends(lambda fn: _dropping_config(fn, when)):
+            yield
+    else:
+        raise ValueError(f"fault {fault!r}: must be None or one of {', '.join(FAULTS)}")
+
+
+def _dropping_config(fn, when):
+    def call(*args, **kwargs):
+        if when():
+            kwargs["_parallel_config"] = None
+        return fn(*args, **kwargs)
+    return call
+
+
+# -- this module's backend and its scope -----------------------------------------------------------
+
+
+def paracheck_cpu_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                      enable_gqa=False, return_lse=False, _parallel_config=None):
+    from .library import templated_context_parallel_attention
+
+    # As the native backend does before SDPA: a (batch, keys) mask means "per key", not (queries, keys).
+    if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape == (query.shape[0], key.shape[1]):
+        attn_mask = attn_mask[:, None, None, :]
+    if _parallel_config is None:
+        _refuse(dropout_p, is_causal, enable_gqa)
+        out, lse = attend(query, key, value, attn_mask, scale)
+        return (out, lse) if return_lse else out
+    return templated_context_parallel_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+        forward_op=forward_op, backward_op=backward_op, _parallel_config=_parallel_config,
+    )
 
 
 @contextlib.contextmanager
@@ -194,14 +231,12 @@ def cpu_lse_attention(fault: str | None = None):
     """Inside the block, attention dispatched with no explicit backend runs `forward_op`/`backward_op`.
 
     That covers single-device calls and diffusers' templated ring, Ulysses and unified ring x Ulysses
-    paths (whose library code runs unchanged). `fault` plants a ring-only bug, "stale-kv-backward"
-    (forward exact, ring gradients wrong; diffusers #14265's shape) or "drop-ring-merge" (ring forward
-    attends only the local KV chunk), or "ignore-cp-config" (every context-parallel call attends this
-    rank's shard alone, Ulysses and ring). On exit, also on error, the registry is as it was found.
-    Processors with an explicit `_attention_backend` bypass the active backend and are not affected."""
+    paths (whose library code runs unchanged); `fault` plants one of `FAULTS` (see `fault_scope`). On
+    exit, also on error, the registry is as it was found. Processors with an explicit
+    `_attention_backend` bypass the active backend and are not affected."""
     from . import library
 
-    with library.active_attention_backend(_Name.CPU_LSE, _backend(fault)):
+    with library.active_attention_backend(_Name.CPU_LSE, paracheck_cpu_lse), fault_scope(fault):
         yield _Name.CPU_LSE
 
 
@@ -247,15 +282,16 @@ GPU_RING_ORDER = ("_native_cudnn", "_native_flash", "flash", "sage")
 
 
 def choose(requested: str, device_type: str, layout) -> tuple[str | None, str | None]:
-    """(the backend a case runs, None) or (None, why the case cannot run). `auto`: this module's op on
-    CPU; on accelerators the library's default, or for ring the first usable backend returning the LSE."""
+    """(the backend a case runs, None) or (None, why the case cannot run). `auto`: the library's own
+    `native` wherever the layout has no ring; for ring, on CPU this module's op (no diffusers backend
+    returns the log-sum-exp there), on accelerators the first usable backend that returns it."""
     from . import library
 
     if requested == "auto":
-        if device_type == "cpu":
-            return BACKEND, None
         if layout.ring == 1:
             return "native", None
+        if device_type == "cpu":
+            return BACKEND, None
         usable = [n for n in GPU_RING_ORDER if library.attention_backend_problem(n) is None]
         if usable:
             return usable[0], None
@@ -273,12 +309,12 @@ def choose(requested: str, device_type: str, layout) -> tuple[str | None, str | 
 
 @contextlib.contextmanager
 def scope(name: str, fault: str | None = None):
-    """Run attention with backend `name` inside the block (`fault` only for this module's op)."""
+    """Run attention with backend `name` inside the block, `fault` (one of `FAULTS`) planted in it."""
     from . import library
 
     if name == BACKEND:
         with cpu_lse_attention(fault):
             yield
     else:
-        with library.named_attention_backend(name):
+        with library.named_attention_backend(name), fault_scope(fault):
             yield

@@ -49,6 +49,10 @@ class CheckContext:
     #: The collectives the parallel forward issued on this rank (`collectives.Counts`), when counted.
     collectives: object | None = None
     backward_error: str | None = None
+    #: The inference pass: the same forward under `torch.no_grad()`, as pipelines call a model.
+    inference_out: torch.Tensor | None = None
+    inference_error: str | None = None
+    inference_collectives: object | None = None
 
     @property
     def layout(self):
@@ -312,13 +316,27 @@ def _shard_problems(name: str, param, ref_param, spec, ctx: CheckContext) -> lis
 
 @check(CheckId.COLLECTIVES)
 def check_collectives(ctx: CheckContext) -> CheckResult:
+    """Both passes, training and inference, issue the collectives the layout needs; the training pass's
+    counts are the check's data, the inference pass's go under `data["no_grad"]`."""
     from . import collectives
 
-    if ctx.forward_error:
-        return CheckResult(CheckId.COLLECTIVES, Status.SKIP, "the forward raised, so its collectives are incomplete")
-    if ctx.collectives is None:
-        return CheckResult(CheckId.COLLECTIVES, Status.SKIP, "the forward's collectives were not counted")
-    return collectives.verdict(ctx.collectives, ctx.layout)
+    passes = [("", ctx.collectives, ctx.forward_error), ("inference pass: ", ctx.inference_collectives,
+                                                          ctx.inference_error)]
+    results = []
+    for label, counts, raised in passes:
+        if raised:
+            return CheckResult(CheckId.COLLECTIVES, Status.SKIP, f"{label}the forward raised, so its collectives "
+                               "are incomplete")
+        if counts is None:
+            return CheckResult(CheckId.COLLECTIVES, Status.SKIP, f"{label}the forward's collectives were not counted")
+        results.append((label, collectives.verdict(counts, ctx.layout)))
+    (_, training), (label, inference) = results
+    if inference.status == Status.FAIL and training.status == Status.PASS:
+        training.status, training.detail = Status.FAIL, label + inference.detail
+    elif inference.status == Status.FAIL and inference.detail != training.detail:
+        training.detail += f"; {label}{inference.detail}"
+    training.data["no_grad"] = inference.data
+    return training
 
 
 # -- numbers -----------------------------------------------------------------------------------
@@ -329,6 +347,16 @@ def check_forward(ctx: CheckContext) -> CheckResult:
     if ctx.forward_error:
         return CheckResult(CheckId.FORWARD, Status.FAIL, f"forward raised {ctx.forward_error}")
     return compare(CheckId.FORWARD, ctx.out, ctx.ref_out, ctx.atol, ctx.rtol, expected32=ctx.ref_out32)
+
+
+@check(CheckId.INFERENCE)
+def check_inference(ctx: CheckContext) -> CheckResult:
+    """The forward under `torch.no_grad()` against the same reference, by the same rule as the forward:
+    backends and TP layers branch on whether a gradient is recorded."""
+    if ctx.inference_error:
+        return CheckResult(CheckId.INFERENCE, Status.FAIL, f"forward under no_grad raised {ctx.inference_error}")
+    return compare(CheckId.INFERENCE, ctx.inference_out, ctx.ref_out, ctx.atol, ctx.rtol, what="no-grad output",
+                   expected32=ctx.ref_out32)
 
 
 def grads_skip_reason(ctx: CheckContext) -> str | None:

@@ -195,16 +195,28 @@ def spec_names(specs: list[str]) -> list[tuple[str, str]]:
 
 
 def _check_fits(models: list[tuple[str, str]], layouts: list[Layout], built: dict) -> None:
-    """A model and layout both named on the command line must fit; from `all`, misfits are skipped instead."""
+    """Named models crossed with named layouts: the pairs that do not fit run as skips with the reason,
+    but a named layout that fits none of the models, or a model that takes none of the layouts, is a
+    usage error (nothing would run for it)."""
     from .fitting import Unfittable, fit_init_dict
 
+    misfits: dict[tuple[str, str], str] = {}
     for name, factory in models:
         model_class, init_dict, _ = built.get(factory) or call_factory(factory)
         for layout in layouts:
             try:
                 fit_init_dict(model_class, init_dict, layout)
             except Unfittable as exc:
-                raise UsageError(f"--layouts {layout.name} with {name}: {exc}") from exc
+                misfits[name, layout.name] = str(exc)
+    for name, _ in models:
+        if all((name, layout.name) in misfits for layout in layouts):
+            reasons = "; ".join(f"{layout.name}: {misfits[name, layout.name]}" for layout in layouts)
+            raise UsageError(f"--models {name} takes none of --layouts {','.join(l.name for l in layouts)} ({reasons})")
+    for layout in layouts:
+        if all((name, layout.name) in misfits for name, _ in models):
+            reasons = "; ".join(f"{name}: {misfits[name, layout.name]}" for name, _ in models)
+            raise UsageError(f"--layouts {layout.name} fits none of --models "
+                             f"{','.join(n for n, _ in models)} ({reasons})")
 
 
 def check_writable(path: str | None, flag: str) -> None:

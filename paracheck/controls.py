@@ -33,7 +33,8 @@ class Control:
     routes: tuple[Route, ...] | None = None
     #: A note for the report, given the checks that failed.
     note: Callable[[set], str] | None = None
-    #: A bug planted in paracheck's own CPU attention op (one of `attention.FAULTS`).
+    #: A bug planted in the attention backend the case runs, diffusers' own or the kit's
+    #: (one of `attention.FAULTS`).
     attention_fault: str | None = None
 
     def skip_reason(self, layout: Layout, route: Route | None = None) -> str | None:
@@ -158,6 +159,10 @@ def _numbers_stayed_right(failing: set) -> str:
     return "" if CheckId.FORWARD in failing else "the numbers stayed right: only the structure checks see this bug"
 
 
+def _training_pass_right(failing: set) -> str:
+    return "" if CheckId.FORWARD in failing else "the training forward stayed right: only the no-grad pass shows it"
+
+
 CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("skip-cp-hooks", "CP requested; hooks never registered, processors not told",
             (CheckId.CP_HOOKS, CheckId.PROCESSOR_CONFIG), _needs_cp, _skip_cp_hooks, note=_numbers_stayed_right),
@@ -180,6 +185,10 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("cp-attention-local", "the attention backend ignores the CP config it is handed and attends this "
             "rank's own shard: no all-to-all, no KV gather, no error", (CheckId.COLLECTIVES, CheckId.FORWARD),
             _needs_cp, attention_fault="ignore-cp-config"),
+    Control("inference-attention-local", "only when no gradient is recorded (how pipelines call a model), the "
+            "attention backend ignores the CP config and attends this rank's own shard; the training pass is "
+            "exact", (CheckId.INFERENCE, CheckId.COLLECTIVES), _needs_cp, attention_fault="ignore-cp-config-no-grad",
+            note=_training_pass_right),
 )}
 
 

@@ -219,15 +219,11 @@ def attention_backend_problem(name: str) -> str | None:
     return None
 
 
-@contextlib.contextmanager
 def observed_attention(observe):
     """Inside the block, every registered attention backend runs inside `observe(parallel_config)`, a
     context-manager factory given the config the call was dispatched with (None: a call on this rank's
     tensors alone). On exit, also on error, the registry holds the original functions again."""
     import functools
-
-    backends = _attention_registry()._backends
-    originals = dict(backends)
 
     def observed(fn):
         @functools.wraps(fn)
@@ -236,11 +232,40 @@ def observed_attention(observe):
                 return fn(*args, **kwargs)
         return call
 
-    backends.update({name: observed(fn) for name, fn in originals.items()})
+    return wrapped_backends(observed)
+
+
+@contextlib.contextmanager
+def wrapped_backends(wrap):
+    """Inside the block, every registered attention backend function `fn` is called as `wrap(fn)`; on
+    exit, also on error, the registry holds the original functions again."""
+    backends = _attention_registry()._backends
+    originals = dict(backends)
+    backends.update({name: wrap(fn) for name, fn in originals.items()})
     try:
         yield
     finally:
         backends.update(originals)
+
+
+@contextlib.contextmanager
+def templated_ops(wrap):
+    """Inside the block, the library's templated context-parallel machinery (ring, Ulysses, unified)
+    runs every backend's op pair as `wrap(forward_op, backward_op)`; restored on exit, also on error.
+    Backends look the machinery up at call time, so diffusers' own and the kit's are both reached."""
+    import diffusers.models.attention_dispatch as dispatch
+
+    original = dispatch._templated_context_parallel_attention
+
+    def templated(*args, forward_op, backward_op, **kwargs):
+        forward_op, backward_op = wrap(forward_op, backward_op)
+        return original(*args, forward_op=forward_op, backward_op=backward_op, **kwargs)
+
+    dispatch._templated_context_parallel_attention = templated
+    try:
+        yield
+    finally:
+        dispatch._templated_context_parallel_attention = original
 
 
 def named_attention_backend(name: str):

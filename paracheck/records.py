@@ -19,6 +19,7 @@ class CheckId(str, enum.Enum):
     TP_SHARDS = "structure.tp_shards"
     COLLECTIVES = "structure.collectives"
     FORWARD = "parity.forward"
+    INFERENCE = "parity.inference"
     GRADS = "parity.grads"
 
     @property
@@ -31,7 +32,8 @@ class CheckId(str, enum.Enum):
 
 
 _SHORT = {CheckId.MESH: "mesh", CheckId.CP_HOOKS: "hooks", CheckId.PROCESSOR_CONFIG: "procs",
-          CheckId.TP_SHARDS: "shards", CheckId.COLLECTIVES: "colls", CheckId.FORWARD: "fwd", CheckId.GRADS: "grads"}
+          CheckId.TP_SHARDS: "shards", CheckId.COLLECTIVES: "colls", CheckId.FORWARD: "fwd", CheckId.INFERENCE: "infer",
+          CheckId.GRADS: "grads"}
 
 
 class Status(str, enum.Enum):

@@ -111,8 +111,6 @@ def _control_fits(case: Case, p: Plan) -> None:
 
     control = get_control(case.control)
     reason = control.skip_reason(case.layout, p.route)
-    if not reason and control.attention_fault and p.attention != attention.BACKEND:
-        reason = f"{control.name} is planted in paracheck's CPU attention; this case runs {p.attention}"
     if reason:
         raise Unfittable(reason)
 

@@ -73,13 +73,14 @@ def table(verdicts: list[Verdict]) -> str:
                 ("dtype", lambda v: v.case.dtype, any(v.case.dtype != "fp32" for v in shown)),
                 ("control", lambda v: v.case.control or "", any(v.case.control for v in shown))]
     optional = [(name, get) for name, get, wanted in optional if wanted]
-    head = ["model", "layout", "route"] + [n for n, _ in optional] + [c.short for c in checks] + \
+    head = ["model", "layout", "route", "attention"] + [n for n, _ in optional] + [c.short for c in checks] + \
         ["max_abs", "max_rel", "failed ranks", "status"]
     rows = [head]
     for v in shown:
         cells = {m.id: m.status for m in v.checks}
         fwd = v.check(CheckId.FORWARD)
-        rows.append([v.case.model, v.case.layout.name, v.route.value] + [get(v) for _, get in optional]
+        rows.append([v.case.model, v.case.layout.name, v.route.value, v.attention_backend or ""]
+                    + [get(v) for _, get in optional]
                     + [CELL[cells.get(c)] for c in checks]
                     + [_num(fwd and fwd.max_abs), _num(fwd and fwd.max_rel), ranks_text(v.failed_ranks),
                        v.status.value.upper() if v.status.failing else v.status.value])
@@ -128,7 +129,8 @@ def _skip_groups(verdicts: list[Verdict]) -> list[str]:
             continue
         if v.never:
             layouts = never.setdefault((v.case.model, "_tp_plan" if "_tp_plan" in v.reason else "_cp_plan"), [])
-            layouts.append(v.case.layout.name)
+            if v.case.layout.name not in layouts:  # once, whatever the variants
+                layouts.append(v.case.layout.name)
         elif v.case.control:
             models = controls.setdefault(v.reason, {}).setdefault(v.case.control, [])
             if v.case.model not in models:

@@ -5,7 +5,8 @@
 
 The test class supplies `model_class` (an attribute or a property), `get_init_dict()` and
 `get_dummy_inputs(...)` (given `batch_size=1` and `device="cpu"` where it takes them). Each mixin
-generates structure, forward, gradient and negative-control tests per layout (ids name the layout).
+generates structure, forward, inference (the no-grad forward), gradient and negative-control tests per
+layout (ids name the layout).
 All cases of one class and world size run in one launch, the first test that needs them starts it,
 and every test reads its own verdict; one fork server serves every launch of the session. Optional
 class attributes: `paracheck_layouts`, `paracheck_backend`, `paracheck_atol`, `paracheck_rtol`,
@@ -55,6 +56,10 @@ class _ParallelTesterMixin:
     @pytest.mark.paracheck
     def test_paracheck_forward(self, paracheck_case, request):
         _expect(self, request, paracheck_case, (CheckId.FORWARD,))
+
+    @pytest.mark.paracheck
+    def test_paracheck_inference(self, paracheck_case, request):
+        _expect(self, request, paracheck_case, (CheckId.INFERENCE,))
 
     @pytest.mark.paracheck
     def test_paracheck_grads(self, paracheck_case, request):

@@ -144,20 +144,22 @@ def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir:
                            grads_requested=case.grads, ref_out32=ref.out32, ref_grads32=ref.grads32)
         with checking:
             checks = run_checks(STRUCTURE, ctx)
-        with parallel, count_collectives(result.rank) as counts:
+        # Inference first, as a pipeline calls the model; then the training pass, whose graph the backward needs.
+        with parallel, torch.no_grad(), count_collectives(result.rank) as ctx.inference_collectives:
+            ctx.inference_out, ctx.inference_error = _attempt(lambda: reference.forward(model, ref.inputs), result)
+        with parallel, count_collectives(result.rank) as ctx.collectives:
             ctx.out, ctx.forward_error = _attempt(lambda: reference.forward(model, ref.inputs), result)
-        ctx.collectives = counts
         with checking:
-            checks += run_checks([CheckId.COLLECTIVES, CheckId.FORWARD], ctx)
+            checks += run_checks([CheckId.COLLECTIVES, CheckId.FORWARD, CheckId.INFERENCE], ctx)
         if grads_skip_reason(ctx) is None:
             with parallel:
                 _, ctx.backward_error = _attempt(lambda: (ctx.out * ref.weights).sum().backward(), result)
         with checking:
             checks += run_checks([CheckId.GRADS], ctx)
-    result.raised_in_parallel = bool(ctx.forward_error or ctx.backward_error)
+    raised = ctx.inference_error or ctx.forward_error or ctx.backward_error
+    result.raised_in_parallel = bool(raised)
     result.findings = findings.messages
     result.checks = checks
-    raised = ctx.forward_error or ctx.backward_error
     if raised and not case.control:
         # A control may raise once its bug is planted; its checks still decide detection.
         result.status, result.reason = RankStatus.ERROR, raised

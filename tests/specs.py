@@ -92,6 +92,23 @@ def flux_fixed_ring():
 _KEPT = []
 
 
+def flux_native_ignores_cp():
+    """Flux, with diffusers' own native backend bent for the life of this rank process: handed the CP
+    config, it drops it and attends this rank's shard alone. What a default run must catch."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    backends = _AttentionBackendRegistry._backends
+    native = backends[AttentionBackendName.NATIVE]
+    if not getattr(native, "planted", False):
+        def ignores_cp(*args, **kwargs):
+            kwargs["_parallel_config"] = None
+            return native(*args, **kwargs)
+
+        ignores_cp.planted = True
+        backends[AttentionBackendName.NATIVE] = ignores_cp
+    return flux_spec()
+
+
 @functools.cache
 def _batch_mask_bug_class():
     from diffusers import QwenImageTransformer2DModel

@@ -173,9 +173,9 @@ def test_backward_uses_the_chunk_it_is_handed_over_the_saved_one():
 
 
 def test_drop_ring_merge_hides_only_visiting_chunks():
-    from paracheck.attention import _ops
+    from paracheck.attention import _OP_FAULTS
 
-    forward, _ = _ops("drop-ring-merge")
+    forward, _ = _OP_FAULTS["drop-ring-merge"](forward_op, backward_op)
     q, k, v = (torch.randn(1, 4, 2, 4) for _ in range(3))
     first = forward(Ctx(), q, k, v, None, 0.0, False, None, False, True, _save_ctx=True)
     later = forward(Ctx(), q, k, v, None, 0.0, False, None, False, True, _save_ctx=False)
@@ -184,9 +184,9 @@ def test_drop_ring_merge_hides_only_visiting_chunks():
 
 
 def test_stale_kv_backward_ignores_only_the_visiting_chunk():
-    from paracheck.attention import _ops
+    from paracheck.attention import _OP_FAULTS
 
-    _, backward = _ops("stale-kv-backward")
+    _, backward = _OP_FAULTS["stale-kv-backward"](forward_op, backward_op)
     q, k, v, grad = (torch.randn(1, 4, 2, 4) for _ in range(4))
     ctx = Ctx()
     forward_op(ctx, q, k, v)
@@ -246,14 +246,36 @@ def test_the_registry_is_restored_when_the_block_raises():
     assert registry_state() == before
 
 
+def templated():
+    import diffusers.models.attention_dispatch as dispatch
+
+    return dispatch._templated_context_parallel_attention
+
+
 def test_nested_blocks_restore_the_outer_registration():
-    before = registry_state()
+    before, machinery = registry_state(), templated()
     with cpu_lse_attention():
         outer = registry_state()
         with cpu_lse_attention(fault="stale-kv-backward"):
-            assert registry_state() != outer
-        assert registry_state() == outer
+            assert templated() is not machinery
+        assert registry_state() == outer and templated() is machinery
     assert registry_state() == before
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_faults_reach_diffusers_own_backend_and_are_undone(fault):
+    """A fault is planted in whichever backend runs, diffusers' native included: the ring faults in the
+    op pair handed to the templated machinery, the config faults in the backend function itself."""
+    from paracheck.attention import _OP_FAULTS, scope
+
+    before, machinery = registry_state(), templated()
+    native = registry()._backends[registry()._active_backend]
+    with scope("native", fault):
+        if fault in _OP_FAULTS:
+            assert templated() is not machinery
+        else:
+            assert registry()._backends[registry()._active_backend] is not native
+    assert registry_state() == before and templated() is machinery
 
 
 def test_an_unknown_fault_is_refused_before_the_registry_is_touched():
@@ -264,15 +286,20 @@ def test_an_unknown_fault_is_refused_before_the_registry_is_touched():
     assert registry_state() == before
 
 
+@pytest.mark.parametrize("backend", ("native", BACKEND))
 @pytest.mark.parametrize("fault", (None,) + FAULTS)
-def test_faults_do_nothing_without_context_parallelism(fault):
+def test_faults_do_nothing_without_context_parallelism(fault, backend):
     from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    from paracheck.attention import scope
 
     q, k, v = (torch.randn(1, 5, 2, 4, requires_grad=True) for _ in range(3))
     mask = torch.tensor([[True, True, False, True, True]])  # the (batch, keys) form processors pass
-    with cpu_lse_attention(fault=fault):
+    with scope(backend, fault):
         out = dispatch_attention_fn(q, k, v, attn_mask=mask)
-    assert close(out, sdpa(q, k, v, mask[:, None, None, :]))
+        with torch.no_grad():
+            out_no_grad = dispatch_attention_fn(q, k, v, attn_mask=mask)
+    assert close(out, sdpa(q, k, v, mask[:, None, None, :])) and close(out_no_grad, out)
 
 
 # -- slow: diffusers' own templated ring / Ulysses code on a gloo world ---------------------------
@@ -327,7 +354,9 @@ def test_choose_names_the_backend_or_why_a_case_cannot_run():
     from paracheck.layout import Layout
 
     ring, ulysses = Layout.parse("r4"), Layout.parse("u4")
-    assert choose("auto", "cpu", ring) == (BACKEND, None) and choose("auto", "cpu", ulysses) == (BACKEND, None)
+    # diffusers' own backend wherever one runs the layout; the kit's op only for ring on CPU
+    assert choose("auto", "cpu", ring) == (BACKEND, None) and choose("auto", "cpu", ulysses) == ("native", None)
+    assert choose("auto", "cpu", Layout.parse("tp2xu2")) == ("native", None)
     assert choose("auto", "cuda", ulysses) == ("native", None)
     assert choose("native", "cpu", ulysses) == ("native", None)
     name, why = choose("native", "cpu", ring)

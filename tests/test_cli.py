@@ -27,7 +27,9 @@ from tests.support import SPECS
     (["run", "--only-control", "skip-cp-hooks"], "--only-control needs --controls"),
     (["run", "--controls", "--only-control", "nope"], "--only-control 'nope'"),
     (["topology", "--backend", "gloo", "--world", "0", "--heads", "8"], "--world 0"),
-    (["run", "--models", "wan", "--layouts", "tp2xu2"], "--layouts tp2xu2 with wan: WanTransformer3DModel has no _tp_plan"),
+    (["run", "--models", "wan", "--layouts", "tp2xu2"], "--models wan takes none of --layouts tp2xu2 (tp2xu2: "
+                                                        "WanTransformer3DModel has no _tp_plan"),
+    (["run", "--models", "wan,ltx", "--layouts", "tp2xu2,u4"], "--layouts tp2xu2 fits none of --models wan,ltx"),
     (["run", "--spec", f"{SPECS}:no_heads", "--layouts", "tp4"], "no integer num_attention_heads"),
     (["run", "--attention-backend", "nope"], "--attention-backend 'nope': must be auto, paracheck_cpu_lse or one of"),
     (["run", "--variants", "batch3"], "--variants 'batch3': batch3: variants are base, batch2, masked, uneven"),
@@ -38,6 +40,16 @@ def test_usage_errors_exit_2(argv, fragment, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert fragment in err, err
+
+
+def test_named_models_cross_named_layouts():
+    """flux on tp2xu2 and wan on u4 from one command: the misfit pairs are cases too, skipped on the ranks."""
+    from paracheck.backends import get_backend
+    from paracheck.cli import _parser, build_cases
+
+    args = _parser().parse_args(["run", "--models", "flux,wan", "--layouts", "tp2xu2,u4", "--variants", "base"])
+    pairs = {(c.model, c.layout.name) for c in build_cases(args, get_backend("gloo"))}
+    assert pairs == {("flux", "tp2xu2"), ("flux", "u4"), ("wan", "tp2xu2"), ("wan", "u4")}
 
 
 def test_nccl_without_gpus_names_the_device_count(capsys, monkeypatch):

@@ -13,7 +13,8 @@ from tests.support import ROOT, SPECS, run_paracheck
 
 pytestmark = pytest.mark.slow
 
-CP_CONTROLS = ["skip-cp-hooks", "skip-processor-config", "skip-output-gather", "backward-only", "cp-attention-local"]
+CP_CONTROLS = ["skip-cp-hooks", "skip-processor-config", "skip-output-gather", "backward-only", "cp-attention-local",
+               "inference-attention-local"]
 HYBRID_CONTROLS = CP_CONTROLS + ["global-rank-shard-index", "swapped-mesh-order"]
 
 
@@ -27,7 +28,11 @@ def test_default_run_passes_on_every_rank(default_run):
             assert forward["max_abs"] < 1e-6 and forward["failed_ranks"] == []
             assert {c["id"] for c in case["checks"]} == {
                 "structure.mesh", "structure.cp_hooks", "structure.processor_config", "structure.tp_shards",
-                "structure.collectives", "parity.forward", "parity.grads"}
+                "structure.collectives", "parity.forward", "parity.inference", "parity.grads"}
+            # diffusers' own backend, as users run it; the kit's op only where none can run (ring on CPU)
+            assert case["attention_backend"] == "native", case
+            inference = default_run.check(model, layout, "parity.inference")
+            assert inference["max_abs"] < 1e-6 and inference["failed_ranks"] == []
     for model in ("wan", "ltx"):
         assert default_run.case(model, "u4")["status"] == "pass"
         assert "no _tp_plan" in default_run.case(model, "tp2xu2")["reason"]
@@ -78,12 +83,37 @@ def test_cp_attention_local_is_seen_by_collectives_alone_among_the_structure_che
         assert "attention calls dispatched with a parallel config issued no" in colls["detail"]
 
 
+def test_inference_only_fault_is_seen_by_the_no_grad_pass_alone(default_run):
+    for model, layout in (("flux", "u4"), ("flux", "tp2xu2"), ("wan", "u4"), ("flux", "r2xu2")):
+        case = default_run.case(model, layout, "inference-attention-local")
+        failing = {c["id"] for c in case["checks"] if c["status"] == "fail"}
+        assert case["status"] == "detected" and failing == {"parity.inference", "structure.collectives"}, case
+        assert "the training forward stayed right" in case["reason"]
+        colls = default_run.check(model, layout, "structure.collectives", "inference-attention-local")
+        assert colls["detail"].startswith("inference pass: ") and colls["failed_ranks"] == [0, 1, 2, 3]
+        # the training pass's counts are the data; the no-grad pass's sit beside them
+        assert colls["data"]["per_rank"]["0"]["no_grad"]["attention"]
+
+
+def test_a_fault_in_diffusers_native_backend_fails_the_default_path(tmp_path):
+    """The bug the kit's own op used to hide: diffusers' native backend drops the CP config it is handed."""
+    run = run_paracheck(["--spec", f"{SPECS}:flux_native_ignores_cp", "--layouts", "u4,tp2xu2,tp4"], tmp_path)
+    assert run.code == 1, run.out
+    for layout in ("u4", "tp2xu2"):
+        case = run.case("flux_native_ignores_cp", layout)
+        failing = {c["id"] for c in case["checks"] if c["status"] == "fail"}
+        assert case["attention_backend"] == "native" and case["status"] == "fail", case
+        assert {"structure.collectives", "parity.forward", "parity.inference"} <= failing, failing
+    assert run.case("flux_native_ignores_cp", "tp4")["status"] == "pass"  # no CP config to drop
+
+
 def test_fixture_heads_are_fitted(default_run):
     assert default_run.case("flux", "tp2xu2")["fit"] == ["num_attention_heads 3->4"]
     assert "cross_attention_dim 24->48" in default_run.case("ltx", "u4")["fit"]
 
 
 def test_ring_runs_on_cpu_with_the_kits_attention(default_run):
+    """No diffusers backend returns the log-sum-exp on CPU, so ring runs the kit's op (and only ring)."""
     for model in ("flux", "qwenimage", "wan", "ltx"):
         for layout in ("r2xu2", "tp2xr2", "r4"):
             case = [c for c in default_run.report["cases"] if c["model"] == model and c["layout"] == layout
