@@ -8,8 +8,10 @@
     upstream = "diffusers 0.42.1 attention_dispatch.TemplatedRingAttention.backward"
 
 Optional keys: `variant`, `dtype`, `route`, `cp_options` (globs, default "*"; `cp_options` is matched
-against the case's options written `name=value,...` in name order, e.g. "*ulysses_anything=True*"), and
-`message`, a glob the failure's text (the error, or the failing check's detail) must match, for a bug
+against the case's options written `name=value,...` in name order, e.g. "*ulysses_anything=True*"),
+`inputs`, what the case's inputs must carry (a list of "mask": an attention mask is given, "padded": it
+masks something out), so a bug in mask handling matches a user's own inputs whatever they are called,
+and `message`, a glob the failure's text (the error, or the failing check's detail) must match, for a bug
 that shares its check with others. A plain case that fails the named check becomes `xfail`; one that
 matches an entry and passes becomes `xpass`, so the entry can go.
 Torch-free.
@@ -27,6 +29,8 @@ from .records import CaseStatus, CheckId, Status
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "known_failures.toml")
 _MATCHED = ("model", "layout", "variant", "dtype", "route", "cp_options")
+#: What `inputs` may require (`reference.input_traits` finds them on the ranks).
+INPUT_TRAITS = ("mask", "padded")
 
 
 class KnownFailuresError(ValueError):
@@ -44,6 +48,7 @@ class KnownFailure:
     route: str = "*"
     cp_options: str = "*"
     message: str = "*"
+    inputs: tuple[str, ...] = ()
     upstream: str = ""
 
     def matches_case(self, verdict) -> bool:
@@ -51,7 +56,8 @@ class KnownFailure:
         values = {"model": (c.model, verdict.model_class or ""), "layout": (c.layout.name,),
                   "variant": (c.variant,), "dtype": (c.dtype,), "route": (verdict.route.value,),
                   "cp_options": (options_text(c.cp_options),)}
-        return all(any(fnmatch.fnmatchcase(v, getattr(self, key)) for v in values[key]) for key in _MATCHED)
+        return set(self.inputs) <= set(verdict.inputs) and \
+            all(any(fnmatch.fnmatchcase(v, getattr(self, key)) for v in values[key]) for key in _MATCHED)
 
     def message_matches(self, verdict) -> bool:
         """Whether `message` matches the case's reason or the named check's detail ("*" matches anything)."""
@@ -101,7 +107,10 @@ def _entry(path: str, i: int, raw: dict) -> KnownFailure:
     check = raw.get("check", "*")
     if check not in ("*", "error") and check not in {c.value for c in CheckId}:
         raise KnownFailuresError(f"{where}: check {check!r} is not a check id, 'error' or '*'")
-    return KnownFailure(**raw)
+    inputs = raw.get("inputs", [])
+    if not isinstance(inputs, list) or not set(inputs) <= set(INPUT_TRAITS):
+        raise KnownFailuresError(f"{where}: inputs {inputs!r} must be a list of {', '.join(INPUT_TRAITS)}")
+    return KnownFailure(**dict(raw, inputs=tuple(inputs)))
 
 
 def apply(verdicts: list, entries: list[KnownFailure]) -> None:

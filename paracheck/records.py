@@ -134,6 +134,8 @@ class RankResult:
     never: bool = False
     #: The model class's name, for known-failure entries that name it.
     model_class: str | None = None
+    #: What the case's inputs carry ("mask", "padded"), for known-failure entries keyed on it.
+    inputs: list[str] = field(default_factory=list)
     #: Seconds spent per phase on this rank: reference, parallel, checks.
     timings: dict = field(default_factory=dict)
     #: This rank's peak resident memory so far, in MiB, when the case ended.

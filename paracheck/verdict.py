@@ -35,6 +35,8 @@ class Verdict:
     attention_backend: str | None = None
     seconds: float = 0.0
     model_class: str | None = None
+    #: What the inputs carry ("mask", "padded"; `reference.input_traits`).
+    inputs: list[str] = field(default_factory=list)
     #: Seconds per phase, the slowest rank's.
     timings: dict = field(default_factory=dict)
     #: Every rank's peak resident memory (MiB) when the case ended.
@@ -62,7 +64,7 @@ class Verdict:
         c = self.case
         data = {"id": self.id, "model": c.model, "layout": c.layout.name, "order": c.layout.order,
                 "route": self.route.value, "variant": c.variant, "dtype": c.dtype,
-                "cp_options": dict(c.cp_options), "control": c.control,
+                "cp_options": dict(c.cp_options), "inputs": self.inputs, "control": c.control,
                 "attention_backend": self.attention_backend, "status": self.status.value, "reason": self.reason,
                 "checks": [m.to_json() for m in self.checks], "fit": self.fit,
                 "findings": [f"input not split on {ranks_named(f.ranks)}: {f.message}" for f in self.findings],
@@ -120,7 +122,7 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
     v = Verdict(case, CaseStatus.PASS, first.route or next((r.route for r in ranks if r.route), case.route),
                 fit=first.fit, findings=_findings(ranks), checks=merge_checks(ranks),
                 attention_backend=first.attention_backend, seconds=max(r.seconds for r in ranks),
-                model_class=first.model_class,
+                model_class=first.model_class, inputs=first.inputs,
                 timings={k: max(r.timings.get(k, 0.0) for r in ranks) for r in ranks for k in r.timings},
                 peak_rss_mb=[r.peak_rss_mb for r in ranks], rss_mb=[r.rss_mb for r in ranks],
                 cpu_seconds=[r.cpu_seconds for r in ranks])

@@ -67,7 +67,8 @@ def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str
              last: reference.LastReference | None = None) -> RankResult:
     started = time.time()
     result = RankResult(index, dist.get_rank(), RankStatus.OK, route=p.route, fit=p.fit,
-                        model_class=p.model_class.__name__ if p.model_class else None, attention_backend=p.attention)
+                        model_class=p.model_class.__name__ if p.model_class else None, attention_backend=p.attention,
+                        inputs=p.traits)
     try:
         if p.skip:
             raise Unfittable(p.skip, p.never)

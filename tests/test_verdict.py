@@ -110,10 +110,25 @@ def test_known_failure_does_not_cover_another_check_or_layout():
     assert other_check.status == CaseStatus.FAIL and other_layout.status == CaseStatus.FAIL
 
 
+@given(st.sets(st.sampled_from(known.INPUT_TRAITS)), st.sets(st.sampled_from(known.INPUT_TRAITS)))
+def test_known_failure_keyed_on_what_the_inputs_carry(required, carried):
+    """An entry naming `inputs` covers any case whose inputs carry them, whatever its variant is called."""
+    entry = known.KnownFailure(reason="mask bug", layout="r*", check="parity.forward", inputs=tuple(sorted(required)))
+    ranks = _ranks({CheckId.FORWARD: [0, 1, 2, 3]})
+    for r in ranks:
+        r.inputs = sorted(carried)
+    v = merge(_case(layout=Layout.parse("r4")), ranks)
+    known.apply([v], [entry])
+    assert (v.status == CaseStatus.XFAIL) == (required <= carried)
+
+
 def test_known_failures_file_errors_name_the_entry(tmp_path):
     bad = tmp_path / "k.toml"
     bad.write_text('[[known]]\nmodel = "flux"\ncheck = "parity.nope"\nreason = "x"\n')
     with pytest.raises(known.KnownFailuresError, match="entry 1: check 'parity.nope' is not a check id"):
+        known.load(str(bad))
+    bad.write_text('[[known]]\ninputs = ["masked"]\nreason = "x"\n')
+    with pytest.raises(known.KnownFailuresError, match="entry 1: inputs \\['masked'\\] must be a list of mask, padded"):
         known.load(str(bad))
     bad.write_text('[[known]]\nmodell = "flux"\nreason = "x"\n')
     with pytest.raises(known.KnownFailuresError, match="unknown key"):
