@@ -12,6 +12,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass, replace
 
+from .fixtures_index import FixtureUnavailable
 from .layout import Layout
 from .records import Route
 from .shapes import Shape
@@ -174,7 +175,7 @@ def call_factory(path: str, variant: str = "base", shape: Shape | None = None):
         if shape:
             kwargs["shape"] = shape
         result = factory(**kwargs)
-    except SpecError:
+    except (SpecError, FixtureUnavailable):
         raise
     except Exception as exc:
         raise SpecError(f"--spec {path!r}: calling the factory raised {type(exc).__name__}: {exc}") from exc

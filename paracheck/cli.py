@@ -15,6 +15,7 @@ from . import __version__
 from .backends import BackendError, get_backend, missing_devices, resolve
 from .case import DTYPES, ROUTES, Case, SpecError, call_factory, expand, parse_cp_options
 from .controls import CONTROLS
+from .fixtures_index import FixtureUnavailable
 from .layout import ORDERS, Layout, LayoutError, layouts_for, parse_layouts
 from .protocol import Exit
 
@@ -83,6 +84,7 @@ def main(argv=None) -> int:
         if args.command == "explore":
             from .explore_cli import explore
 
+            check_library()
             return explore(args, UsageError)
         return run(args)
     except (UsageError, LayoutError, BackendError, SpecError, KnownFailuresError) as exc:
@@ -202,7 +204,11 @@ def _check_fits(models: list[tuple[str, str]], layouts: list[Layout], built: dic
 
     misfits: dict[tuple[str, str], str] = {}
     for name, factory in models:
-        model_class, init_dict, _ = built.get(factory) or call_factory(factory)
+        try:
+            model_class, init_dict, _ = built.get(factory) or call_factory(factory)
+        except FixtureUnavailable as exc:  # a skip on the ranks, with this reason
+            misfits.update({(name, layout.name): str(exc) for layout in layouts})
+            continue
         for layout in layouts:
             try:
                 fit_init_dict(model_class, init_dict, layout)
@@ -229,11 +235,21 @@ def check_writable(path: str | None, flag: str) -> None:
         raise UsageError(f"{flag} {path}: not writable")
 
 
+def check_library() -> None:
+    """Exit 2, in one line, on a diffusers the adapter cannot serve (before any rank starts)."""
+    from .library import unsupported
+
+    problem = unsupported()
+    if problem:
+        raise UsageError(problem)
+
+
 def run(args) -> int:
     from . import known
 
     backend = resolve(args.backend)
     cases = build_cases(args, backend)
+    check_library()
     entries = known.load(known.SHIPPED if args.known_failures is None else args.known_failures)
     check_writable(args.report_json, "--report-json")
     check_writable(args.junit, "--junit")

@@ -14,6 +14,10 @@ FIXTURES: dict[str, str] = {
 }
 
 
+class FixtureUnavailable(Exception):
+    """A bundled fixture whose model class the installed library lacks: a skip with this reason, never an error."""
+
+
 def select(models: str) -> list[tuple[str, str]]:
     """`--models` text ("all" or names, comma separated) -> (name, factory path) pairs in the order given.
     ValueError names the unknown ones and the fixtures there are."""

@@ -11,6 +11,64 @@ from __future__ import annotations
 import contextlib
 import logging
 
+#: The diffusers releases the kit's tests run on (tox.ini has an environment for each); the requirement
+#: admits later ones, development versions included, as long as `missing()` finds every name below.
+TESTED = ("0.41.0", "0.42.0", "0.42.1")
+SUPPORTED = "diffusers >= 0.41.0 (tested: " + ", ".join(TESTED) + ")"
+#: Every module-level diffusers name this adapter reads or bends.
+PRIVATES = (
+    ("diffusers.models._modeling_parallel", ("ParallelConfig", "ContextParallelConfig", "TensorParallelConfig")),
+    ("diffusers.hooks.context_parallel", ("apply_context_parallel",)),
+    ("diffusers.hooks.tensor_parallel", ("apply_tensor_parallel", "resolve_tp_shard_specs", "_SUPPORTED_TP_DEVICES")),
+    ("diffusers.models.attention_dispatch", ("_AttentionBackendRegistry", "AttentionBackendName", "attention_backend",
+                                             "_check_attention_backend_requirements",
+                                             "_templated_context_parallel_attention", "funcol")),
+    ("diffusers.models.modeling_utils", ("ModelMixin",)),
+)
+
+
+def installed_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("diffusers")
+    except PackageNotFoundError:
+        return None
+
+
+def missing() -> list[str]:
+    """The names of `PRIVATES` the installed diffusers lacks (imports it)."""
+    import importlib
+
+    absent = []
+    for module_name, names in PRIVATES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            absent.append(module_name)
+            continue
+        absent += [f"{module_name}.{n}" for n in names if not hasattr(module, n)]
+    if "diffusers.models.modeling_utils.ModelMixin" not in absent:
+        from diffusers.models.modeling_utils import ModelMixin
+
+        absent += [f"ModelMixin.{n}" for n in ("enable_parallelism",) if not hasattr(ModelMixin, n)]
+    return absent
+
+
+def unsupported() -> str | None:
+    """One line saying why the installed diffusers cannot be served, or None. A tested release is taken
+    as it is (tests/test_library.py pins its privates); any other is checked name by name."""
+    version = installed_version()
+    if version is None:
+        return f"diffusers is not installed; paracheck needs {SUPPORTED}"
+    if version in TESTED:
+        return None
+    absent = missing()
+    if not absent:
+        return None
+    return f"diffusers {version} lacks {', '.join(absent)}; paracheck supports {SUPPORTED}"
+
+
 #: Hook-name prefixes of diffusers' context-parallel hooks (`cp_input---<module id>`).
 CP_INPUT = "cp_input---"
 CP_OUTPUT = "cp_output---"

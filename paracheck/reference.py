@@ -22,6 +22,7 @@ import torch
 from . import attention, library
 from .case import Case, call_factory
 from .fitting import Unfittable, cp_split_problems, fit_init_dict
+from .fixtures_index import FixtureUnavailable
 from .records import Route
 from .routes import resolve_route
 
@@ -90,6 +91,8 @@ def plan(case: Case, backend, sources: Sources) -> Plan:
     """Load the case's source, fit it, resolve its route; the same on every rank, no collective."""
     try:
         model_class, init_dict, inputs = sources.get(case)
+    except FixtureUnavailable as exc:
+        return Plan(case, skip=str(exc))
     except Exception as exc:
         return Plan(case, error=f"loading the model source raised {type(exc).__name__}: {exc}")
     p = Plan(case, model_class, inputs=inputs, traits=input_traits(inputs))

@@ -153,6 +153,11 @@ def _launch(test, backend, world: int) -> dict:
     from .launch import Launcher
     from .verdict import judge_controls, merge
 
+    from .library import unsupported
+
+    problem = unsupported()
+    if problem:
+        pytest.fail(f"paracheck: {problem}", pytrace=False)
     cls = type(test)
     layouts = [Layout.parse(n) for n in cls.paracheck_layouts if Layout.parse(n).world == world]
     folder = tempfile.mkdtemp(prefix="paracheck-mixin-")

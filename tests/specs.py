@@ -143,3 +143,10 @@ def _batch_mask_space():
 
 
 batch_mask_bug.space = _batch_mask_space()
+
+
+def class_not_in_this_diffusers():
+    """A bundled-fixture-style factory whose diffusers class this install lacks."""
+    from paracheck.fixtures_index import FixtureUnavailable
+
+    raise FixtureUnavailable("fixture gone: diffusers cannot provide its model class (no NoSuchTransformer)")

@@ -62,6 +62,37 @@ def test_private_names_the_adapter_reads_still_exist():
     assert ParallelConfig is not None
 
 
+def test_every_private_the_adapter_names_exists_here():
+    assert library.missing() == []
+    assert library.unsupported() is None
+
+
+def test_an_unservable_diffusers_exits_2_in_one_line(monkeypatch, capsys):
+    """Outside the tested releases each private is looked up; one missing is one line naming the installed
+    version, what is missing and the supported range, before any rank starts."""
+    from paracheck.cli import main
+
+    monkeypatch.setattr(library, "installed_version", lambda: "0.40.0")
+    assert library.unsupported() is None  # an untested release that has every name is served
+    monkeypatch.setattr(library, "PRIVATES", library.PRIVATES + (("diffusers.hooks.tensor_parallel",
+                                                                   ("resolve_tp_shard_specs_v2",)),))
+    assert main(["run", "--models", "flux", "--layouts", "u4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["paracheck: error: diffusers 0.40.0 lacks diffusers.hooks.tensor_parallel.resolve_tp_shard_specs_v2; "
+                   f"paracheck supports {library.SUPPORTED}"]
+
+
+def test_a_fixture_whose_class_is_missing_is_a_skip():
+    from paracheck.backends import get_backend
+    from paracheck.case import Case
+    from paracheck.reference import Sources, plan
+    from tests.support import SPECS
+
+    case = Case("gone", f"{SPECS}:class_not_in_this_diffusers", Layout.parse("u4"))
+    p = plan(case, get_backend("gloo"), Sources())
+    assert p.error is None and "cannot provide its model class" in p.skip
+
+
 def test_cp_hook_names_match_the_library():
     from diffusers.hooks import context_parallel
 
