@@ -142,13 +142,14 @@ def tp_shard_specs(model, tp_degree: int) -> dict:
 # -- building parallel state ---------------------------------------------------------------------
 
 
-def make_parallel_config(layout, cp_options: tuple = ()):
-    """The library's `ParallelConfig` for `layout`; raises ValueError where the library refuses it."""
+def make_parallel_config(layout, cp_options: tuple = (), cp_mesh=None, tp_mesh=None):
+    """The library's `ParallelConfig` for `layout`; raises ValueError where the library refuses it. Given
+    meshes, the library uses them instead of building its own (it would build one per call)."""
     from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig, TensorParallelConfig
 
-    cp = ContextParallelConfig(ring_degree=layout.ring, ulysses_degree=layout.ulysses,
+    cp = ContextParallelConfig(ring_degree=layout.ring, ulysses_degree=layout.ulysses, mesh=cp_mesh,
                                **dict(cp_options)) if layout.has_cp else None
-    tp = TensorParallelConfig(tp_degree=layout.tp) if layout.has_tp else None
+    tp = TensorParallelConfig(tp_degree=layout.tp, mesh=tp_mesh) if layout.has_tp else None
     return ParallelConfig(context_parallel_config=cp, tensor_parallel_config=tp)
 
 

@@ -144,6 +144,10 @@ class RankResult:
     rss_mb: float = 0.0
     #: CPU seconds (user + system) this rank process has used since it started, when the case ended.
     cpu_seconds: float = 0.0
+    #: This rank's threads when the case ended (gloo's included: three per process group).
+    threads: int = 0
+    #: Process groups this rank held when the case ended, the default group included.
+    process_groups: int = 0
 
     def check(self, check_id: CheckId) -> CheckResult | None:
         return next((c for c in self.checks if c.id == check_id), None)

@@ -1,6 +1,7 @@
 """Routes: the ways a model gets parallelized, each ending in the same `Applied` record for the checks.
 
-- native: the library's own `enable_parallelism(config=ParallelConfig(...))`.
+- native: the library's own `enable_parallelism(config=ParallelConfig(...))`, its configs handed the world's
+  meshes (`meshes.Meshes`: the ones the library would build, made once per world, not once per case).
 - composed: one shared ("tp", "ring", "ulysses") mesh, the CP config given the whole mesh and the TP
   config its "tp" dimension, then the library's own `apply_context_parallel` and `apply_tensor_parallel`.
   It exists because diffusers 0.42's `ParallelConfig` refuses TP and CP together.
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from . import library
 from .fitting import Unfittable
 from .layout import Layout
+from .meshes import for_world
 from .records import Route
 
 REFUSES_BOTH = (
@@ -47,7 +49,7 @@ def apply(route: Route, model, layout: Layout, backend, control, reference, work
     rank = dist.get_rank()
     if route == Route.NATIVE:
         with library.shims(backend.device_type), library.entry_point("enable_parallelism", route.value):
-            model.enable_parallelism(config=library.make_parallel_config(layout, cp_options))
+            model.enable_parallelism(config=_library_config(layout, backend, cp_options))
         applied = _applied(route, model, layout, rank)
     elif route == Route.COMPOSED:
         order = control.order_for(layout.order) if control else layout.order
@@ -72,16 +74,17 @@ def _applied(route: Route, model, layout: Layout, rank: int) -> Applied:
     return Applied(route, layout, rank, config, meshes)
 
 
-def build_mesh(layout: Layout, device_type: str, order: str):
-    """The shared mesh of `layout`, dimensions in `order` (the layout's own unless a control bends it)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    shaped = Layout(layout.tp, layout.ring, layout.ulysses, order)
-    return init_device_mesh(device_type, shaped.mesh_shape, mesh_dim_names=shaped.mesh_dims)
+def _library_config(layout: Layout, backend, cp_options: tuple):
+    """The library's config for `layout`, handed the meshes it would build, as this world's `Meshes` hold them."""
+    library.make_parallel_config(layout, cp_options)  # refused before any mesh is built for it
+    world = for_world()
+    return library.make_parallel_config(
+        layout, cp_options, cp_mesh=world.context(layout, backend.device_type) if layout.has_cp else None,
+        tp_mesh=world.tensor(layout, backend.device_type) if layout.has_tp else None)
 
 
 def _composed(model, layout: Layout, backend, rank: int, order: str, cp_options: tuple) -> Applied:
-    mesh = build_mesh(layout, backend.device_type, order)
+    mesh = for_world().shared(layout, backend.device_type, order)
     device = torch.device(backend.device_for(int(os.environ.get("LOCAL_RANK", rank))))
     config = library.composed_config(layout, mesh, rank, dist.get_world_size(), device, cp_options)
     library.attach(model, config)
@@ -105,6 +108,6 @@ def _sharded_load(reference, layout: Layout, backend, workdir: str, cp_options: 
         reference.save_pretrained(checkpoint, safe_serialization=True)
     dist.barrier()
     with library.shims(backend.device_type), library.entry_point("from_pretrained", Route.SHARDED_LOAD.value):
-        model = type(reference).from_pretrained(checkpoint, parallel_config=library.make_parallel_config(layout, cp_options),
+        model = type(reference).from_pretrained(checkpoint, parallel_config=_library_config(layout, backend, cp_options),
                                                 low_cpu_mem_usage=True)
     return model.eval()

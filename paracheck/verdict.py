@@ -44,6 +44,9 @@ class Verdict:
     #: Every rank's resident memory (MiB) and CPU seconds since it started, when the case ended.
     rss_mb: list[float] = field(default_factory=list)
     cpu_seconds: list[float] = field(default_factory=list)
+    #: Every rank's threads and process groups when the case ended.
+    threads: list[int] = field(default_factory=list)
+    process_groups: list[int] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -69,7 +72,8 @@ class Verdict:
                 "checks": [m.to_json() for m in self.checks], "fit": self.fit,
                 "findings": [f"input not split on {ranks_named(f.ranks)}: {f.message}" for f in self.findings],
                 "seconds": self.seconds, "timings": self.timings, "peak_rss_mb": self.peak_rss_mb,
-                "rss_mb": self.rss_mb, "cpu_seconds": self.cpu_seconds}
+                "rss_mb": self.rss_mb, "cpu_seconds": self.cpu_seconds, "threads": self.threads,
+                "process_groups": self.process_groups}
         if self.known:
             data["known_failure"] = self.known
         if self.status == CaseStatus.ERROR:
@@ -125,7 +129,8 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
                 model_class=first.model_class, inputs=first.inputs,
                 timings={k: max(r.timings.get(k, 0.0) for r in ranks) for r in ranks for k in r.timings},
                 peak_rss_mb=[r.peak_rss_mb for r in ranks], rss_mb=[r.rss_mb for r in ranks],
-                cpu_seconds=[r.cpu_seconds for r in ranks])
+                cpu_seconds=[r.cpu_seconds for r in ranks], threads=[r.threads for r in ranks],
+                process_groups=[r.process_groups for r in ranks])
     statuses = {r.status for r in ranks}
     if RankStatus.ERROR in statuses and not (case.control and _judgeable(v, ranks)):
         return _error(v, ranks)

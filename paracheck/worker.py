@@ -20,7 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import attention, library, reference
+from . import attention, library, meshes, reference
 from .attribution import lost_peer
 from .backends import get_backend
 from .case import Case
@@ -95,6 +95,17 @@ def _measure(result: RankResult) -> None:
     result.peak_rss_mb = round(usage.ru_maxrss / 1024, 1)
     result.rss_mb = _rss_mb()
     result.cpu_seconds = round(usage.ru_utime + usage.ru_stime, 3)
+    result.threads, result.process_groups = _threads(), len(meshes.group_names())
+
+
+def _threads() -> int:
+    """This process's threads now: gloo keeps three per process group, so a leak of groups shows here."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()  # Python's threads only, where there is no /proc
 
 
 def _release_memory() -> None:
@@ -221,7 +232,9 @@ def plan_and_run(index: int, case: Case, backend, sources, computes, refs_dir: s
         reference.compute(p, refs_dir, local_device(backend))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     os.makedirs(workdir, exist_ok=True)
+    groups = meshes.group_names()
     result = run_case(index, p, backend, workdir, refs_dir, sources.last_reference)
+    meshes.for_world().settle(groups)
     _add_time(result, "reference", wall, cpu)
     _measure(result)
     return result
