@@ -101,16 +101,21 @@ def split(seconds: float, report: dict) -> dict:
 
 
 def memory(report: dict) -> list[str]:
-    """Each rank's peak and resident memory after the first and the last case that ran."""
+    """Each rank's peak and resident memory, threads and process groups after the first and the last case
+    that ran, and the most threads any rank had after any case."""
     ran = [c for c in report["cases"] if c.get("peak_rss_mb")]
     if not ran:
         return []
     lines = []
-    for key, what in (("peak_rss_mb", "peak"), ("rss_mb", "resident")):
+    for key, what in (("peak_rss_mb", "peak MiB"), ("rss_mb", "resident MiB"), ("threads", "threads"),
+                      ("process_groups", "groups")):
         first, last = ran[0].get(key) or [], ran[-1].get(key) or []
         if first and last:
             pairs = ", ".join(f"{a:.0f}->{b:.0f}" for a, b in zip(first, last))
-            lines.append(f"  {what:9} MiB per rank, first case -> last case: {pairs}")
+            lines.append(f"  {what:12} per rank, first case -> last case: {pairs}")
+    most = max((t for c in ran for t in c.get("threads") or []), default=None)
+    if most is not None:
+        lines.append(f"  threads at most (any rank, any case): {most}")
     return lines
 
 
@@ -148,7 +153,7 @@ def main() -> None:
         print(f"  {name:24} {wall:6.1f}  {'' if cpu is None else f'{cpu:6.1f}'}")
     lines = memory(report)
     if lines:
-        print("\nmemory of (a):")
+        print("\nmemory, threads and process groups of (a):")
         print("\n".join(lines))
 
 

@@ -443,16 +443,17 @@ def shims(device_type: str):
 class Findings(logging.Filter):
     """Collects the library's "split will not be applied" warnings on every rank, inside a `with`.
 
-    diffusers filters non-zero ranks out at the logger, so this filter goes first in line. It also
-    supplies `warning_once` where the installed logging lacks it (plain `logging.Logger` has none;
-    transformers adds one when imported), which would otherwise turn the warning into an AttributeError.
+    diffusers filters non-zero ranks out at the logger, so this filter goes first in line. Inside the block
+    the logger's `warning_once` is its plain `warning`: a plain `logging.Logger` has no `warning_once` (it
+    would be an AttributeError), and the one transformers adds to every logger when imported warns once per
+    process, so every case after the first would lose its findings.
     """
 
     def __init__(self):
         super().__init__()
         self.messages: list[str] = []
         self._logger = logging.getLogger(CP_LOGGER)
-        self._added_warning_once = False
+        self._own_warning_once = None
 
     def filter(self, record):
         message = record.getMessage()
@@ -462,15 +463,16 @@ class Findings(logging.Filter):
 
     def __enter__(self):
         self._logger.filters.insert(0, self)
-        if not hasattr(self._logger, "warning_once"):
-            self._logger.warning_once = self._logger.warning
-            self._added_warning_once = True
+        self._own_warning_once = self._logger.__dict__.get("warning_once")
+        self._logger.warning_once = self._logger.warning
         return self
 
     def __exit__(self, *exc):
         self._logger.removeFilter(self)
-        if self._added_warning_once:
+        if self._own_warning_once is None:
             del self._logger.warning_once
+        else:
+            self._logger.warning_once = self._own_warning_once
 
 
 class LibraryError(Exception):

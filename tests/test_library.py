@@ -116,6 +116,27 @@ def test_findings_supply_warning_once_only_inside():
     assert hasattr(logger, "warning_once") == had
 
 
+def test_findings_see_a_warning_every_case_even_where_warning_once_caches():
+    """transformers, once imported, gives every logger a `warning_once` that warns once per process."""
+    import functools
+    import logging
+
+    logger = logging.getLogger(library.CP_LOGGER)
+    cached = functools.lru_cache(None)(lambda self, *args: self.warning(*args))
+    logging.Logger.warning_once, had = cached, logging.Logger.__dict__.get("warning_once")
+    try:
+        for _ in range(2):
+            with library.Findings() as findings:
+                logger.warning_once("split will not be applied")
+            assert findings.messages == ["split will not be applied"]
+        assert logging.Logger.warning_once is cached and "warning_once" not in logger.__dict__
+    finally:
+        if had is None:
+            del logging.Logger.warning_once
+        else:
+            logging.Logger.warning_once = had
+
+
 def test_entry_point_errors_name_the_entry_point_and_route():
     with pytest.raises(library.LibraryError, match="diffusers' enable_parallelism raised on route native: ValueError"):
         with library.entry_point("enable_parallelism", "native"):

@@ -72,6 +72,26 @@ def test_collectives_are_counted_and_judged_in_every_case(default_run):
     assert " colls " in default_run.out
 
 
+def test_a_world_keeps_its_process_groups_and_threads_flat_across_cases(default_run):
+    """One mesh per distinct mesh per world: only the first case of a (layout, route, mesh order) may add
+    process groups (and gloo's threads with them); every later case, on every rank, ends with the counts the
+    case before it ended with. Before, each case built new meshes and a rank grew by ~3 threads per group."""
+    assert "(1 world," in default_run.out, "the counts are per process: one world must run every case"
+    ran = [c for c in default_run.report["cases"] if c["threads"]]
+    assert len(ran) == len(default_run.report["cases"]) and len(ran[0]["threads"]) == 4
+    seen, before, grew = set(), None, 0
+    for case in ran:
+        counts = list(zip(case["threads"], case["process_groups"]))
+        mesh = (case["layout"], case["route"], case["control"] == "swapped-mesh-order")
+        if mesh in seen:
+            assert counts == before, (case["id"], before, counts)
+        elif case["status"] != "skip" or counts != before:  # most skips end before any mesh is asked for
+            seen.add(mesh)
+            grew += counts != before
+        before = counts
+    assert grew and len(ran) > 10 * len(seen)
+
+
 def test_cp_attention_local_is_seen_by_collectives_alone_among_the_structure_checks(default_run):
     for layout in ("u4", "r4", "tp2xu2", "r2xu2"):
         case = default_run.case("flux", layout, "cp-attention-local")
