@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from . import library
-from .records import CheckId, CheckResult, Status
+from .records import CheckId, CheckResult, Failure, Status
 
 # (atol, rtol) by dtype and device type. fp32 on CPU agrees to ~1e-7 on the fixtures (measured), so
 # these leave two orders of magnitude of headroom and still fail a 3e-2 shift by three.
@@ -28,6 +28,16 @@ _TOLERANCES = {
     (torch.bfloat16, None): (2e-2, 2e-2),
     (torch.float16, None): (2e-3, 2e-3),
 }
+
+
+@dataclass(frozen=True)
+class Raised:
+    """A step of the parallel model raised: the message for the report, and the typed identity."""
+    message: str
+    failure: Failure
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass
@@ -45,10 +55,10 @@ class CheckContext:
     ref_out32: torch.Tensor | None = None
     ref_grads32: dict = field(default_factory=dict)
     out: torch.Tensor | None = None
-    forward_error: str | None = None
+    forward_error: Raised | None = None
     #: The collectives the parallel forward issued on this rank (`collectives.Counts`), when counted.
     collectives: object | None = None
-    backward_error: str | None = None
+    backward_error: Raised | None = None
 
     @property
     def layout(self):
@@ -327,7 +337,8 @@ def check_collectives(ctx: CheckContext) -> CheckResult:
 @check(CheckId.FORWARD)
 def check_forward(ctx: CheckContext) -> CheckResult:
     if ctx.forward_error:
-        return CheckResult(CheckId.FORWARD, Status.FAIL, f"forward raised {ctx.forward_error}")
+        return CheckResult(CheckId.FORWARD, Status.FAIL, f"forward raised {ctx.forward_error}",
+                           failure=ctx.forward_error.failure)
     return compare(CheckId.FORWARD, ctx.out, ctx.ref_out, ctx.atol, ctx.rtol, expected32=ctx.ref_out32)
 
 
@@ -348,7 +359,8 @@ def check_grads(ctx: CheckContext) -> CheckResult:
     if skip:
         return CheckResult(CheckId.GRADS, Status.SKIP, skip)
     if ctx.backward_error:
-        return CheckResult(CheckId.GRADS, Status.FAIL, f"backward raised {ctx.backward_error}")
+        return CheckResult(CheckId.GRADS, Status.FAIL, f"backward raised {ctx.backward_error}",
+                           failure=ctx.backward_error.failure)
     return _compare_grads(ctx)
 
 

@@ -12,7 +12,6 @@ Failures a known-failures entry explains are counted, not hunted.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from . import known
 from .case import Case
 from .found import Found
 from .layout import Layout
-from .records import CaseStatus, Status
+from .records import CaseStatus, Failure, FailureKind
 from .shapes import Shape, Space
 from .verdict import Verdict, merge
 
@@ -119,24 +118,28 @@ def probe(draw: Draw, attention_backend: str = "auto") -> Case | None:
 
 
 def signature(verdict: Verdict) -> str | None:
-    """How a case failed, None when it did not: the model class, the first failing check, and its error
-    with the numbers that change with the shape blanked (or, for wrong numbers, the kinds of parallelism).
+    """How a case failed, None when it did not: the model class and the failure's typed identity (the first
+    failing check, the exception's type and where it was raised; for wrong numbers, the kinds of
+    parallelism). Built from `Verdict.failure`, never from a message, so rewording one changes nothing.
     The first symptom names a bug: a case that also trips a second, known one still shrinks to this one."""
     if verdict.status not in (CaseStatus.FAIL, CaseStatus.ERROR):
         return None
-    first = next((c for c in verdict.checks if c.status == Status.FAIL), None)
-    if first is None:
-        what, text = "error", verdict.reason
-    else:
-        what, text = first.id.value, first.detail.partition(" raised ")[2]
-    if text:
-        text = re.sub(r"^rank \d+: ", "", text.splitlines()[0])
-        text = re.split(r" \(also ranks? |; ranks? [\d,\-]+ (?:was|were) waiting", text)[0]
-        message = re.sub(r"\d+", "#", text)[:160]
-    else:
+    f = verdict.failure or Failure(FailureKind.EXIT)
+    what = f.check.value if f.check else "error"
+    if f.kind == FailureKind.CHECK:
         layout = verdict.case.layout
         message = "wrong under " + "+".join(n for n, d in (("tp", layout.tp), ("ring", layout.ring),
                                                            ("ulysses", layout.ulysses)) if d > 1)
+    elif f.kind == FailureKind.RAISE:
+        message = f"{f.exception} in {f.site or 'an unknown frame'}"
+        if f.entry_point:
+            message += f" (inside the library's {f.entry_point})"
+    elif f.kind == FailureKind.HANG:
+        message = f"hung in {f.site or 'an unknown frame'}"
+    elif f.kind == FailureKind.EXIT:
+        message = f"a rank ended by {f.exception or 'an unknown cause'}"
+    else:
+        message = f.key
     return f"{verdict.model_class or verdict.case.model} {what}: {message}"
 
 

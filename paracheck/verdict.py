@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from .attribution import ranks_named, ranks_text
 from .case import Case
 from .controls import get_control
-from .records import CaseStatus, CheckId, Finding, MergedCheck, RankResult, RankStatus, Route, Status
+from .records import CaseStatus, CheckId, Failure, FailureKind, Finding, MergedCheck, RankResult, RankStatus, Route, \
+    Status
 
 
 @dataclass
@@ -30,8 +31,8 @@ class Verdict:
     stacks: dict[int, str] = field(default_factory=dict)
     #: The known-failure entry that matched (its upstream reason), if any.
     known: str | None = None
-    #: The skip says the model can never take this kind of layout (no plan for it).
-    never: bool = False
+    #: Why the case failed, raised or skipped, typed (see `records.Failure`); None when it passed.
+    failure: Failure | None = None
     attention_backend: str | None = None
     seconds: float = 0.0
     model_class: str | None = None
@@ -55,6 +56,11 @@ class Verdict:
         return {c.id for c in self.checks if c.status == Status.FAIL}
 
     @property
+    def never(self) -> bool:
+        """The skip says the model can never take this kind of layout (it has no plan for it)."""
+        return bool(self.failure and self.failure.missing_plan)
+
+    @property
     def failed_ranks(self) -> list[int]:
         return sorted({r for c in self.checks for r in c.failed_ranks} | set(self.cause_ranks))
 
@@ -68,6 +74,8 @@ class Verdict:
                 "findings": [f"input not split on {ranks_named(f.ranks)}: {f.message}" for f in self.findings],
                 "seconds": self.seconds, "timings": self.timings, "peak_rss_mb": self.peak_rss_mb,
                 "rss_mb": self.rss_mb, "cpu_seconds": self.cpu_seconds}
+        if self.failure:
+            data["failure"] = self.failure.to_json()
         if self.known:
             data["known_failure"] = self.known
         if self.status == CaseStatus.ERROR:
@@ -92,7 +100,7 @@ def merge_checks(ranks: list[RankResult]) -> list[MergedCheck]:
         merged.append(MergedCheck(
             check_id, status, failed, _worst(c.max_abs for _, c in per_rank),
             _worst(c.max_rel for _, c in per_rank), per_rank[0][1].atol, per_rank[0][1].rtol,
-            shown[1].detail, shown[0] if shown[1].detail else None, _merge_data(per_rank)))
+            shown[1].detail, shown[0] if shown[1].detail else None, _merge_data(per_rank), shown[1].failure))
     return merged
 
 
@@ -128,17 +136,25 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
     if RankStatus.ERROR in statuses and not (case.control and _judgeable(v, ranks)):
         return _error(v, ranks)
     if statuses == {RankStatus.SKIP}:
-        v.status, v.reason, v.never = CaseStatus.SKIP, first.reason, first.never
+        v.status, v.reason, v.failure = CaseStatus.SKIP, first.reason, first.failure
         return v
     if RankStatus.SKIP in statuses:
         v.status, v.reason = CaseStatus.ERROR, f"ranks disagree: {sorted(s.value for s in statuses)}"
+        v.failure = Failure(FailureKind.DISAGREE)
         return v
     failing = v.failing_checks
     if case.control:
         v.status, v.reason = get_control(case.control).judge(failing)
     elif failing:
         v.status, v.reason = CaseStatus.FAIL, f"failed: {', '.join(c.value for c in CheckId if c in failing)}"
+        v.failure = _first_failing(v)
     return v
+
+
+def _first_failing(v: Verdict) -> Failure | None:
+    """The first failing check's identity (the first symptom names the bug)."""
+    first = next((m for m in v.checks if m.status == Status.FAIL), None)
+    return first and (first.failure or Failure(FailureKind.CHECK, first.id))
 
 
 def _judgeable(v: Verdict, ranks: list[RankResult]) -> bool:
@@ -159,6 +175,7 @@ def _error(v: Verdict, ranks: list[RankResult]) -> Verdict:
     if v.secondary_ranks:
         waited = "were" if len(v.secondary_ranks) > 1 else "was"
         v.reason += f"; {ranks_named(v.secondary_ranks)} {waited} waiting on {'it' if len(causes) == 1 else 'them'}"
+    v.failure = _first_failing(v) or root.failure or Failure(FailureKind.EXIT)
     v.traceback = root.traceback
     v.stacks = {r.rank: r.stack for r in errors if r.stack}
     return v

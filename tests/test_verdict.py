@@ -123,3 +123,22 @@ def test_known_failures_file_errors_name_the_entry(tmp_path):
 
 def test_shipped_known_failures_load():
     assert all(e.reason for e in known.load(known.SHIPPED))
+
+
+def test_skips_group_by_the_missing_plan_whatever_the_reason_says():
+    from paracheck import report
+    from paracheck.records import Failure, FailureKind
+
+    verdicts = []
+    for model, reason in (("wan", "WanTransformer3DModel has no _tp_plan"), ("ltx", "reworded: no TP plan here")):
+        skip = [RankResult(0, r, RankStatus.SKIP, reason, failure=Failure(FailureKind.SKIP, missing_plan="_tp_plan"))
+                for r in range(4)]
+        verdicts.append(merge(_case(model=model, layout=Layout.parse("tp2xu2")), skip))
+    assert all(v.never and v.failure.missing_plan == "_tp_plan" for v in verdicts)
+    assert report.notes(verdicts, {}) == "never wan, ltx: no _tp_plan, so tp2xu2 cannot run"
+
+
+def test_a_failing_case_carries_its_first_failing_checks_identity():
+    v = merge(_case(), _ranks({CheckId.FORWARD: [1], CheckId.GRADS: [1]}))
+    assert v.status == CaseStatus.FAIL and v.failure.kind.value == "check" and v.failure.check == CheckId.FORWARD
+
