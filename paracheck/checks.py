@@ -84,7 +84,7 @@ def run_checks(ids, ctx: CheckContext) -> list[CheckResult]:
     return [CHECKS[i](ctx) for i in ids]
 
 
-def _verdict(check_id: CheckId, problems: list[str]) -> CheckResult:
+def _result(check_id: CheckId, problems: list[str]) -> CheckResult:
     return CheckResult(check_id, Status.FAIL if problems else Status.PASS, problems_text(problems))
 
 
@@ -194,7 +194,7 @@ def check_mesh(ctx: CheckContext) -> CheckResult:
             problems.append(f"shared mesh {got} != layout's {(layout.mesh_dims, layout.mesh_shape)}")
     for part, (dims, members) in expected.items():
         problems.extend(_mesh_part_problems(applied, part, dims, members))
-    return _verdict(CheckId.MESH, problems)
+    return _result(CheckId.MESH, problems)
 
 
 def _mesh_part_problems(applied, part: str, dims: tuple[str, ...], members: list[int]) -> list[str]:
@@ -252,7 +252,7 @@ def check_cp_hooks(ctx: CheckContext) -> CheckResult:
         for name, module in model.named_modules():
             stray = [h for h in library.hook_names(module) if h.startswith((library.CP_INPUT, library.CP_OUTPUT))]
             problems.extend(f"{name or '<root>'} carries {h} without CP" for h in stray)
-    return _verdict(CheckId.CP_HOOKS, problems)
+    return _result(CheckId.CP_HOOKS, problems)
 
 
 @check(CheckId.PROCESSOR_CONFIG)
@@ -263,7 +263,7 @@ def check_processor_config(ctx: CheckContext) -> CheckResult:
     if not layout.has_cp:
         problems.extend(f"{name}: TP alone, yet processor holds a parallel config"
                         for name, p in processors if library.processor_config(p) is not None)
-        return _verdict(CheckId.PROCESSOR_CONFIG, problems)
+        return _result(CheckId.PROCESSOR_CONFIG, problems)
     if not processors:
         problems.append("no attention processor takes a parallel config, so attention cannot run Ulysses/ring")
     for name, processor in processors:
@@ -275,7 +275,7 @@ def check_processor_config(ctx: CheckContext) -> CheckResult:
             problems.append(f"{name}: processor holds another config than the run's")
         elif (cp.ring_degree, cp.ulysses_degree) != (layout.ring, layout.ulysses):
             problems.append(f"{name}: CP degrees {(cp.ring_degree, cp.ulysses_degree)} != layout's")
-    return _verdict(CheckId.PROCESSOR_CONFIG, problems)
+    return _result(CheckId.PROCESSOR_CONFIG, problems)
 
 
 @check(CheckId.TP_SHARDS)
@@ -296,7 +296,7 @@ def check_tp_shards(ctx: CheckContext) -> CheckResult:
             problems.append(f"{name} is outside the TP plan but is a DTensor")
         elif not torch.equal(param.detach(), ref_params[name].detach().to(param.device)):
             problems.append(f"{name} is outside the TP plan but differs from the reference")
-    return _verdict(CheckId.TP_SHARDS, problems)
+    return _result(CheckId.TP_SHARDS, problems)
 
 
 def _shard_problems(name: str, param, ref_param, spec, ctx: CheckContext) -> list[str]:
@@ -328,7 +328,7 @@ def check_collectives(ctx: CheckContext) -> CheckResult:
         return CheckResult(CheckId.COLLECTIVES, Status.SKIP, "the forward raised, so its collectives are incomplete")
     if ctx.collectives is None:
         return CheckResult(CheckId.COLLECTIVES, Status.SKIP, "the forward's collectives were not counted")
-    return collectives.verdict(ctx.collectives, ctx.layout)
+    return collectives.check_counts(ctx.collectives, ctx.layout)
 
 
 # -- numbers -----------------------------------------------------------------------------------

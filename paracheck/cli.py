@@ -257,12 +257,10 @@ def _launch(args, backend, cases: list[Case], entries) -> int:
 
 def finish(args, cases, results, events, entries, meta: dict, seconds: float, extra: str) -> int:
     """Verdicts from every case's rank results, then the table, notes, reports; returns the exit code."""
-    from . import known, report
-    from .verdict import judge_controls, merge
+    from . import report
+    from .verdict import judge
 
-    verdicts = [merge(c, r) for c, r in zip(cases, results)]
-    known.apply(verdicts, entries)
-    judge_controls(verdicts)
+    verdicts = judge(cases, results, entries)
     base = [] if args.backend == "auto" else ["--backend", args.backend]
     base += ["--nproc", str(args.nproc)] + (["--no-grads"] if args.no_grads else [])
     replays = {v.id: report.replay_command(v, base) for v in verdicts}

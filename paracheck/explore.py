@@ -21,13 +21,12 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky, Unsatisfiable
 
-from . import known
 from .case import Case
 from .found import Found
 from .layout import Layout
 from .records import CaseStatus, Failure, FailureKind
 from .shapes import Shape, Space
-from .verdict import Verdict, merge
+from .verdict import Verdict, judge
 
 #: New cases one hunt may run while shrinking its failure (after that, untried shapes count as passing).
 SHRINK_BUDGET = 60
@@ -160,15 +159,15 @@ class Explorer:
     ran: int = 0
     _seen: dict[str, Verdict] = field(default_factory=dict)
 
-    def verdict(self, case: Case, new_allowed: bool = True) -> Verdict | None:
+    def judged(self, case: Case, new_allowed: bool = True) -> Verdict | None:
+        """`case`'s verdict, run the first time it is asked for (None when it is new and `new_allowed` is not)."""
         key = json.dumps(case.to_json(), sort_keys=True)
         if key not in self._seen:
             if not new_allowed:
                 return None
             results, events = self.feeder.run(case)
             self.events += events
-            verdict = merge(case, results)
-            known.apply([verdict], self.entries)
+            [verdict] = judge([case], [results], self.entries)
             if verdict.status == CaseStatus.XFAIL:
                 self.known_hits[verdict.known] += 1
             self._seen[key], self.ran = verdict, self.ran + 1
@@ -179,7 +178,7 @@ class Explorer:
     def replay(self, earlier: list[Found]) -> None:
         """Cases found by earlier runs go first; the ones still failing the same way are found again."""
         for f in earlier:
-            v = self.verdict(f.case)
+            v = self.judged(f.case)
             if signature(v) == f.signature:
                 self.found[f.signature] = f
 
@@ -198,7 +197,7 @@ class Explorer:
                 reject()
             before = self.ran
             shrinking = state["target"] is not None
-            verdict = self.verdict(case, new_allowed=not shrinking or state["shrinking"] < SHRINK_BUDGET)
+            verdict = self.judged(case, new_allowed=not shrinking or state["shrinking"] < SHRINK_BUDGET)
             state["shrinking" if shrinking else "generated"] += self.ran - before
             if verdict is None:
                 return

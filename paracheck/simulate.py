@@ -205,7 +205,7 @@ def _ledger(s: _Setup, model):
 
 def _forward_collectives(model, inputs: dict, layout: Layout):
     """structure.collectives from one forward on meta: (its CheckResult, the Counts or None if it raised)."""
-    from .collectives import count_collectives, verdict
+    from .collectives import check_counts, count_collectives
 
     rank = dist.get_rank()
     # Scoped: `model.set_attention_backend` would leave the process's active backend changed for good.
@@ -219,7 +219,7 @@ def _forward_collectives(model, inputs: dict, layout: Layout):
                     tensor.wait()  # an AsyncCollectiveTensor from the output gather: settle it
     except Exception as exc:
         return CheckResult(CheckId.COLLECTIVES, Status.FAIL, f"forward on meta raised {type(exc).__name__}: {exc}"), None
-    return verdict(counts, layout), counts
+    return check_counts(counts, layout), counts
 
 
 # -- one layout -------------------------------------------------------------------------------------

@@ -1,14 +1,17 @@
-"""Verdicts: every rank's result for a case merged into one, judged once for the CLI, reports and mixins.
+"""Verdicts: every rank's result for a case merged into one `Verdict`, judged in one pipeline (`judge`)
+used by `run`, its progress lines, torchrun, the pytest mixins and explore.
 
-Pure and torch-free. `merge` names the failing ranks per check, `judge` decides the case's status
-(controls against what they must trip, and against their plain case), `known.apply` turns declared
-upstream failures into xfail / xpass.
+Pure and torch-free. `judge` is the pipeline: `merge` names the failing ranks per check and decides a
+case's status on its own (a control by `Control.judge`, against what it must trip), `known.apply` turns
+declared upstream failures into xfail / xpass, and `judge_controls` marks a control inconclusive when its
+plain case already fails what the control must trip.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import known
 from .attribution import ranks_named, ranks_text
 from .case import Case
 from .controls import get_control
@@ -181,10 +184,24 @@ def _error(v: Verdict, ranks: list[RankResult]) -> Verdict:
     return v
 
 
-def judge_controls(verdicts: list[Verdict]) -> None:
+def judge(cases: list[Case], results: list[list[RankResult]], entries, plain_so_far: dict | None = None) -> list[Verdict]:
+    """The one judging pipeline: one verdict per case from its ranks' results (`merge`), declared upstream
+    failures applied (`known.apply` with `entries`), then every control judged against its plain case.
+
+    A caller that judges cases one at a time passes the same `plain_so_far` dict each time: it holds the
+    plain verdicts judged so far (this call adds its own), so a later control still finds its plain case."""
+    verdicts = [merge(c, r) for c, r in zip(cases, results)]
+    known.apply(verdicts, entries)
+    plain = {} if plain_so_far is None else plain_so_far
+    plain.update({v.case.plain: v for v in verdicts if not v.case.control})
+    judge_controls(verdicts, plain)
+    return verdicts
+
+
+def judge_controls(verdicts: list[Verdict], plain: dict | None = None) -> None:
     """A control cannot be judged where its plain case already fails what it must trip (or raised):
-    mark it inconclusive, never missed."""
-    plain = {v.case.plain: v for v in verdicts if not v.case.control}
+    mark it inconclusive, never missed. `plain`: plain case -> its verdict (default: those in `verdicts`)."""
+    plain = {v.case.plain: v for v in verdicts if not v.case.control} if plain is None else plain
     for v in verdicts:
         if not v.case.control or v.status == CaseStatus.SKIP:
             continue
