@@ -12,9 +12,8 @@ import os
 import re
 import signal
 
-from .protocol import RankExit
 from .records import Failure, FailureKind, RankResult, RankStatus, RunEvent
-from .supervisor import EndKind, WorldEnd
+from .protocol import EndKind, RankExit, WorldEnd
 
 # gloo's own words when the peer at the other end of a socket is gone.
 _PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|"

@@ -17,9 +17,9 @@ from typing import Callable
 
 from .attribution import attribute
 from .case import Case
-from .protocol import FAIL_FAST_GRACE, RunDir, read_json, write_json
+from .protocol import FAIL_FAST_GRACE, EndKind, RunDir, read_json, write_json
 from .records import RankResult, RankStatus, RunEvent
-from .supervisor import EndKind, Supervisor
+from .supervisor import Supervisor
 
 
 @dataclass

@@ -10,40 +10,20 @@ reaches everything it started. Torch-free.
 from __future__ import annotations
 
 import contextlib
-import enum
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 
-from .protocol import ENV_STORE, ENV_TODO, RankExit, RunDir, read_json, write_json
+from .protocol import ENV_STORE, ENV_TODO, EndKind, RankExit, RunDir, WorldEnd, read_json, write_json
 
 _POLL = 0.05
 #: Seconds for faulthandler (a C signal handler) to write every rank's stack after SIGUSR1.
 _STACK_WAIT = 1.0
 #: Seconds to let the other ranks finish after one exits with an error, before they are stopped.
 _EXIT_GRACE = 3.0
-
-
-class EndKind(str, enum.Enum):
-    DONE = "done"              # every rank exited 0
-    RANK_EXIT = "rank-exit"    # a rank exited non-zero or died by signal
-    HANG = "hang"              # a case ran past the timeout
-    START = "start"            # no rank started a case in time
-
-
-@dataclass
-class WorldEnd:
-    """How one world ended: per-rank exit codes (None: still running when stopped; < 0: signal)."""
-    kind: EndKind
-    attempt: int
-    codes: list[int | None]
-    stacks: dict[int, str] = field(default_factory=dict)
-    progress: dict[int, dict] = field(default_factory=dict)
-    logs: dict[int, str] = field(default_factory=dict)
 
 
 def start_method(backend_name: str) -> tuple[str, str]:

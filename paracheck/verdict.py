@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import known
-from .attribution import ranks_named, ranks_text
+from .attribution import ranks_named
 from .case import Case
 from .controls import get_control
 from .records import CaseStatus, CheckId, Failure, FailureKind, Finding, MergedCheck, RankResult, RankStatus, Route, \
