@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from . import library
+from .layout import tp_shard
 from .records import CheckId, CheckResult, Failure, Status
 
 # (atol, rtol) by dtype and device type. fp32 on CPU agrees to ~1e-7 on the fixtures (measured), so
@@ -144,23 +145,16 @@ def local_slice(full: torch.Tensor, spec, index: int, tp: int) -> torch.Tensor:
     """Shard `index` of `tp` of a planned parameter: each block of `spec.dim` is split on its own."""
     if spec.dim is None:
         return full
-    parts, offset = [], 0
-    for block in spec.block_sizes:
-        chunk = block // tp
-        parts.append(full.narrow(spec.dim, offset + index * chunk, chunk))
-        offset += block
-    return torch.cat(parts, dim=spec.dim)
+    return torch.cat([full.narrow(spec.dim, start, length) for start, length in tp_shard(spec.block_sizes, index, tp)],
+                     dim=spec.dim)
 
 
 def assemble(pieces: list[torch.Tensor], spec) -> torch.Tensor:
     """Inverse of `local_slice`: the full tensor from every TP rank's shard, in TP-coordinate order."""
-    tp = len(pieces)
-    blocks = []
-    offset = 0
-    for block in spec.block_sizes:
-        chunk = block // tp
-        blocks.extend(p.narrow(spec.dim, offset, chunk) for p in pieces)
-        offset += chunk
+    blocks, offset = [], 0
+    for _, length in tp_shard(spec.block_sizes, 0, len(pieces)):  # each piece holds the same lengths
+        blocks.extend(p.narrow(spec.dim, offset, length) for p in pieces)
+        offset += length
     return torch.cat(blocks, dim=spec.dim)
 
 

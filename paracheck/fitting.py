@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .layout import Layout
+from .layout import Layout, fit_heads
 from .records import Failure, FailureKind
 
 HEADS_KEY = "num_attention_heads"
@@ -82,7 +82,7 @@ def fit_init_dict(model_class: type, init_dict: dict, layout: Layout, any_heads:
     fitted = dict(init_dict)
     changes: list[str] = []
     fit = (lambda h: uneven_heads(h, layout)) if any_heads and layout.ulysses > 1 else \
-        (lambda h: -(-h // layout.head_multiple) * layout.head_multiple)
+        (lambda h: fit_heads(h, layout))
     if layout.head_multiple > 1:
         _fit_head_group(model_class, fitted, fit, HEADS_KEY, HEAD_DIM_KEY, TIED_TO_INNER_DIM.get(name, ()),
                         changes, required=True)

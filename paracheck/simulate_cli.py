@@ -166,11 +166,13 @@ def _layouts(args):
 
 
 def _exit_code(results, args) -> int:
+    from .simulate import LayoutStatus
+
     if args.control:
         return 1 if any(r.detected is False for r in results) else 0
     if any(r.structure_failed for r in results):
         return 1
-    if args.layout and any(r.status != "ok" for r in results):
+    if args.layout and any(r.status != LayoutStatus.OK for r in results):
         return 1
     return 0
 
@@ -241,10 +243,10 @@ def _cell(result, check: str) -> str:
 def _row(r) -> list[str]:
     from .simulate import SIM_CHECKS
 
-    verdict = r.status
+    status = r.status.value
     if r.control:
-        verdict = f"{r.status} ({'detected' if r.detected else 'MISSED' if r.detected is False else r.status})"
-    return ([r.layout.name, verdict] + [_cell(r, c) for c in SIM_CHECKS]
+        status = f"{status} ({'detected' if r.detected else 'MISSED' if r.detected is False else status})"
+    return ([r.layout.name, status] + [_cell(r, c) for c in SIM_CHECKS]
             + [str(r.ranks or "-"), f"{1000 * r.per_rank:.0f}" if r.ranks else "-",
                f"{1000 * r.cpu_per_rank:.0f}" if r.ranks else "-", short_reason(r)])
 
