@@ -10,8 +10,6 @@ diffusers' ring attention merges per-chunk results with their log-sum-exp (LSE);
 - `cpu_lse_attention()`: registers the pair under `BACKEND` and makes it the active backend, only
   inside a `with` block; `fault=` plants one of `FAULTS` (negative controls): two ring-only bugs, and a
   backend that ignores the context-parallel config it is handed.
-- `reversed_ring_rotation()`: test-only, hand-applies the fix for diffusers 0.42.1's ring backward
-  rotation (see docs/upstream/ring_backward_rotation.md).
 
 The registry it plugs into is diffusers' private state, reached only through `library`.
 """
@@ -203,39 +201,6 @@ def cpu_lse_attention(fault: str | None = None):
 
     with library.active_attention_backend(_Name.CPU_LSE, _backend(fault)):
         yield _Name.CPU_LSE
-
-
-# -- test-only: the upstream fix for the ring backward's rotation ---------------------------------
-
-
-class _ReversedRotation:
-    """Stands in for torch's functional-collectives module inside diffusers' attention_dispatch: the
-    +1 rotation the ring backward asks of `permute_tensor` becomes -1; everything else passes through."""
-
-    def __init__(self, funcol):
-        self._funcol = funcol
-
-    def __getattr__(self, name):
-        return getattr(self._funcol, name)
-
-    def permute_tensor(self, tensor, src_dst, group, *args, **kwargs):
-        n = len(src_dst)
-        if list(src_dst) == [(r + 1) % n for r in range(n)]:
-            src_dst = [(r - 1) % n for r in range(n)]
-        return self._funcol.permute_tensor(tensor, src_dst, group, *args, **kwargs)
-
-
-@contextlib.contextmanager
-def reversed_ring_rotation():
-    """TEST ONLY. diffusers 0.42.1's `TemplatedRingAttention.backward` passes each rank's KV-gradient
-    accumulator to rank + 1 while step i computes the gradient of chunk rank + i, so an accumulator
-    meets the wrong chunks once the ring degree exceeds 2. Passing it to rank - 1 instead (the fix,
-    applied here by hand) keeps each accumulator on the rank that is computing its chunk. Exists only
-    so a test can prove that known failure is real."""
-    from . import library
-
-    with library.attention_collectives(_ReversedRotation):
-        yield
 
 
 # -- choosing the backend a case runs ---------------------------------------------------------------

@@ -26,15 +26,13 @@ _STACK_WAIT = 1.0
 _EXIT_GRACE = 3.0
 
 
-def start_method(backend_name: str) -> tuple[str, str]:
-    """How ranks start on this platform and backend, and why."""
-    if os.environ.get("PARACHECK_START") == "fresh":
-        return "fresh", "PARACHECK_START=fresh"
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return "fresh", "this platform cannot fork"
-    if backend_name == "neuron":
-        return "fresh", "the Neuron runtime is initialised per process on import"
-    return "forkserver", "forked from a parent that imported torch and diffusers once"
+def start_method(backend_name: str) -> str:
+    """How ranks start on this platform and backend: "fresh" interpreters when PARACHECK_START=fresh asks
+    for them, the platform cannot fork, or the backend is neuron (its runtime initialises per process on
+    import); else "forkserver", forked from a parent that imported torch and diffusers once."""
+    if os.environ.get("PARACHECK_START") == "fresh" or "forkserver" not in multiprocessing.get_all_start_methods():
+        return "fresh"
+    return "fresh" if backend_name == "neuron" else "forkserver"
 
 
 @contextlib.contextmanager
@@ -106,7 +104,7 @@ class Supervisor:
     def __init__(self, rundir: RunDir, backend_name: str, nproc: int, timeout: float, startup_timeout: float = 300.0):
         self.rundir, self.backend_name, self.nproc = rundir, backend_name, nproc
         self.timeout, self.startup_timeout = timeout, startup_timeout
-        self.method, self.method_reason = start_method(backend_name)
+        self.method = start_method(backend_name)
         self.ranks: list[_Rank] = []
 
     def start(self, attempt: int, todo: list[int]) -> None:
