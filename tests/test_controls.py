@@ -52,7 +52,7 @@ def test_no_module_outside_controls_names_a_control():
     import paracheck
 
     package = pathlib.Path(paracheck.__file__).parent
-    for path in package.glob("*.py"):
+    for path in package.rglob("*.py"):
         if path.name == "controls.py":
             continue
         text = path.read_text()
@@ -74,7 +74,7 @@ def test_every_attention_fault_belongs_to_one_control_and_is_planted_in_the_atte
         "ring-stale-kv-backward": "stale-kv-backward", "ring-drop-merge": "drop-ring-merge",
         "cp-attention-local": "ignore-cp-config"}
     package = pathlib.Path(paracheck.__file__).parent
-    for path in package.glob("*.py"):
+    for path in package.rglob("*.py"):
         if path.name in ("controls.py", "attention.py"):
             continue
         named = [fault for fault in FAULTS if f'"{fault}"' in path.read_text()]
