@@ -5,7 +5,7 @@
 Tiny Flux (the bundled fixture at 4 heads) is parallelized through the kit's routes on every rank (with the
 gloo shims), then one forward runs twice: under torch's `CommDebugMode` (which counts collectives but
 not their groups), and under `paracheck.collectives.count_collectives` (which keys them by group). Each rank
-checks its output against the one-device reference and runs the `structure.collectives` verdict.
+checks its output against the one-device reference and runs the `structure.collectives` check.
 Rank 0 prints one line per case and rank; `--json` writes everything.
 """
 
@@ -39,7 +39,7 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]
     from paracheck import library
     from paracheck.attention import cpu_lse_attention
     from paracheck.backends import get_backend
-    from paracheck.collectives import count_collectives, verdict
+    from paracheck.collectives import check_counts, count_collectives
     from paracheck.controls import get_control
     from paracheck.fixtures import flux
     from paracheck.layout import Layout
@@ -77,7 +77,7 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]
             with count_collectives(rank) as counts:
                 again = model(**inputs, return_dict=False)[0]
             assert torch.equal(out, again)  # uses (and so waits on) the second forward's output too
-        check = verdict(counts, layout)
+        check = check_counts(counts, layout)
         results.append({
             "case": name + (f":{control}" if control else ""), "rank": rank,
             "comm_debug_mode": {str(op): n for op, n in comm.get_comm_counts().items()},

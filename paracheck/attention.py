@@ -11,8 +11,6 @@
   float32), so a bf16 result is the float32 one rounded once. (Under ring, diffusers casts the merged
   output to the input dtype before the backward reads it.) `cpu_lse_attention()` registers them under
   `BACKEND` and makes it the active backend, only inside a `with` block.
-- `reversed_ring_rotation()`: test-only, hand-applies the fix for diffusers 0.42.1's ring backward
-  rotation (see docs/upstream/ring_backward_rotation.md).
 
 The registry and the templated machinery are diffusers' private state, reached only through `library`.
 """
@@ -238,39 +236,6 @@ def cpu_lse_attention(fault: str | None = None):
 
     with library.active_attention_backend(_Name.CPU_LSE, paracheck_cpu_lse), fault_scope(fault):
         yield _Name.CPU_LSE
-
-
-# -- test-only: the upstream fix for the ring backward's rotation ---------------------------------
-
-
-class _ReversedRotation:
-    """Stands in for torch's functional-collectives module inside diffusers' attention_dispatch: the
-    +1 rotation the ring backward asks of `permute_tensor` becomes -1; everything else passes through."""
-
-    def __init__(self, funcol):
-        self._funcol = funcol
-
-    def __getattr__(self, name):
-        return getattr(self._funcol, name)
-
-    def permute_tensor(self, tensor, src_dst, group, *args, **kwargs):
-        n = len(src_dst)
-        if list(src_dst) == [(r + 1) % n for r in range(n)]:
-            src_dst = [(r - 1) % n for r in range(n)]
-        return self._funcol.permute_tensor(tensor, src_dst, group, *args, **kwargs)
-
-
-@contextlib.contextmanager
-def reversed_ring_rotation():
-    """TEST ONLY. diffusers 0.42.1's `TemplatedRingAttention.backward` passes each rank's KV-gradient
-    accumulator to rank + 1 while step i computes the gradient of chunk rank + i, so an accumulator
-    meets the wrong chunks once the ring degree exceeds 2. Passing it to rank - 1 instead (the fix,
-    applied here by hand) keeps each accumulator on the rank that is computing its chunk. Exists only
-    so a test can prove that known failure is real."""
-    from . import library
-
-    with library.attention_collectives(_ReversedRotation):
-        yield
 
 
 # -- choosing the backend a case runs ---------------------------------------------------------------

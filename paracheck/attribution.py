@@ -12,9 +12,8 @@ import os
 import re
 import signal
 
-from .protocol import RankExit
-from .records import RankResult, RankStatus, RunEvent
-from .supervisor import EndKind, WorldEnd
+from .records import Failure, FailureKind, RankResult, RankStatus, RunEvent
+from .protocol import EndKind, RankExit, WorldEnd
 
 # gloo's own words when the peer at the other end of a socket is gone.
 _PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|"
@@ -56,8 +55,10 @@ def _hang(index: int, end: WorldEnd, written: dict[int, RankResult], timeout: fl
         message += f"; likely cause: rank{'s' if len(odd) > 1 else ''} {odd}, stuck where the others are not"
     results = dict(written)
     for rank in stuck:
+        stack = end.stacks.get(rank, "")
         results[rank] = RankResult(index, rank, RankStatus.ERROR, reason=f"hung past --timeout {timeout:g}s in {where[rank]}",
-                                   hung=True, secondary=bool(odd) and rank not in odd, stack=end.stacks.get(rank, ""))
+                                   secondary=bool(odd) and rank not in odd, stack=stack,
+                                   failure=Failure(FailureKind.HANG, site=stuck_site(stack)))
     return [results[r] for r in sorted(results)], [RunEvent("hang", index, message)]
 
 
@@ -74,7 +75,9 @@ def _exit(index: int, end: WorldEnd, written: dict[int, RankResult]):
         causes.add(rank)
         if code is not None and code < 0:
             events.append(RunEvent("signal", index, reason))
-        results[rank] = RankResult(index, rank, RankStatus.ERROR, reason=reason, traceback=end.logs.get(rank, ""))
+        ended = signal.Signals(-code).name if code is not None and code < 0 else f"exit code {code}"
+        results[rank] = RankResult(index, rank, RankStatus.ERROR, reason=reason, traceback=end.logs.get(rank, ""),
+                                   failure=Failure(FailureKind.EXIT, exception=ended))
     if not causes:
         causes = {r for r, c in enumerate(end.codes) if c not in (None, 0)}
     for rank in range(len(end.codes)):
@@ -127,19 +130,34 @@ def odd_ones_out(where: dict[int, str]) -> list[int]:
     return sorted(r for r, frame in where.items() if counts[frame] < most)
 
 
-def innermost(stack: str) -> str:
-    """Where a rank sits in a faulthandler dump: its innermost frame, and the innermost outside torch."""
+def _frames(stack: str) -> tuple[list, tuple | None]:
+    """The main thread's frames (file, line, function) of a faulthandler dump, innermost first, and the
+    innermost one outside torch (None when that is the innermost itself)."""
     blocks = stack.split("\n\n")
     main = next((b for b in blocks if "Current thread" in b), blocks[0] if blocks else "")
     frames = re.findall(r'File "(.+)", line (\d+) in (\S+)', main)
+    outside = next((f for f in frames if f"{os.sep}torch{os.sep}" not in f[0] and "<frozen" not in f[0]
+                    and "multiprocessing" not in f[0]), None)
+    return frames, (None if not frames or outside == frames[0] else outside)
+
+
+def innermost(stack: str) -> str:
+    """Where a rank sits in a faulthandler dump: its innermost frame, and the innermost outside torch."""
+    frames, outside = _frames(stack)
     if not frames:
         return "an unknown frame (no stack was captured)"
 
     def fmt(frame):
         return f"{os.path.basename(frame[0])}:{frame[1]} in {frame[2]}"
 
-    outside = next((f for f in frames if f"{os.sep}torch{os.sep}" not in f[0] and "<frozen" not in f[0]
-                    and "multiprocessing" not in f[0]), None)
-    if outside is None or outside == frames[0]:
-        return fmt(frames[0])
-    return f"{fmt(frames[0])}, called from {fmt(outside)}"
+    return fmt(frames[0]) if outside is None else f"{fmt(frames[0])}, called from {fmt(outside)}"
+
+
+def stuck_site(stack: str) -> str:
+    """`module.function` of where a stuck rank sits (the innermost frame outside torch when there is one),
+    without line numbers: the hang's identity."""
+    frames, outside = _frames(stack)
+    if not frames:
+        return ""
+    frame = outside or frames[0]
+    return f"{os.path.splitext(os.path.basename(frame[0]))[0]}.{frame[2]}"

@@ -13,8 +13,14 @@ from .layout import Layout
 
 BACKENDS = ("gloo", "nccl", "neuron")
 
-# Neuron's all-to-all accepts only contiguous replica groups of these sizes (or multiples of 32).
-_NEURON_ALLTOALL_SIZES = (4, 8, 16)
+#: Neuron's all-to-all accepts only contiguous replica groups of these sizes (or multiples of 32).
+NEURON_ALLTOALL_SIZES = (4, 8, 16)
+
+
+def neuron_alltoall_takes(size: int) -> bool:
+    """Whether Neuron's all-to-all takes a replica group of `size` ranks (the one copy of the rule)."""
+    return size in NEURON_ALLTOALL_SIZES or size % 32 == 0
+
 
 @dataclass(frozen=True)
 class Backend:
@@ -27,7 +33,7 @@ class Backend:
         found = []
         if self.name == "neuron" and layout.ulysses > 1:
             u = layout.ulysses
-            if u not in _NEURON_ALLTOALL_SIZES and u % 32 != 0:
+            if not neuron_alltoall_takes(u):
                 found.append(
                     f"ulysses degree {u}: Neuron's all-to-all takes groups of 4, 8, 16 or a multiple of 32"
                 )
@@ -37,6 +43,19 @@ class Backend:
                     "contiguous replica groups; use --order cp-fastest"
                 )
         return found
+
+    def group_problems(self, alltoall_ranks: list[int]) -> list[str]:
+        """Why this backend cannot run an all-to-all over the process group `alltoall_ranks` (ranks in
+        group order); empty when it can."""
+        if self.name != "neuron":
+            return []
+        problems, size = [], len(alltoall_ranks)
+        if not neuron_alltoall_takes(size):
+            problems.append(f"all-to-all group of {size} ranks: Neuron takes 4, 8, 16 or a multiple of 32")
+        if list(alltoall_ranks) != list(range(alltoall_ranks[0], alltoall_ranks[0] + size)):
+            problems.append(f"all-to-all group {list(alltoall_ranks)} is strided: Neuron takes contiguous replica "
+                            "groups only")
+        return problems
 
     def device_for(self, local_rank: int) -> str:
         if self.device_type == "cpu":

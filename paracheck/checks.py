@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 from . import library
-from .records import CheckId, CheckResult, Status
+from .layout import tp_shard
+from .records import CheckId, CheckResult, Failure, Status
 
 # (atol, rtol) by dtype and device type. fp32 on CPU agrees to ~1e-7 on the fixtures (measured), so
 # these leave two orders of magnitude of headroom and still fail a 3e-2 shift by three.
@@ -28,6 +29,16 @@ _TOLERANCES = {
     (torch.bfloat16, None): (2e-2, 2e-2),
     (torch.float16, None): (2e-3, 2e-3),
 }
+
+
+@dataclass(frozen=True)
+class Raised:
+    """A step of the parallel model raised: the message for the report, and the typed identity."""
+    message: str
+    failure: Failure
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass
@@ -45,13 +56,13 @@ class CheckContext:
     ref_out32: torch.Tensor | None = None
     ref_grads32: dict = field(default_factory=dict)
     out: torch.Tensor | None = None
-    forward_error: str | None = None
+    forward_error: Raised | None = None
     #: The collectives the parallel forward issued on this rank (`collectives.Counts`), when counted.
     collectives: object | None = None
-    backward_error: str | None = None
+    backward_error: Raised | None = None
     #: The inference pass: the same forward under `torch.no_grad()`, as pipelines call a model.
     inference_out: torch.Tensor | None = None
-    inference_error: str | None = None
+    inference_error: Raised | None = None
     inference_collectives: object | None = None
 
     @property
@@ -78,7 +89,7 @@ def run_checks(ids, ctx: CheckContext) -> list[CheckResult]:
     return [CHECKS[i](ctx) for i in ids]
 
 
-def _verdict(check_id: CheckId, problems: list[str]) -> CheckResult:
+def _result(check_id: CheckId, problems: list[str]) -> CheckResult:
     return CheckResult(check_id, Status.FAIL if problems else Status.PASS, problems_text(problems))
 
 
@@ -138,23 +149,16 @@ def local_slice(full: torch.Tensor, spec, index: int, tp: int) -> torch.Tensor:
     """Shard `index` of `tp` of a planned parameter: each block of `spec.dim` is split on its own."""
     if spec.dim is None:
         return full
-    parts, offset = [], 0
-    for block in spec.block_sizes:
-        chunk = block // tp
-        parts.append(full.narrow(spec.dim, offset + index * chunk, chunk))
-        offset += block
-    return torch.cat(parts, dim=spec.dim)
+    return torch.cat([full.narrow(spec.dim, start, length) for start, length in tp_shard(spec.block_sizes, index, tp)],
+                     dim=spec.dim)
 
 
 def assemble(pieces: list[torch.Tensor], spec) -> torch.Tensor:
     """Inverse of `local_slice`: the full tensor from every TP rank's shard, in TP-coordinate order."""
-    tp = len(pieces)
-    blocks = []
-    offset = 0
-    for block in spec.block_sizes:
-        chunk = block // tp
-        blocks.extend(p.narrow(spec.dim, offset, chunk) for p in pieces)
-        offset += chunk
+    blocks, offset = [], 0
+    for _, length in tp_shard(spec.block_sizes, 0, len(pieces)):  # each piece holds the same lengths
+        blocks.extend(p.narrow(spec.dim, offset, length) for p in pieces)
+        offset += length
     return torch.cat(blocks, dim=spec.dim)
 
 
@@ -188,7 +192,7 @@ def check_mesh(ctx: CheckContext) -> CheckResult:
             problems.append(f"shared mesh {got} != layout's {(layout.mesh_dims, layout.mesh_shape)}")
     for part, (dims, members) in expected.items():
         problems.extend(_mesh_part_problems(applied, part, dims, members))
-    return _verdict(CheckId.MESH, problems)
+    return _result(CheckId.MESH, problems)
 
 
 def _mesh_part_problems(applied, part: str, dims: tuple[str, ...], members: list[int]) -> list[str]:
@@ -246,7 +250,7 @@ def check_cp_hooks(ctx: CheckContext) -> CheckResult:
         for name, module in model.named_modules():
             stray = [h for h in library.hook_names(module) if h.startswith((library.CP_INPUT, library.CP_OUTPUT))]
             problems.extend(f"{name or '<root>'} carries {h} without CP" for h in stray)
-    return _verdict(CheckId.CP_HOOKS, problems)
+    return _result(CheckId.CP_HOOKS, problems)
 
 
 @check(CheckId.PROCESSOR_CONFIG)
@@ -257,7 +261,7 @@ def check_processor_config(ctx: CheckContext) -> CheckResult:
     if not layout.has_cp:
         problems.extend(f"{name}: TP alone, yet processor holds a parallel config"
                         for name, p in processors if library.processor_config(p) is not None)
-        return _verdict(CheckId.PROCESSOR_CONFIG, problems)
+        return _result(CheckId.PROCESSOR_CONFIG, problems)
     if not processors:
         problems.append("no attention processor takes a parallel config, so attention cannot run Ulysses/ring")
     for name, processor in processors:
@@ -269,7 +273,7 @@ def check_processor_config(ctx: CheckContext) -> CheckResult:
             problems.append(f"{name}: processor holds another config than the run's")
         elif (cp.ring_degree, cp.ulysses_degree) != (layout.ring, layout.ulysses):
             problems.append(f"{name}: CP degrees {(cp.ring_degree, cp.ulysses_degree)} != layout's")
-    return _verdict(CheckId.PROCESSOR_CONFIG, problems)
+    return _result(CheckId.PROCESSOR_CONFIG, problems)
 
 
 @check(CheckId.TP_SHARDS)
@@ -290,7 +294,7 @@ def check_tp_shards(ctx: CheckContext) -> CheckResult:
             problems.append(f"{name} is outside the TP plan but is a DTensor")
         elif not torch.equal(param.detach(), ref_params[name].detach().to(param.device)):
             problems.append(f"{name} is outside the TP plan but differs from the reference")
-    return _verdict(CheckId.TP_SHARDS, problems)
+    return _result(CheckId.TP_SHARDS, problems)
 
 
 def _shard_problems(name: str, param, ref_param, spec, ctx: CheckContext) -> list[str]:
@@ -329,7 +333,7 @@ def check_collectives(ctx: CheckContext) -> CheckResult:
                                "are incomplete")
         if counts is None:
             return CheckResult(CheckId.COLLECTIVES, Status.SKIP, f"{label}the forward's collectives were not counted")
-        results.append((label, collectives.verdict(counts, ctx.layout)))
+        results.append((label, collectives.check_counts(counts, ctx.layout)))
     (_, training), (label, inference) = results
     if inference.status == Status.FAIL and training.status == Status.PASS:
         training.status, training.detail = Status.FAIL, label + inference.detail
@@ -345,7 +349,8 @@ def check_collectives(ctx: CheckContext) -> CheckResult:
 @check(CheckId.FORWARD)
 def check_forward(ctx: CheckContext) -> CheckResult:
     if ctx.forward_error:
-        return CheckResult(CheckId.FORWARD, Status.FAIL, f"forward raised {ctx.forward_error}")
+        return CheckResult(CheckId.FORWARD, Status.FAIL, f"forward raised {ctx.forward_error}",
+                           failure=ctx.forward_error.failure)
     return compare(CheckId.FORWARD, ctx.out, ctx.ref_out, ctx.atol, ctx.rtol, expected32=ctx.ref_out32)
 
 
@@ -354,7 +359,8 @@ def check_inference(ctx: CheckContext) -> CheckResult:
     """The forward under `torch.no_grad()` against the same reference, by the same rule as the forward:
     backends and TP layers branch on whether a gradient is recorded."""
     if ctx.inference_error:
-        return CheckResult(CheckId.INFERENCE, Status.FAIL, f"forward under no_grad raised {ctx.inference_error}")
+        return CheckResult(CheckId.INFERENCE, Status.FAIL, f"forward under no_grad raised {ctx.inference_error}",
+                           failure=ctx.inference_error.failure)
     return compare(CheckId.INFERENCE, ctx.inference_out, ctx.ref_out, ctx.atol, ctx.rtol, what="no-grad output",
                    expected32=ctx.ref_out32)
 
@@ -376,7 +382,8 @@ def check_grads(ctx: CheckContext) -> CheckResult:
     if skip:
         return CheckResult(CheckId.GRADS, Status.SKIP, skip)
     if ctx.backward_error:
-        return CheckResult(CheckId.GRADS, Status.FAIL, f"backward raised {ctx.backward_error}")
+        return CheckResult(CheckId.GRADS, Status.FAIL, f"backward raised {ctx.backward_error}",
+                           failure=ctx.backward_error.failure)
     return _compare_grads(ctx)
 
 

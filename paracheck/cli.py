@@ -13,15 +13,13 @@ import time
 
 from . import __version__
 from .backends import BackendError, get_backend, missing_devices, resolve
-from .case import DTYPES, ROUTES, Case, SpecError, call_factory, expand, parse_cp_options
+from .case import ROUTES, Case, SpecError, call_factory, expand, parse_cp_options
+from .cli_common import UsageError, add_order, add_timeout, check_choice, check_dtypes, check_order, check_timeout, \
+    check_writable, named_models, raise_interrupt, run_meta
 from .controls import CONTROLS
 from .fixtures_index import FixtureUnavailable
-from .layout import ORDERS, Layout, LayoutError, layouts_for, parse_layouts
+from .layout import Layout, LayoutError, layouts_for, parse_layouts
 from .protocol import Exit
-
-
-class UsageError(Exception):
-    """Bad input: exit 2 with a message naming the argument and the rule."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--models", default="all", help="fixture names, comma separated, or all")
     run.add_argument("--layouts", default="all", help="layouts like tp4,u4,tp2xu2, or all for --nproc")
     run.add_argument("--route", default="auto", help="auto|native|composed|sharded-load")
-    run.add_argument("--order", default="cp-fastest", help="cp-fastest|tp-fastest (mesh order)")
+    add_order(run)
     run.add_argument("--spec", action="append", help="MODULE:FUNCTION returning (model_class, init_dict, inputs); "
                      "repeat for several")
     run.add_argument("--no-grads", action="store_true", help="skip parity.grads")
@@ -55,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
                      "(default: the file paracheck ships)")
     run.add_argument("--report-json", help="write the JSON report here")
     run.add_argument("--junit", help="write JUnit XML here")
-    run.add_argument("--timeout", type=float, default=120.0, help="seconds one case may run before it is a hang")
+    add_timeout(run)
     run.add_argument("--quiet", action="store_true", help="no per-case lines: only the table and the summary")
     from .explore_cli import add_parser
 
@@ -67,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     topo.add_argument("--heads", type=int, help="the model's attention head count (required without --simulate; "
                       "with it, overrides the model config's num_attention_heads)")
     topo.add_argument("--layout", help="one layout to judge (exit 1 when refused); default: every layout")
-    topo.add_argument("--order", default="cp-fastest", help="cp-fastest|tp-fastest (mesh order)")
+    add_order(topo)
     from .simulate_cli import add_arguments
 
     add_arguments(topo)
@@ -85,7 +83,7 @@ def main(argv=None) -> int:
             from .explore_cli import explore
 
             check_library()
-            return explore(args, UsageError)
+            return explore(args)
         return run(args)
     except (UsageError, LayoutError, BackendError, SpecError, KnownFailuresError) as exc:
         print(f"paracheck: error: {exc}", file=sys.stderr)
@@ -104,12 +102,10 @@ def _check_options(args, backend) -> list[Layout]:
         raise UsageError(missing)
     _wanted_variants(args.variants)
     _check_attention_backend(args.attention_backend)
-    for flag, value, allowed in (("--order", args.order, ORDERS), ("--route", args.route, ROUTES),
-                                 ("--dtype", args.dtype, DTYPES)):
-        if value not in allowed:
-            raise UsageError(f"{flag} {value!r}: must be one of {', '.join(allowed)}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout {args.timeout:g}: must be > 0 seconds")
+    check_order(args.order)
+    check_choice("--route", args.route, ROUTES)
+    check_dtypes(args.dtype)
+    check_timeout(args.timeout)
     try:
         args.cp_options = parse_cp_options(args.cp_options)
     except ValueError as exc:
@@ -176,26 +172,6 @@ def _offered(model: str, factory: str) -> tuple[str, ...]:
     return factory_variants(factory)
 
 
-def named_models(args) -> list[tuple[str, str]]:
-    """(name, factory) for each model `--models` or `--spec` asks for (run and explore)."""
-    from .fixtures_index import select
-
-    if args.spec and args.models != "all":
-        raise UsageError("--models with --spec: --models names bundled fixtures; give one or the other")
-    if args.spec:
-        return spec_names(args.spec)
-    try:
-        return select(args.models)
-    except ValueError as e:
-        raise UsageError(f"--models {e}") from None
-
-
-def spec_names(specs: list[str]) -> list[tuple[str, str]]:
-    """A spec's model name is its function's name, or module:function where two functions share one."""
-    short = [spec.rpartition(":")[2] for spec in specs]
-    return [(name if short.count(name) == 1 else os.path.basename(spec), spec) for name, spec in zip(short, specs)]
-
-
 def _check_fits(models: list[tuple[str, str]], layouts: list[Layout], built: dict) -> None:
     """Named models crossed with named layouts: the pairs that do not fit run as skips with the reason,
     but a named layout that fits none of the models, or a model that takes none of the layouts, is a
@@ -223,16 +199,6 @@ def _check_fits(models: list[tuple[str, str]], layouts: list[Layout], built: dic
             reasons = "; ".join(f"{name}: {misfits[name, layout.name]}" for name, _ in models)
             raise UsageError(f"--layouts {layout.name} fits none of --models "
                              f"{','.join(n for n, _ in models)} ({reasons})")
-
-
-def check_writable(path: str | None, flag: str) -> None:
-    if not path:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise UsageError(f"{flag} {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UsageError(f"{flag} {path}: not writable")
 
 
 def check_library() -> None:
@@ -266,7 +232,7 @@ def _launch(args, backend, cases: list[Case], entries) -> int:
 
     progress = Progress(cases, quiet=args.quiet, entries=entries)
     launcher = Launcher(backend, args.nproc, args.timeout, on_case=progress.case_done)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     started = time.time()
     try:
         outcome = launcher.run(cases)
@@ -278,59 +244,11 @@ def _launch(args, backend, cases: list[Case], entries) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     progress.close()
-    meta = _meta(backend, args.nproc, outcome)
+    meta = run_meta(backend, args.nproc, outcome)
+    from .finish import finish
+
     return finish(args, cases, [outcome.results[i] for i in range(len(cases))], outcome.events, entries, meta,
                   time.time() - started, f", ranks {outcome.start_method}, {outcome.references} references")
-
-
-def finish(args, cases, results, events, entries, meta: dict, seconds: float, extra: str) -> int:
-    """Verdicts from every case's rank results, then the table, notes, reports; returns the exit code."""
-    from . import known, report
-    from .verdict import judge_controls, merge
-
-    verdicts = [merge(c, r) for c, r in zip(cases, results)]
-    known.apply(verdicts, entries)
-    judge_controls(verdicts)
-    base = [] if args.backend == "auto" else ["--backend", args.backend]
-    base += ["--nproc", str(args.nproc)] + (["--no-grads"] if args.no_grads else [])
-    replays = {v.id: report.replay_command(v, base) for v in verdicts}
-    print(report.table(verdicts))
-    text = report.notes(verdicts, replays)
-    if text:
-        print("\n" + text)
-    for event in events:
-        print(f"\nRUN BROKE ({event.kind}): {event.message}")
-    data = report.to_json(verdicts, meta, events)
-    print("\n" + report.counts_line(verdicts, seconds, meta.get("worlds", 1), extra))
-    if args.report_json:
-        import json
-
-        with open(args.report_json, "w") as handle:
-            json.dump(data, handle, indent=1)
-    if args.junit:
-        with open(args.junit, "w") as handle:
-            handle.write(report.to_junit(verdicts))
-    return data["exit_code"]
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
-def _meta(backend, nproc: int, outcome=None) -> dict:
-    from importlib.metadata import version
-
-    versions = {}
-    for package in ("torch", "diffusers"):
-        try:
-            versions[package] = version(package)
-        except Exception:
-            versions[package] = None
-    meta = {"paracheck": __version__, "backend": backend.name, "nproc": nproc, "versions": versions}
-    if outcome is not None:
-        meta.update(worlds=outcome.worlds, start_method=outcome.start_method, references=outcome.references,
-                    start_seconds=round(outcome.start_seconds, 3))
-    return meta
 
 
 def topology(args) -> int:
@@ -338,8 +256,8 @@ def topology(args) -> int:
     from .simulate_cli import reject_simulate_only, topology_simulate
 
     if args.simulate:
-        return topology_simulate(args, UsageError)
-    reject_simulate_only(args, UsageError)
+        return topology_simulate(args)
+    reject_simulate_only(args)
     if args.heads is None:
         raise UsageError("--heads: required without --simulate (with --simulate the model's config gives it)")
     backend = get_backend(args.backend)

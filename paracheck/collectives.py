@@ -9,7 +9,7 @@ call apart from the rest: every attention backend runs inside an observer (`libr
 that notes whether the call was dispatched with a parallel config, which is how diffusers' processors say
 "run this call context-parallel" (Wan's cross-attention, for one, holds the config and passes none).
 
-`verdict` is pure: counts in, one `CheckResult` out (`structure.collectives`). The rules:
+`check_counts` is pure: counts in, one `CheckResult` out (`structure.collectives`). The rules:
 
 - An attention call dispatched with the CP config communicates: with Ulysses it all-to-alls over this
   rank's Ulysses group, with ring it gathers or rotates the KV over this rank's ring group, and it uses no
@@ -257,7 +257,7 @@ def count_collectives(rank: int | None = None):
         yield counts
 
 
-# -- verdict (pure) -----------------------------------------------------------------------------
+# -- check_counts (pure) ----------------------------------------------------------------------------
 
 
 def expected_groups(layout: Layout, rank: int) -> dict[str, tuple[int, ...]]:
@@ -274,7 +274,7 @@ def expected_groups(layout: Layout, rank: int) -> dict[str, tuple[int, ...]]:
     return groups
 
 
-class _Judge:
+class _Rules:
     """The rules of the module docstring for one rank's counts; `problems` collects what breaks them."""
 
     def __init__(self, counts: Counts, layout: Layout, rank: int):
@@ -289,7 +289,7 @@ class _Judge:
         members = self.groups.get(role)
         return sum(n for (k, g), n in ops.items() if k in kinds and g is not None and tuple(sorted(g)) == members)
 
-    def judge(self) -> list[str]:
+    def found(self) -> list[str]:
         for shape, calls in sorted(self.counts.attention.items(), key=lambda i: (not i[0].parallel, i[0].ops)):
             (self._parallel_call if shape.parallel else self._local_call)(shape.counter, calls)
         if self.layout.has_cp:
@@ -355,8 +355,8 @@ class _Judge:
                 self.problems.append(f"{n} all-reduce over the {'/'.join(roles)} group {list(members)}")
 
 
-def verdict(counts: Counts, layout: Layout) -> CheckResult:
+def check_counts(counts: Counts, layout: Layout) -> CheckResult:
     """`structure.collectives` for the rank that made `counts`, from its counts alone."""
-    problems = _Judge(counts, layout, counts.rank).judge()
+    problems = _Rules(counts, layout, counts.rank).found()
     return CheckResult(CHECK_ID, Status.FAIL if problems else Status.PASS,
                        "; ".join(problems) if problems else counts.summary(), data=counts.to_json())

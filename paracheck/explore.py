@@ -12,7 +12,6 @@ Failures a known-failures entry explains are counted, not hunted.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,13 +21,12 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky, Unsatisfiable
 
-from . import known
 from .case import Case
 from .found import Found
 from .layout import Layout
-from .records import CaseStatus, Status
+from .records import CaseStatus, Failure, FailureKind
 from .shapes import Shape, Space
-from .verdict import Verdict, merge
+from .verdict import Verdict, judge
 
 #: New cases one hunt may run while shrinking its failure (after that, untried shapes count as passing).
 SHRINK_BUDGET = 60
@@ -119,24 +117,28 @@ def probe(draw: Draw, attention_backend: str = "auto") -> Case | None:
 
 
 def signature(verdict: Verdict) -> str | None:
-    """How a case failed, None when it did not: the model class, the first failing check, and its error
-    with the numbers that change with the shape blanked (or, for wrong numbers, the kinds of parallelism).
+    """How a case failed, None when it did not: the model class and the failure's typed identity (the first
+    failing check, the exception's type and where it was raised; for wrong numbers, the kinds of
+    parallelism). Built from `Verdict.failure`, never from a message, so rewording one changes nothing.
     The first symptom names a bug: a case that also trips a second, known one still shrinks to this one."""
     if verdict.status not in (CaseStatus.FAIL, CaseStatus.ERROR):
         return None
-    first = next((c for c in verdict.checks if c.status == Status.FAIL), None)
-    if first is None:
-        what, text = "error", verdict.reason
-    else:
-        what, text = first.id.value, first.detail.partition(" raised ")[2]
-    if text:
-        text = re.sub(r"^rank \d+: ", "", text.splitlines()[0])
-        text = re.split(r" \(also ranks? |; ranks? [\d,\-]+ (?:was|were) waiting", text)[0]
-        message = re.sub(r"\d+", "#", text)[:160]
-    else:
+    f = verdict.failure or Failure(FailureKind.EXIT)
+    what = f.check.value if f.check else "error"
+    if f.kind == FailureKind.CHECK:
         layout = verdict.case.layout
         message = "wrong under " + "+".join(n for n, d in (("tp", layout.tp), ("ring", layout.ring),
                                                            ("ulysses", layout.ulysses)) if d > 1)
+    elif f.kind == FailureKind.RAISE:
+        message = f"{f.exception} in {f.site or 'an unknown frame'}"
+        if f.entry_point:
+            message += f" (inside the library's {f.entry_point})"
+    elif f.kind == FailureKind.HANG:
+        message = f"hung in {f.site or 'an unknown frame'}"
+    elif f.kind == FailureKind.EXIT:
+        message = f"a rank ended by {f.exception or 'an unknown cause'}"
+    else:
+        message = f.key
     return f"{verdict.model_class or verdict.case.model} {what}: {message}"
 
 
@@ -157,15 +159,15 @@ class Explorer:
     ran: int = 0
     _seen: dict[str, Verdict] = field(default_factory=dict)
 
-    def verdict(self, case: Case, new_allowed: bool = True) -> Verdict | None:
+    def judged(self, case: Case, new_allowed: bool = True) -> Verdict | None:
+        """`case`'s verdict, run the first time it is asked for (None when it is new and `new_allowed` is not)."""
         key = json.dumps(case.to_json(), sort_keys=True)
         if key not in self._seen:
             if not new_allowed:
                 return None
             results, events = self.feeder.run(case)
             self.events += events
-            verdict = merge(case, results)
-            known.apply([verdict], self.entries)
+            [verdict] = judge([case], [results], self.entries)
             if verdict.status == CaseStatus.XFAIL:
                 self.known_hits[verdict.known] += 1
             self._seen[key], self.ran = verdict, self.ran + 1
@@ -176,7 +178,7 @@ class Explorer:
     def replay(self, earlier: list[Found]) -> None:
         """Cases found by earlier runs go first; the ones still failing the same way are found again."""
         for f in earlier:
-            v = self.verdict(f.case)
+            v = self.judged(f.case)
             if signature(v) == f.signature:
                 self.found[f.signature] = f
 
@@ -195,7 +197,7 @@ class Explorer:
                 reject()
             before = self.ran
             shrinking = state["target"] is not None
-            verdict = self.verdict(case, new_allowed=not shrinking or state["shrinking"] < SHRINK_BUDGET)
+            verdict = self.judged(case, new_allowed=not shrinking or state["shrinking"] < SHRINK_BUDGET)
             state["shrinking" if shrinking else "generated"] += self.ran - before
             if verdict is None:
                 return

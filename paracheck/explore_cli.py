@@ -5,14 +5,15 @@ Usage errors import no torch; everything after them does (explore builds inputs 
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import sys
 import time
 
-from .case import DTYPES, SpecError, load_factory
-from .layout import ORDERS, parse_layouts
+from .case import SpecError, load_factory
+from .cli_common import UsageError, add_order, add_timeout, check_dtypes, check_order, check_timeout, check_writable, \
+    named_models, raise_interrupt, run_meta, write_report
+from .layout import parse_layouts
 from .protocol import Exit
 
 #: New cases explore generates by default (shrinking comes on top): enough to find both LTX bugs of
@@ -29,7 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--spec", action="append", help="MODULE:FUNCTION taking shape= with a `space` attribute "
                    "(see docs/explore.md); repeat for several")
     p.add_argument("--layouts", default="all", help="layouts like u4,r2xu2, or all for --nproc")
-    p.add_argument("--order", default="cp-fastest", help="cp-fastest|tp-fastest (mesh order)")
+    add_order(p)
     p.add_argument("--nproc", type=int, default=4, help="ranks in the world (default 4)")
     p.add_argument("--backend", default="auto", help="auto|gloo|nccl|neuron")
     p.add_argument("--dtype", default="fp32", help="fp32|bf16|fp16, or a comma list to draw from")
@@ -39,47 +40,39 @@ def add_parser(sub) -> None:
     p.add_argument("--known-failures", default=None, help="TOML of declared upstream failures, or none "
                    "(default: the file paracheck ships)")
     p.add_argument("--report-json", help="write the JSON report here")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds one case may run before it is a hang")
+    add_timeout(p)
     p.add_argument("--quiet", action="store_true", help="no line per case: only failures found and the summary")
 
 
-def explore(args, usage_error) -> int:
+def explore(args) -> int:
     from . import known
     from .backends import resolve
 
-    dtypes = _check(args, usage_error)
+    dtypes = _check(args)
     backend = resolve(args.backend)
     entries = known.load(known.SHIPPED if args.known_failures is None else args.known_failures)
-    targets = _targets(args, usage_error)
+    targets = _targets(args)
     return _explore(args, backend, entries, targets, dtypes)
 
 
-def _check(args, usage_error) -> list[str]:
+def _check(args) -> list[str]:
     if args.examples < 1:
-        raise usage_error(f"--examples {args.examples}: must be >= 1")
+        raise UsageError(f"--examples {args.examples}: must be >= 1")
     if args.nproc < 2:
-        raise usage_error(f"--nproc {args.nproc}: explore needs a parallel layout, so 2 or more ranks")
-    if args.order not in ORDERS:
-        raise usage_error(f"--order {args.order!r}: must be one of {', '.join(ORDERS)}")
-    if args.timeout <= 0:
-        raise usage_error(f"--timeout {args.timeout:g}: must be > 0 seconds")
-    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
-    bad = [d for d in dtypes if d not in DTYPES] or ([] if dtypes else ["(empty)"])
-    if bad:
-        raise usage_error(f"--dtype {args.dtype!r}: {', '.join(bad)}: dtypes are {', '.join(DTYPES)}")
-    from .cli import check_writable
-
+        raise UsageError(f"--nproc {args.nproc}: explore needs a parallel layout, so 2 or more ranks")
+    check_order(args.order)
+    check_timeout(args.timeout)
+    dtypes = check_dtypes(args.dtype, several=True)
     check_writable(args.report_json, "--report-json")
     args.seed = random.randrange(2 ** 16) if args.seed is None else args.seed
     return dtypes
 
 
-def _targets(args, usage_error) -> list:
+def _targets(args) -> list:
     """The models to draw, each with the layouts of `--layouts` it has a plan for."""
     from .case import call_factory
     from .explore import Target
     from .fitting import Unfittable, fit_init_dict
-    from .cli import named_models
     from .shapes import Shape
 
     layouts = parse_layouts(args.layouts, args.nproc, args.order)
@@ -102,13 +95,12 @@ def _targets(args, usage_error) -> list:
         if fits:
             targets.append(Target(name, factory, space, tuple(fits)))
     if not targets:
-        raise usage_error(f"--layouts {args.layouts}: no model asked for has a plan for any of them")
+        raise UsageError(f"--layouts {args.layouts}: no model asked for has a plan for any of them")
     return targets
 
 
 def _explore(args, backend, entries, targets, dtypes) -> int:
     from . import explore, found
-    from .cli import _meta
     from .launch import Feeder
 
     earlier = found.read(args.out)
@@ -116,7 +108,7 @@ def _explore(args, backend, entries, targets, dtypes) -> int:
     print(f"paracheck explore --seed {args.seed}: {args.examples} examples over {names}"
           + (f"; {len(earlier)} found before in {args.out}, tried first" if earlier else ""), flush=True)
     started = time.time()
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         with Feeder(backend, args.nproc, args.timeout) as feeder:
             explorer = explore.Explorer(feeder, entries, args.attention_backend,
@@ -127,7 +119,7 @@ def _explore(args, backend, entries, targets, dtypes) -> int:
         return Exit.BROKEN
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return _finish(args, explorer, _meta(backend, args.nproc), time.time() - started, feeder.worlds)
+    return _finish(args, explorer, run_meta(backend, args.nproc), time.time() - started, feeder.worlds)
 
 
 class _Lines:
@@ -181,10 +173,5 @@ def _finish(args, explorer, meta: dict, seconds: float, worlds: int) -> int:
                     seconds=round(seconds, 2), seconds_per_case=round(per_case, 3), worlds=worlds, found=rows,
                     known={text: count for text, count in explorer.known_hits.items()},
                     events=[{"kind": e.kind, "message": e.message} for e in explorer.events], exit_code=int(code))
-        with open(args.report_json, "w") as handle:
-            json.dump(data, handle, indent=1)
+        write_report(args.report_json, data)
     return code
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .layout import Layout
+from .layout import Layout, fit_heads
+from .records import Failure, FailureKind
 
 HEADS_KEY = "num_attention_heads"
 HEAD_DIM_KEY = "attention_head_dim"
@@ -51,11 +52,15 @@ BLOCK_COUNT_KEYS: dict[str, dict[str, str]] = {
 
 class Unfittable(Exception):
     """The model cannot take the layout; the message says why, for the report's skip reason.
-    `never` marks a model without any plan for that kind of parallelism."""
+    `missing_plan` names the plan attribute a model lacks altogether (it can never take that parallelism)."""
 
-    def __init__(self, message: str, never: bool = False):
+    def __init__(self, message: str, missing_plan: str = ""):
         super().__init__(message)
-        self.never = never
+        self.missing_plan = missing_plan
+
+    @property
+    def failure(self) -> Failure:
+        return Failure(FailureKind.SKIP, missing_plan=self.missing_plan)
 
 
 @dataclass
@@ -69,13 +74,15 @@ def fit_init_dict(model_class: type, init_dict: dict, layout: Layout, any_heads:
     `any_heads`: Ulysses takes any head count (the library's ulysses_anything), so only TP must divide them."""
     name = model_class.__name__
     if layout.has_tp and not getattr(model_class, "_tp_plan", None):
-        raise Unfittable(f"{name} has no _tp_plan, so it cannot take tensor parallelism (layout {layout})", never=True)
+        raise Unfittable(f"{name} has no _tp_plan, so it cannot take tensor parallelism (layout {layout})",
+                         missing_plan="_tp_plan")
     if layout.has_cp and not getattr(model_class, "_cp_plan", None):
-        raise Unfittable(f"{name} has no _cp_plan, so it cannot take context parallelism (layout {layout})", never=True)
+        raise Unfittable(f"{name} has no _cp_plan, so it cannot take context parallelism (layout {layout})",
+                         missing_plan="_cp_plan")
     fitted = dict(init_dict)
     changes: list[str] = []
     fit = (lambda h: uneven_heads(h, layout)) if any_heads and layout.ulysses > 1 else \
-        (lambda h: -(-h // layout.head_multiple) * layout.head_multiple)
+        (lambda h: fit_heads(h, layout))
     if layout.head_multiple > 1:
         _fit_head_group(model_class, fitted, fit, HEADS_KEY, HEAD_DIM_KEY, TIED_TO_INNER_DIM.get(name, ()),
                         changes, required=True)

@@ -51,7 +51,8 @@ class KnownFailure:
     inputs: tuple[str, ...] = ()
     upstream: str = ""
 
-    def matches_case(self, verdict) -> bool:
+    def matches(self, verdict) -> bool:
+        """Whether the entry names this verdict's case (model or class, layout, variant, dtype, route, options)."""
         c = verdict.case
         values = {"model": (c.model, verdict.model_class or ""), "layout": (c.layout.name,),
                   "variant": (c.variant,), "dtype": (c.dtype,), "route": (verdict.route.value,),
@@ -119,7 +120,7 @@ def apply(verdicts: list, entries: list[KnownFailure]) -> None:
     for v in verdicts:
         if v.case.control or v.status == CaseStatus.SKIP:
             continue
-        matching = [e for e in entries if e.matches_case(v)]
+        matching = [e for e in entries if e.matches(v)]
         if v.status in (CaseStatus.FAIL, CaseStatus.ERROR):
             explaining = _explaining(v, matching)
             if explaining:

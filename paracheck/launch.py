@@ -17,9 +17,9 @@ from typing import Callable
 
 from .attribution import attribute
 from .case import Case
-from .protocol import FAIL_FAST_GRACE, RunDir, read_json, write_json
+from .protocol import FAIL_FAST_GRACE, EndKind, RunDir, read_json, write_json
 from .records import RankResult, RankStatus, RunEvent
-from .supervisor import EndKind, Supervisor
+from .supervisor import Supervisor
 
 
 @dataclass
@@ -28,7 +28,6 @@ class Outcome:
     events: list[RunEvent] = field(default_factory=list)
     worlds: int = 0
     start_method: str = ""
-    start_reason: str = ""
     references: int = 0
     #: Seconds from starting each world until its first rank began a case, summed over worlds.
     start_seconds: float = 0.0
@@ -46,7 +45,7 @@ class Launcher:
         write_json(rundir.run, {"backend": self.backend.name, "timeout": self.timeout,
                                 "cases": [c.to_json() for c in cases]})
         self.supervisor = Supervisor(rundir, self.backend.name, self.nproc, self.timeout, self.startup_timeout)
-        outcome = Outcome(start_method=self.supervisor.method, start_reason=self.supervisor.method_reason)
+        outcome = Outcome(start_method=self.supervisor.method)
         try:
             self._loop(rundir, list(range(len(cases))), outcome)
             outcome.references = len([n for n in os.listdir(rundir.refs_dir) if n.endswith(".safetensors")])

@@ -188,6 +188,17 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def tp_shard(block_sizes, index: int, tp: int) -> list[tuple[int, int]]:
+    """(start, length) along the sharded dim of each piece TP shard `index` of `tp` holds, in order: every
+    block of a planned parameter (e.g. fused q, k, v) is split on its own. The one copy of the rule."""
+    out, offset = [], 0
+    for block in block_sizes:
+        chunk = block // tp
+        out.append((offset + index * chunk, chunk))
+        offset += block
+    return out
+
+
 def fit_heads(heads: int, layout: Layout) -> int:
     """The smallest head count >= `heads` that tp x ulysses divides."""
     multiple = layout.head_multiple

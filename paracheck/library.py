@@ -256,11 +256,6 @@ def active_attention_backend(name, fn):
         registry._active_backend = active
 
 
-def active_attention_backend_name() -> str:
-    active = _attention_registry()._active_backend
-    return getattr(active, "value", str(active))
-
-
 def attention_backend_problem(name: str) -> str | None:
     """Why the library cannot run attention backend `name` here; None when it can."""
     from diffusers.models.attention_dispatch import AttentionBackendName, _check_attention_backend_requirements

@@ -6,7 +6,7 @@ import sys
 import time
 
 from . import report
-from .verdict import merge
+from .verdict import judge
 
 
 class Progress:
@@ -18,14 +18,7 @@ class Progress:
         self.plain = {}  # plain verdicts so far, so a control's line can say inconclusive
 
     def case_done(self, index: int, ranks) -> None:
-        from .known import apply
-        from .verdict import judge_controls
-
-        verdict = merge(self.cases[index], ranks)
-        apply([verdict], self.entries)
-        if verdict.case.control is None:
-            self.plain[verdict.case] = verdict
-        judge_controls(list(self.plain.values()) + ([verdict] if verdict.case.control else []))
+        [verdict] = judge([self.cases[index]], [ranks], self.entries, self.plain)
         self.done += 1
         self.failing += verdict.status.failing
         if not self.quiet:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+from dataclasses import dataclass, field
 
 
 class Exit(enum.IntEnum):
@@ -109,12 +110,21 @@ class RunDir:
 
 def write_json(path: str, data) -> None:
     """Write whole or not at all: a rank killed mid-write leaves no half file behind."""
+    write_text(path, json.dumps(data, default=str))
+
+
+def write_text(path: str, text: str) -> None:
+    """Write `text` whole or not at all (a temp file beside `path`, flushed to disk, then renamed)."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, default=str)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def read_json(path: str):
@@ -124,3 +134,21 @@ def read_json(path: str):
             return json.load(handle)
     except (OSError, ValueError):
         return None
+
+
+class EndKind(str, enum.Enum):
+    DONE = "done"              # every rank exited 0
+    RANK_EXIT = "rank-exit"    # a rank exited non-zero or died by signal
+    HANG = "hang"              # a case ran past the timeout
+    START = "start"            # no rank started a case in time
+
+
+@dataclass
+class WorldEnd:
+    """How one world ended, as the supervisor saw it and attribution reads it: per-rank exit codes (None: still running when stopped; < 0: signal)."""
+    kind: EndKind
+    attempt: int
+    codes: list[int | None]
+    stacks: dict[int, str] = field(default_factory=dict)
+    progress: dict[int, dict] = field(default_factory=dict)
+    logs: dict[int, str] = field(default_factory=dict)

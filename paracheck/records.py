@@ -8,6 +8,8 @@ objects, so a field is named once and read by attribute.
 from __future__ import annotations
 
 import enum
+import os
+import traceback
 from dataclasses import asdict, dataclass, field, fields
 
 
@@ -74,6 +76,69 @@ class Route(str, enum.Enum):
     SHARDED_LOAD = "sharded-load"
 
 
+class FailureKind(str, enum.Enum):
+    """What kind of thing failed: a check that found wrong numbers or structure, code that raised, a rank
+    stuck past --timeout, a rank process that died, or a case that cannot run here."""
+    CHECK = "check"
+    RAISE = "raise"
+    HANG = "hang"
+    EXIT = "exit"
+    SKIP = "skip"
+    #: Ranks decided differently about the same case (some skipped it, some ran it).
+    DISAGREE = "disagree"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failure's identity, filled where it happens and carried as is: explore de-duplicates by it and the
+    report groups skips by it, so rewording a message changes neither. No field holds prose."""
+    kind: FailureKind
+    #: The check that failed (or during whose step the code raised).
+    check: CheckId | None = None
+    #: The exception's class name (the library's cause, when a library entry point wrapped it); for a
+    #: rank process that ended, the signal's name or its exit code.
+    exception: str = ""
+    #: Where it was raised or where a rank was stuck: `module.function` of the innermost frame (no line).
+    site: str = ""
+    #: The library entry point it was raised inside (`library.entry_point`), if any.
+    entry_point: str = ""
+    #: A skip because the model lacks this plan attribute altogether (`_tp_plan`, `_cp_plan`).
+    missing_plan: str = ""
+
+    @property
+    def key(self) -> str:
+        """The identity as one stable string (no numbers that change with the shape, no message text)."""
+        parts = [self.kind.value, self.check.value if self.check else "", self.exception, self.entry_point,
+                 self.site, self.missing_plan]
+        return " ".join(p for p in parts if p)
+
+    @classmethod
+    def raised(cls, exc: BaseException, check: CheckId | None = None) -> "Failure":
+        """The identity of an exception caught where it was raised (its traceback is still attached)."""
+        entry_point = getattr(exc, "entry_point", "")
+        cause = getattr(exc, "cause", None) if entry_point else None
+        root = cause if isinstance(cause, BaseException) else exc
+        return cls(FailureKind.RAISE, check, type(root).__name__, _site(root.__traceback__), entry_point)
+
+    def to_json(self) -> dict:
+        return _jsonable(asdict(self))
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> "Failure | None":
+        if not data:
+            return None
+        return cls(**dict(data, kind=FailureKind(data["kind"]),
+                          check=CheckId(data["check"]) if data.get("check") else None))
+
+
+def _site(tb) -> str:
+    frames = traceback.extract_tb(tb) if tb is not None else []
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f"{os.path.splitext(os.path.basename(frame.filename))[0]}.{frame.name}"
+
+
 def _jsonable(value):
     if isinstance(value, enum.Enum):
         return value.value
@@ -96,6 +161,8 @@ class CheckResult:
     rtol: float | None = None
     #: Extra figures a check reports (e.g. collective counts); plain JSON values.
     data: dict = field(default_factory=dict)
+    #: What failed, when the check failed (a raise during its step, or the check's own finding).
+    failure: Failure | None = None
 
     def to_json(self) -> dict:
         return _jsonable(asdict(self))
@@ -104,7 +171,8 @@ class CheckResult:
     def from_json(cls, data: dict) -> "CheckResult":
         known = {f.name for f in fields(cls)}
         data = {k: v for k, v in data.items() if k in known}
-        return cls(**dict(data, id=CheckId(data["id"]), status=Status(data["status"])))
+        return cls(**dict(data, id=CheckId(data["id"]), status=Status(data["status"]),
+                          failure=Failure.from_json(data.get("failure"))))
 
 
 @dataclass
@@ -125,13 +193,12 @@ class RankResult:
     raised_in_parallel: bool = False
     #: This rank failed only because of a peer (it waited on one, or lost one).
     secondary: bool = False
-    hung: bool = False
+    #: Why the case did not pass here, typed (None when it passed); never parsed from `reason`.
+    failure: Failure | None = None
     #: Where a stopped rank was (faulthandler dump), when it was stopped.
     stack: str = ""
     seconds: float = 0.0
     attention_backend: str | None = None
-    #: A skip because the model has no plan for this kind of parallelism at all.
-    never: bool = False
     #: The model class's name, for known-failure entries that name it.
     model_class: str | None = None
     #: What the case's inputs carry ("mask", "padded"), for known-failure entries keyed on it.
@@ -164,7 +231,13 @@ class RankResult:
         data["status"] = RankStatus(data["status"])
         data["route"] = Route(data["route"]) if data.get("route") else None
         data["checks"] = [CheckResult.from_json(c) for c in data.get("checks", [])]
+        data["failure"] = Failure.from_json(data.get("failure"))
         return cls(**data)
+
+    @property
+    def never(self) -> bool:
+        """A skip because the model has no plan for this kind of parallelism at all."""
+        return bool(self.failure and self.failure.missing_plan)
 
 
 @dataclass
@@ -181,6 +254,8 @@ class MergedCheck:
     #: The rank whose detail is shown.
     detail_rank: int | None = None
     data: dict = field(default_factory=dict)
+    #: The shown rank's failure (see `CheckResult.failure`).
+    failure: Failure | None = None
 
     def to_json(self) -> dict:
         return _jsonable(asdict(self))

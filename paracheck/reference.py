@@ -23,7 +23,7 @@ from . import attention, library
 from .case import Case, call_factory
 from .fitting import Unfittable, cp_split_problems, fit_init_dict
 from .fixtures_index import FixtureUnavailable
-from .records import Route
+from .records import Failure, FailureKind, Route
 from .routes import resolve_route
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -43,11 +43,12 @@ class Plan:
     fit: list[str] = field(default_factory=list)
     route: Route | None = None
     skip: str | None = None
-    never: bool = False
     #: The attention backend the case runs (`attention.choose`).
     attention: str | None = None
     #: The source or fitting raised (not a misfit): the case errors on every rank.
     error: str | None = None
+    #: The skip's or the error's identity.
+    failure: Failure | None = None
     key: str | None = None
     #: What the inputs carry that known failures can be keyed on (`input_traits`).
     traits: list[str] = field(default_factory=list)
@@ -92,9 +93,10 @@ def plan(case: Case, backend, sources: Sources) -> Plan:
     try:
         model_class, init_dict, inputs = sources.get(case)
     except FixtureUnavailable as exc:
-        return Plan(case, skip=str(exc))
+        return Plan(case, skip=str(exc), failure=Failure(FailureKind.SKIP, exception=type(exc).__name__))
     except Exception as exc:
-        return Plan(case, error=f"loading the model source raised {type(exc).__name__}: {exc}")
+        return Plan(case, error=f"loading the model source raised {type(exc).__name__}: {exc}",
+                    failure=Failure.raised(exc))
     p = Plan(case, model_class, inputs=inputs, traits=input_traits(inputs))
     try:
         options = dict(case.cp_options)
@@ -115,7 +117,7 @@ def plan(case: Case, backend, sources: Sources) -> Plan:
         if case.control:
             _control_fits(case, p)
     except Unfittable as exc:
-        p.skip, p.never = str(exc), exc.never
+        p.skip, p.failure = str(exc), exc.failure
         return p
     p.key = _key(case, model_class, p.init_dict, p.attention)
     return p

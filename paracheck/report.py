@@ -128,7 +128,7 @@ def _skip_groups(verdicts: list[Verdict]) -> list[str]:
         if v.status != CaseStatus.SKIP or (v.case.control and v.case.plain in plain_skipped):
             continue
         if v.never:
-            layouts = never.setdefault((v.case.model, "_tp_plan" if "_tp_plan" in v.reason else "_cp_plan"), [])
+            layouts = never.setdefault((v.case.model, v.failure.missing_plan), [])
             if v.case.layout.name not in layouts:  # once, whatever the variants
                 layouts.append(v.case.layout.name)
         elif v.case.control:

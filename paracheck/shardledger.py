@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from .checks import problems_text
+from .layout import tp_shard
 from .records import CheckId, CheckResult, Status
 
 
@@ -218,12 +219,7 @@ def shard_ledger():
 
 def expected_intervals(spec, index: int, tp: int) -> tuple:
     """Rows of the full parameter that TP shard `index` of `tp` holds along `spec.dim` (block by block)."""
-    out, offset = [], 0
-    for block in spec.block_sizes:
-        chunk = block // tp
-        out.append((offset + index * chunk, chunk))
-        offset += block
-    return merge_intervals(out)
+    return merge_intervals(tp_shard(spec.block_sizes, index, tp))
 
 
 def shard_index(spec, intervals, tp: int) -> int | None:
@@ -266,7 +262,7 @@ def _meta_shard_problems(name: str, param, spec, applied, ledger, untraced: list
         return problems + [f"{name} placed {param.placements}, plan says {want}"]
     shape = list(param.shape)
     if spec.dim is not None:
-        shape[spec.dim] = sum(block // layout.tp for block in spec.block_sizes)
+        shape[spec.dim] = sum(length for _, length in tp_shard(spec.block_sizes, 0, layout.tp))
     if list(param._local_tensor.shape) != shape:
         return problems + [f"{name} local shape {list(param._local_tensor.shape)} != TP shard shape {shape}"]
     if spec.dim is None:

@@ -21,6 +21,7 @@ which every rank builds afresh (all three are cheap; see `LayoutResult.timings`)
 from __future__ import annotations
 
 import contextlib
+import enum
 import copy
 import time
 from dataclasses import dataclass, field
@@ -47,7 +48,6 @@ APPLY = "simulate.apply"
 #: Check ids a simulated rank reports, in table order.
 SIM_CHECKS = (CheckId.MESH.value, CheckId.CP_HOOKS.value, CheckId.PROCESSOR_CONFIG.value, CheckId.TP_SHARDS.value,
               BACKEND_GROUPS, CheckId.COLLECTIVES.value)
-NEURON_ALLTOALL_SIZES = (4, 8, 16)
 #: The attention backend a ring layout's forward runs on meta (native attention returns no LSE).
 RING_META_BACKEND = "_native_flash"
 _PHASES = ("world", "build", "apply", "checks", "forward")
@@ -57,11 +57,29 @@ class SimulationError(ValueError):
     """Bad input to a simulation (the CLI turns it into exit 2)."""
 
 
+class LayoutStatus(str, enum.Enum):
+    """A simulated layout's outcome for one backend."""
+    OK = "ok"
+    #: The backend cannot run it, or a check failed.
+    NO = "no"
+    #: Not simulated: the model does not fit the layout.
+    UNFIT = "unfit"
+    #: Not simulated: the control does not apply.
+    SKIP = "skip"
+
+
+class _NotSimulated(Exception):
+    """The layout is not simulated (`status` says why: unfit or skip)."""
+
+    def __init__(self, status: LayoutStatus, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
 @dataclass
 class LayoutResult:
     layout: Layout
-    #: ok | no (the backend cannot run it, or a check failed) | unfit (not simulated) | skip (control n/a)
-    status: str
+    status: LayoutStatus
     reason: str = ""
     route: str = ""
     #: check id -> {"ranks": [...], "detail": first failing rank's detail}
@@ -96,7 +114,7 @@ class LayoutResult:
 
     def to_json(self) -> dict:
         return {
-            "layout": self.layout.name, "order": self.layout.order, "status": self.status, "reason": self.reason,
+            "layout": self.layout.name, "order": self.layout.order, "status": self.status.value, "reason": self.reason,
             "route": self.route, "failures": self.failures, "passed": self.passed, "skipped": self.skipped,
             "notes": self.notes, "ranks": self.ranks, "seconds": round(self.seconds, 3),
             "per_rank": round(self.per_rank, 4), "cpu_seconds": round(self.cpu_seconds, 3),
@@ -106,17 +124,6 @@ class LayoutResult:
 
 
 # -- the backend's group rules ----------------------------------------------------------------------
-
-
-def neuron_alltoall_problems(ranks: list[int]) -> list[str]:
-    """Neuron's all-to-all takes contiguous replica groups of 4, 8, 16 or a multiple of 32 ranks."""
-    problems = []
-    size = len(ranks)
-    if size not in NEURON_ALLTOALL_SIZES and size % 32:
-        problems.append(f"all-to-all group of {size} ranks: Neuron takes 4, 8, 16 or a multiple of 32")
-    if list(ranks) != list(range(ranks[0], ranks[0] + size)):
-        problems.append(f"all-to-all group {list(ranks)} is strided: Neuron takes contiguous replica groups only")
-    return problems
 
 
 def alltoall_groups(applied, counts=None) -> list[list[int]]:
@@ -134,10 +141,7 @@ def alltoall_groups(applied, counts=None) -> list[list[int]]:
 
 def check_backend_groups(backend: Backend, applied, counts=None) -> CheckResult:
     """backend.groups: the backend's rules on the process groups the library built for this rank."""
-    problems = []
-    if backend.name == "neuron":
-        for group in alltoall_groups(applied, counts):
-            problems.extend(neuron_alltoall_problems(group))
+    problems = [p for group in alltoall_groups(applied, counts) for p in backend.group_problems(group)]
     return CheckResult(BACKEND_GROUPS, Status.FAIL if problems else Status.PASS, "; ".join(dict.fromkeys(problems)))
 
 
@@ -205,7 +209,7 @@ def _ledger(s: _Setup, model):
 
 def _forward_collectives(model, inputs: dict, layout: Layout):
     """structure.collectives from one forward on meta: (its CheckResult, the Counts or None if it raised)."""
-    from .collectives import count_collectives, verdict
+    from .collectives import check_counts, count_collectives
 
     rank = dist.get_rank()
     # Scoped: `model.set_attention_backend` would leave the process's active backend changed for good.
@@ -219,7 +223,7 @@ def _forward_collectives(model, inputs: dict, layout: Layout):
                     tensor.wait()  # an AsyncCollectiveTensor from the output gather: settle it
     except Exception as exc:
         return CheckResult(CheckId.COLLECTIVES, Status.FAIL, f"forward on meta raised {type(exc).__name__}: {exc}"), None
-    return verdict(counts, layout), counts
+    return check_counts(counts, layout), counts
 
 
 # -- one layout -------------------------------------------------------------------------------------
@@ -243,10 +247,11 @@ def simulate_layout_on(model_class: type, init_dict: dict, layout: Layout, backe
     backends = [get_backend(b) if isinstance(b, str) else b for b in backends]
     started, cpu_started = time.perf_counter(), time.process_time()
     route = _route(route)
-    shared = LayoutResult(layout, "ok", control=control)
-    setup = _setup(model_class, init_dict, layout, route, control, collectives, inputs, shared)
-    if isinstance(setup, tuple):  # (status, reason): nothing to simulate
-        return [_done(copy.deepcopy(shared), *setup, started) for _ in backends]
+    shared = LayoutResult(layout, LayoutStatus.OK, control=control)
+    try:
+        setup = _setup(model_class, init_dict, layout, route, control, collectives, inputs, shared)
+    except _NotSimulated as exc:
+        return [_done(copy.deepcopy(shared), exc.status, exc.reason, started) for _ in backends]
     ranks = list(range(layout.world)) if ranks is None else list(ranks)
     per_check, per_backend = _run_ranks(setup, ranks, backends, shared)
     shared.ranks, shared.timings = len(ranks), setup.timings
@@ -263,16 +268,16 @@ def _route(route) -> Route:
 
 
 def _setup(model_class, init_dict, layout, route, control, collectives, inputs, shared):
-    """The shared part of every rank, or (status, reason) when the layout is not simulated."""
+    """The shared part of every rank; raises `_NotSimulated` when the layout is not simulated."""
     from .routes import resolve_route
 
     try:
         fit = fit_init_dict(model_class, init_dict, layout)
     except Unfittable as exc:
-        return "unfit", str(exc)
+        raise _NotSimulated(LayoutStatus.UNFIT, str(exc)) from exc
     if any("heads" in c.split(" ")[0] for c in fit.changes):
-        return "unfit", (f"{init_value(model_class, init_dict, HEADS_KEY)} heads: tp x ulysses = {layout.head_multiple} "
-                         f"must divide them (nearest fit: {fit.init_dict[HEADS_KEY]})")
+        raise _NotSimulated(LayoutStatus.UNFIT, f"{init_value(model_class, init_dict, HEADS_KEY)} heads: tp x ulysses = "
+                            f"{layout.head_multiple} must divide them (nearest fit: {fit.init_dict[HEADS_KEY]})")
     if fit.changes:  # block counts a plan needs (e.g. `transformer_blocks.1`): the library's own rule
         shared.notes.append(f"fitted: {', '.join(fit.changes)}")
         init_dict = fit.init_dict
@@ -281,12 +286,12 @@ def _setup(model_class, init_dict, layout, route, control, collectives, inputs, 
     planted = get_control(control) if control else None
     reason = _control_skip(planted, layout, route)
     if reason:
-        return "skip", reason
+        raise _NotSimulated(LayoutStatus.SKIP, reason)
     template = build_meta(model_class, init_dict)
     try:
         specs = library.tp_shard_specs(template, layout.tp) if layout.has_tp else {}
     except ValueError as exc:
-        return "unfit", f"the library refuses the TP plan: {exc}"
+        raise _NotSimulated(LayoutStatus.UNFIT, f"the library refuses the TP plan: {exc}") from exc
     return _Setup(model_class, init_dict, layout, route, planted, template, specs,
                   _forward_inputs(model_class, inputs, layout, collectives, shared))
 
@@ -345,11 +350,11 @@ def _in_world(setup: _Setup, rank: int, backends):
 def _tally(table: dict, checks, rank: int) -> None:
     for check in checks:
         entry = table.setdefault(getattr(check.id, "value", check.id), {"fail": [], "pass": 0, "skip": "", "detail": ""})
-        if check.status == "fail":
+        if check.status == Status.FAIL:
             if not entry["fail"]:
                 entry["detail"] = f"rank {rank}: {check.detail}"
             entry["fail"].append(rank)
-        elif check.status == "skip":
+        elif check.status == Status.SKIP:
             entry["skip"] = check.detail
         else:
             entry["pass"] += 1
@@ -377,10 +382,10 @@ def _judge(shared: LayoutResult, backend: Backend, per_check: dict, own: dict, p
         result.detected = any(c.value in result.failures for c in planted.must_trip + (CheckId.COLLECTIVES,))
     result.cpu_seconds = cpu
     reasons = [f"{c} fails on {ranks_named(f['ranks'])}: {f['detail']}" for c, f in result.failures.items()]
-    return _done(result, "no" if result.failures else "ok", "; ".join(reasons), started)
+    return _done(result, LayoutStatus.NO if result.failures else LayoutStatus.OK, "; ".join(reasons), started)
 
 
-def _done(result: LayoutResult, status: str, reason: str, started: float) -> LayoutResult:
+def _done(result: LayoutResult, status: LayoutStatus, reason: str, started: float) -> LayoutResult:
     result.status = status
     result.reason = reason
     result.seconds = time.perf_counter() - started

@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 import time
 
+from .cli_common import UsageError, check_order, check_writable, write_report
+
 #: Options that only mean something with --simulate (dest -> flag).
 SIMULATE_ONLY = {"models": "--models", "spec": "--spec", "route": "--route", "control": "--control",
                  "collectives": "--collectives", "report_json": "--report-json"}
@@ -31,20 +33,20 @@ def add_arguments(topo) -> None:
     topo.add_argument("--report-json", help="with --simulate: write the results here")
 
 
-def reject_simulate_only(args, usage_error) -> None:
+def reject_simulate_only(args) -> None:
     for dest, flag in SIMULATE_ONLY.items():
         if getattr(args, dest, None) not in (None, False):
-            raise usage_error(f"{flag}: only with --simulate")
+            raise UsageError(f"{flag}: only with --simulate")
 
 
-def models_from(args, usage_error) -> list[tuple[str, type, dict, dict]]:
+def models_from(args) -> list[tuple[str, type, dict, dict]]:
     """(name, model_class, init_dict, inputs) per model asked for, heads overridden by --heads."""
     from .case import call_factory
     from .fixtures_index import FIXTURES
     from .simulate import SimulationError
 
     if args.spec and args.models:
-        raise usage_error("--models and --spec: give one or the other")
+        raise UsageError("--models and --spec: give one or the other")
     if args.spec:
         named = [(spec.rpartition(":")[2], spec) for spec in args.spec]
     else:
@@ -52,7 +54,7 @@ def models_from(args, usage_error) -> list[tuple[str, type, dict, dict]]:
         names = list(FIXTURES) if text.strip() == "all" else [m.strip() for m in text.split(",") if m.strip()]
         unknown = [n for n in names if n not in FIXTURES]
         if unknown or not names:
-            raise usage_error(f"--models {','.join(unknown) or repr(text)}: unknown; fixtures are "
+            raise UsageError(f"--models {','.join(unknown) or repr(text)}: unknown; fixtures are "
                               f"{', '.join(FIXTURES)} (or all)")
         named = [(n, FIXTURES[n]) for n in names]
     out = []
@@ -61,18 +63,18 @@ def models_from(args, usage_error) -> list[tuple[str, type, dict, dict]]:
         try:
             init_dict = with_heads(model_class, init_dict, args.heads)
         except SimulationError as exc:
-            raise usage_error(str(exc)) from exc
+            raise UsageError(str(exc)) from exc
         out.append((name, model_class, init_dict, inputs))
     return out
 
 
-def topology_simulate(args, usage_error) -> int:
+def topology_simulate(args) -> int:
     from .protocol import Exit
     from .simulate import simulate_on
 
-    backends, route = _validated(args, usage_error)
-    layouts = _layouts(args, usage_error)
-    models = models_from(args, usage_error)
+    backends, route = _validated(args)
+    layouts = _layouts(args)
+    models = models_from(args)
     started = time.perf_counter()
     report, code, total_ranks, total_cpu = [], 0, 0, 0.0
     for name, model_class, init_dict, inputs in models:
@@ -90,42 +92,35 @@ def topology_simulate(args, usage_error) -> int:
     print(f"{total_ranks} ranks in {elapsed:.1f} s" + (f" ({1000 * total_cpu / total_ranks:.0f} ms CPU per rank)"
                                                        if total_ranks else ""))
     if args.report_json:
-        import json
-
-        with open(args.report_json, "w") as handle:
-            json.dump({"backends": [b.name for b in backends], "world": args.world, "order": args.order, "route": route,
-                       "control": args.control, "models": report, "seconds": round(elapsed, 3)}, handle, indent=1)
+        write_report(args.report_json, {"backends": [b.name for b in backends], "world": args.world, "order": args.order,
+                                        "route": route, "control": args.control, "models": report,
+                                        "seconds": round(elapsed, 3)})
     sys.stdout.flush()
     return Exit(code)
 
 
-def _validated(args, usage_error):
+def _validated(args):
     """(the backends, the route) the options name; a usage error names the bad option and its rule."""
     from .backends import get_backend
     from .controls import CONTROLS
-    from .layout import ORDERS
     from .simulate import MAX_WORLD, ROUTES
 
     names = [b.strip() for b in args.backend.split(",") if b.strip()]
     backends = [get_backend(name) for name in dict.fromkeys(names)]
     if not backends:
-        raise usage_error(f"--backend {args.backend!r}: name one or more of gloo, nccl, neuron")
+        raise UsageError(f"--backend {args.backend!r}: name one or more of gloo, nccl, neuron")
     if not 2 <= args.world <= MAX_WORLD:
-        raise usage_error(f"--world {args.world}: --simulate takes 2 to {MAX_WORLD} ranks")
-    if args.order not in ORDERS:
-        raise usage_error(f"--order {args.order!r}: must be one of {', '.join(ORDERS)}")
+        raise UsageError(f"--world {args.world}: --simulate takes 2 to {MAX_WORLD} ranks")
+    check_order(args.order)
     route = args.route or "auto"
     if route not in ROUTES:
-        raise usage_error(f"--route {route!r}: --simulate takes one of {', '.join(ROUTES)} "
+        raise UsageError(f"--route {route!r}: --simulate takes one of {', '.join(ROUTES)} "
                           "(sharded-load reads a checkpoint, which a meta model has none of)")
     if args.control and args.control not in CONTROLS:
-        raise usage_error(f"--control {args.control!r}: must be one of {', '.join(CONTROLS)}")
+        raise UsageError(f"--control {args.control!r}: must be one of {', '.join(CONTROLS)}")
     if args.heads is not None and args.heads < 1:
-        raise usage_error(f"--heads {args.heads}: must be >= 1")
-    if args.report_json:
-        from .cli import check_writable
-
-        check_writable(args.report_json, "--report-json")
+        raise UsageError(f"--heads {args.heads}: must be >= 1")
+    check_writable(args.report_json, "--report-json")
     return backends, route
 
 
@@ -154,7 +149,7 @@ def _print_cost(results, backends) -> tuple[int, float]:
     return ranks, cpu
 
 
-def _layouts(args, usage_error):
+def _layouts(args):
     from .layout import Layout, layouts_for
 
     if not args.layout or args.layout.strip() == "all":
@@ -163,7 +158,7 @@ def _layouts(args, usage_error):
     for item in args.layout.split(","):
         layout = Layout.parse(item, args.order)
         if layout.world != args.world:
-            raise usage_error(f"--layout {layout.name}: its world size is {layout.world}, but --world is "
+            raise UsageError(f"--layout {layout.name}: its world size is {layout.world}, but --world is "
                               f"{args.world}; the product of the degrees must equal --world")
         if layout not in layouts:
             layouts.append(layout)
@@ -171,11 +166,13 @@ def _layouts(args, usage_error):
 
 
 def _exit_code(results, args) -> int:
+    from .simulate import LayoutStatus
+
     if args.control:
         return 1 if any(r.detected is False for r in results) else 0
     if any(r.structure_failed for r in results):
         return 1
-    if args.layout and any(r.status != "ok" for r in results):
+    if args.layout and any(r.status != LayoutStatus.OK for r in results):
         return 1
     return 0
 
@@ -246,10 +243,10 @@ def _cell(result, check: str) -> str:
 def _row(r) -> list[str]:
     from .simulate import SIM_CHECKS
 
-    verdict = r.status
+    status = r.status.value
     if r.control:
-        verdict = f"{r.status} ({'detected' if r.detected else 'MISSED' if r.detected is False else r.status})"
-    return ([r.layout.name, verdict] + [_cell(r, c) for c in SIM_CHECKS]
+        status = f"{status} ({'detected' if r.detected else 'MISSED' if r.detected is False else status})"
+    return ([r.layout.name, status] + [_cell(r, c) for c in SIM_CHECKS]
             + [str(r.ranks or "-"), f"{1000 * r.per_rank:.0f}" if r.ranks else "-",
                f"{1000 * r.cpu_per_rank:.0f}" if r.ranks else "-", short_reason(r)])
 

@@ -10,16 +10,14 @@ reaches everything it started. Torch-free.
 from __future__ import annotations
 
 import contextlib
-import enum
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 
-from .protocol import ENV_STORE, ENV_TODO, RankExit, RunDir, read_json, write_json
+from .protocol import ENV_STORE, ENV_TODO, EndKind, RankExit, RunDir, WorldEnd, read_json, write_json
 
 _POLL = 0.05
 #: Seconds for faulthandler (a C signal handler) to write every rank's stack after SIGUSR1.
@@ -28,33 +26,13 @@ _STACK_WAIT = 1.0
 _EXIT_GRACE = 3.0
 
 
-class EndKind(str, enum.Enum):
-    DONE = "done"              # every rank exited 0
-    RANK_EXIT = "rank-exit"    # a rank exited non-zero or died by signal
-    HANG = "hang"              # a case ran past the timeout
-    START = "start"            # no rank started a case in time
-
-
-@dataclass
-class WorldEnd:
-    """How one world ended: per-rank exit codes (None: still running when stopped; < 0: signal)."""
-    kind: EndKind
-    attempt: int
-    codes: list[int | None]
-    stacks: dict[int, str] = field(default_factory=dict)
-    progress: dict[int, dict] = field(default_factory=dict)
-    logs: dict[int, str] = field(default_factory=dict)
-
-
-def start_method(backend_name: str) -> tuple[str, str]:
-    """How ranks start on this platform and backend, and why."""
-    if os.environ.get("PARACHECK_START") == "fresh":
-        return "fresh", "PARACHECK_START=fresh"
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return "fresh", "this platform cannot fork"
-    if backend_name == "neuron":
-        return "fresh", "the Neuron runtime is initialised per process on import"
-    return "forkserver", "forked from a parent that imported torch and diffusers once"
+def start_method(backend_name: str) -> str:
+    """How ranks start on this platform and backend: "fresh" interpreters when PARACHECK_START=fresh asks
+    for them, the platform cannot fork, or the backend is neuron (its runtime initialises per process on
+    import); else "forkserver", forked from a parent that imported torch and diffusers once."""
+    if os.environ.get("PARACHECK_START") == "fresh" or "forkserver" not in multiprocessing.get_all_start_methods():
+        return "fresh"
+    return "fresh" if backend_name == "neuron" else "forkserver"
 
 
 @contextlib.contextmanager
@@ -126,7 +104,7 @@ class Supervisor:
     def __init__(self, rundir: RunDir, backend_name: str, nproc: int, timeout: float, startup_timeout: float = 300.0):
         self.rundir, self.backend_name, self.nproc = rundir, backend_name, nproc
         self.timeout, self.startup_timeout = timeout, startup_timeout
-        self.method, self.method_reason = start_method(backend_name)
+        self.method = start_method(backend_name)
         self.ranks: list[_Rank] = []
 
     def start(self, attempt: int, todo: list[int]) -> None:

@@ -151,7 +151,7 @@ def _results(test, backend, world: int) -> dict:
 def _launch(test, backend, world: int) -> dict:
     from . import known
     from .launch import Launcher
-    from .verdict import judge_controls, merge
+    from .verdict import judge
 
     from .library import unsupported
 
@@ -170,9 +170,8 @@ def _launch(test, backend, world: int) -> dict:
         outcome = Launcher(backend, world, cls.paracheck_timeout).run(cases)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    verdicts = [merge(c, outcome.results[i]) for i, c in enumerate(cases)]
-    known.apply(verdicts, known.load(cls.paracheck_known_failures or known.SHIPPED))
-    judge_controls(verdicts)
+    verdicts = judge(cases, [outcome.results[i] for i in range(len(cases))],
+                     known.load(cls.paracheck_known_failures or known.SHIPPED))
     return {(v.case.layout.name, v.case.variant, v.case.control): (v, outcome.results[i])
             for i, v in enumerate(verdicts)}
 

@@ -82,9 +82,10 @@ def _finish(args, backend, cases, results, entries, store, rank: int, started: f
     import torch.distributed as dist
 
     if rank == 0:
-        from .cli import _meta, finish
+        from .cli_common import run_meta
+        from .finish import finish
 
-        meta = dict(_meta(backend, dist.get_world_size()), worlds=1, start_method="torchrun")
+        meta = dict(run_meta(backend, dist.get_world_size()), worlds=1, start_method="torchrun")
         code = finish(args, cases, results, [], entries, meta, time.time() - started, ", ranks torchrun")
         store.set("paracheck/exit", str(int(code)))
     else:

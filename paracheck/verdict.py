@@ -1,18 +1,22 @@
-"""Verdicts: every rank's result for a case merged into one, judged once for the CLI, reports and mixins.
+"""Verdicts: every rank's result for a case merged into one `Verdict`, judged in one pipeline (`judge`)
+used by `run`, its progress lines, torchrun, the pytest mixins and explore.
 
-Pure and torch-free. `merge` names the failing ranks per check, `judge` decides the case's status
-(controls against what they must trip, and against their plain case), `known.apply` turns declared
-upstream failures into xfail / xpass.
+Pure and torch-free. `judge` is the pipeline: `merge` names the failing ranks per check and decides a
+case's status on its own (a control by `Control.judge`, against what it must trip), `known.apply` turns
+declared upstream failures into xfail / xpass, and `judge_controls` marks a control inconclusive when its
+plain case already fails what the control must trip.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .attribution import ranks_named, ranks_text
+from . import known
+from .attribution import ranks_named
 from .case import Case
 from .controls import get_control
-from .records import CaseStatus, CheckId, Finding, MergedCheck, RankResult, RankStatus, Route, Status
+from .records import CaseStatus, CheckId, Failure, FailureKind, Finding, MergedCheck, RankResult, RankStatus, Route, \
+    Status
 
 
 @dataclass
@@ -30,8 +34,8 @@ class Verdict:
     stacks: dict[int, str] = field(default_factory=dict)
     #: The known-failure entry that matched (its upstream reason), if any.
     known: str | None = None
-    #: The skip says the model can never take this kind of layout (no plan for it).
-    never: bool = False
+    #: Why the case failed, raised or skipped, typed (see `records.Failure`); None when it passed.
+    failure: Failure | None = None
     attention_backend: str | None = None
     seconds: float = 0.0
     model_class: str | None = None
@@ -60,6 +64,11 @@ class Verdict:
         return {c.id for c in self.checks if c.status == Status.FAIL}
 
     @property
+    def never(self) -> bool:
+        """The skip says the model can never take this kind of layout (it has no plan for it)."""
+        return bool(self.failure and self.failure.missing_plan)
+
+    @property
     def failed_ranks(self) -> list[int]:
         return sorted({r for c in self.checks for r in c.failed_ranks} | set(self.cause_ranks))
 
@@ -74,6 +83,8 @@ class Verdict:
                 "seconds": self.seconds, "timings": self.timings, "peak_rss_mb": self.peak_rss_mb,
                 "rss_mb": self.rss_mb, "cpu_seconds": self.cpu_seconds, "threads": self.threads,
                 "process_groups": self.process_groups}
+        if self.failure:
+            data["failure"] = self.failure.to_json()
         if self.known:
             data["known_failure"] = self.known
         if self.status == CaseStatus.ERROR:
@@ -98,7 +109,7 @@ def merge_checks(ranks: list[RankResult]) -> list[MergedCheck]:
         merged.append(MergedCheck(
             check_id, status, failed, _worst(c.max_abs for _, c in per_rank),
             _worst(c.max_rel for _, c in per_rank), per_rank[0][1].atol, per_rank[0][1].rtol,
-            shown[1].detail, shown[0] if shown[1].detail else None, _merge_data(per_rank)))
+            shown[1].detail, shown[0] if shown[1].detail else None, _merge_data(per_rank), shown[1].failure))
     return merged
 
 
@@ -135,17 +146,25 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
     if RankStatus.ERROR in statuses and not (case.control and _judgeable(v, ranks)):
         return _error(v, ranks)
     if statuses == {RankStatus.SKIP}:
-        v.status, v.reason, v.never = CaseStatus.SKIP, first.reason, first.never
+        v.status, v.reason, v.failure = CaseStatus.SKIP, first.reason, first.failure
         return v
     if RankStatus.SKIP in statuses:
         v.status, v.reason = CaseStatus.ERROR, f"ranks disagree: {sorted(s.value for s in statuses)}"
+        v.failure = Failure(FailureKind.DISAGREE)
         return v
     failing = v.failing_checks
     if case.control:
         v.status, v.reason = get_control(case.control).judge(failing)
     elif failing:
         v.status, v.reason = CaseStatus.FAIL, f"failed: {', '.join(c.value for c in CheckId if c in failing)}"
+        v.failure = _first_failing(v)
     return v
+
+
+def _first_failing(v: Verdict) -> Failure | None:
+    """The first failing check's identity (the first symptom names the bug)."""
+    first = next((m for m in v.checks if m.status == Status.FAIL), None)
+    return first and (first.failure or Failure(FailureKind.CHECK, first.id))
 
 
 def _judgeable(v: Verdict, ranks: list[RankResult]) -> bool:
@@ -166,15 +185,30 @@ def _error(v: Verdict, ranks: list[RankResult]) -> Verdict:
     if v.secondary_ranks:
         waited = "were" if len(v.secondary_ranks) > 1 else "was"
         v.reason += f"; {ranks_named(v.secondary_ranks)} {waited} waiting on {'it' if len(causes) == 1 else 'them'}"
+    v.failure = _first_failing(v) or root.failure or Failure(FailureKind.EXIT)
     v.traceback = root.traceback
     v.stacks = {r.rank: r.stack for r in errors if r.stack}
     return v
 
 
-def judge_controls(verdicts: list[Verdict]) -> None:
+def judge(cases: list[Case], results: list[list[RankResult]], entries, plain_so_far: dict | None = None) -> list[Verdict]:
+    """The one judging pipeline: one verdict per case from its ranks' results (`merge`), declared upstream
+    failures applied (`known.apply` with `entries`), then every control judged against its plain case.
+
+    A caller that judges cases one at a time passes the same `plain_so_far` dict each time: it holds the
+    plain verdicts judged so far (this call adds its own), so a later control still finds its plain case."""
+    verdicts = [merge(c, r) for c, r in zip(cases, results)]
+    known.apply(verdicts, entries)
+    plain = {} if plain_so_far is None else plain_so_far
+    plain.update({v.case.plain: v for v in verdicts if not v.case.control})
+    judge_controls(verdicts, plain)
+    return verdicts
+
+
+def judge_controls(verdicts: list[Verdict], plain: dict | None = None) -> None:
     """A control cannot be judged where its plain case already fails what it must trip (or raised):
-    mark it inconclusive, never missed."""
-    plain = {v.case.plain: v for v in verdicts if not v.case.control}
+    mark it inconclusive, never missed. `plain`: plain case -> its verdict (default: those in `verdicts`)."""
+    plain = {v.case.plain: v for v in verdicts if not v.case.control} if plain is None else plain
     for v in verdicts:
         if not v.case.control or v.status == CaseStatus.SKIP:
             continue

@@ -24,13 +24,13 @@ from . import attention, library, meshes, reference
 from .attribution import lost_peer
 from .backends import get_backend
 from .case import Case
-from .checks import STRUCTURE, CheckContext, grads_skip_reason, run_checks, tolerance
+from .checks import STRUCTURE, CheckContext, Raised, grads_skip_reason, run_checks, tolerance
 from .collectives import count_collectives
 from .controls import get_control
 from .fitting import Unfittable
 from .protocol import ENV_PG_TIMEOUT, ENV_PROFILE, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE, STORE_BROKEN_KEY, RankExit, \
     RunDir, read_json, store_done_key, write_json
-from .records import CheckId, RankResult, RankStatus
+from .records import CheckId, Failure, FailureKind, RankResult, RankStatus, Status
 from .routes import apply
 
 
@@ -69,19 +69,19 @@ def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str
     result = RankResult(index, dist.get_rank(), RankStatus.OK, route=p.route, fit=p.fit,
                         model_class=p.model_class.__name__ if p.model_class else None, attention_backend=p.attention,
                         inputs=p.traits)
+    if p.skip or p.error:  # decided while planning, identically on every rank
+        result.status = RankStatus.SKIP if p.skip else RankStatus.ERROR
+        result.reason, result.failure = p.skip or f"RuntimeError: {p.error}", p.failure
+        return result
     try:
-        if p.skip:
-            raise Unfittable(p.skip, p.never)
-        if p.error:
-            raise RuntimeError(p.error)
         with _phase(result, "reference"):
             ref = (last or reference.LastReference()).get(p, refs_dir, local_device(backend))
         _run_parallel(p, ref, backend, workdir, result)
     except Unfittable as exc:
-        result.status, result.reason, result.never = RankStatus.SKIP, str(exc), exc.never
+        result.status, result.reason, result.failure = RankStatus.SKIP, str(exc), exc.failure
     except Exception as exc:
         result.status, result.reason = RankStatus.ERROR, f"{type(exc).__name__}: {exc}"
-        result.traceback = traceback.format_exc()
+        result.traceback, result.failure = traceback.format_exc(), Failure.raised(exc)
     # A rank whose collective broke because a peer went away did not cause the failure: it says so.
     result.secondary = result.raised_in_parallel and lost_peer(result.traceback + result.reason)
     result.seconds = round(time.time() - started, 3)
@@ -158,23 +158,27 @@ def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir:
             checks = run_checks(STRUCTURE, ctx)
         # Inference first, as a pipeline calls the model; then the training pass, whose graph the backward needs.
         with parallel, torch.no_grad(), count_collectives(result.rank) as ctx.inference_collectives:
-            ctx.inference_out, ctx.inference_error = _attempt(lambda: reference.forward(model, ref.inputs), result)
+            ctx.inference_out, ctx.inference_error = _attempt(lambda: reference.forward(model, ref.inputs), result,
+                                                              CheckId.INFERENCE)
         with parallel, count_collectives(result.rank) as ctx.collectives:
-            ctx.out, ctx.forward_error = _attempt(lambda: reference.forward(model, ref.inputs), result)
+            ctx.out, ctx.forward_error = _attempt(lambda: reference.forward(model, ref.inputs), result, CheckId.FORWARD)
         with checking:
             checks += run_checks([CheckId.COLLECTIVES, CheckId.FORWARD, CheckId.INFERENCE], ctx)
         if grads_skip_reason(ctx) is None:
             with parallel:
-                _, ctx.backward_error = _attempt(lambda: (ctx.out * ref.weights).sum().backward(), result)
+                _, ctx.backward_error = _attempt(lambda: (ctx.out * ref.weights).sum().backward(), result,
+                                                 CheckId.GRADS)
         with checking:
             checks += run_checks([CheckId.GRADS], ctx)
     raised = ctx.inference_error or ctx.forward_error or ctx.backward_error
     result.raised_in_parallel = bool(raised)
     result.findings = findings.messages
     result.checks = checks
+    failing = next((c for c in checks if c.status == Status.FAIL), None)
+    result.failure = failing and (failing.failure or Failure(FailureKind.CHECK, failing.id))
     if raised and not case.control:
         # A control may raise once its bug is planted; its checks still decide detection.
-        result.status, result.reason = RankStatus.ERROR, raised
+        result.status, result.reason = RankStatus.ERROR, str(raised)
 
 
 class _phase:
@@ -196,13 +200,14 @@ def _add_time(result: RankResult, name: str, wall: float, cpu: float) -> None:
         result.timings[key] = round(result.timings.get(key, 0.0) + spent, 4)
 
 
-def _attempt(step, result: RankResult):
-    """Run one step of the parallel model; a raise becomes a failed check, with this rank's traceback."""
+def _attempt(step, result: RankResult, check_id: CheckId):
+    """Run one step of the parallel model; a raise becomes a failed check `check_id`, with this rank's
+    traceback and the raise's identity."""
     try:
         return step(), None
     except Exception as exc:
         result.traceback = traceback.format_exc()
-        return None, f"{type(exc).__name__}: {exc}"
+        return None, Raised(f"{type(exc).__name__}: {exc}", Failure.raised(exc, check_id))
 
 
 # -- many cases in one world -----------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Factories the kit's own tests run: good ones, and deliberately broken ones (failure modes)."""
 
+import contextlib
 import functools
 import os
 
@@ -81,8 +82,6 @@ def raises_on_ranks_2_3():
 def flux_fixed_ring():
     """Flux with the upstream fix for the ring backward rotation applied by hand, for the life of this
     rank process: the known failure declared for r4 must then show as xpass (the entry is real)."""
-    from paracheck.attention import reversed_ring_rotation
-
     fix = reversed_ring_rotation()
     fix.__enter__()
     _KEPT.append(fix)  # a dropped context manager would be collected, and its exit undo the fix
@@ -143,6 +142,39 @@ def _batch_mask_space():
 
 
 batch_mask_bug.space = _batch_mask_space()
+
+
+# -- the upstream fix for the ring backward's rotation, applied by hand (tests only) -------------------
+
+
+class _ReversedRotation:
+    """Stands in for torch's functional-collectives module inside diffusers' attention_dispatch: the
+    +1 rotation the ring backward asks of `permute_tensor` becomes -1; everything else passes through."""
+
+    def __init__(self, funcol):
+        self._funcol = funcol
+
+    def __getattr__(self, name):
+        return getattr(self._funcol, name)
+
+    def permute_tensor(self, tensor, src_dst, group, *args, **kwargs):
+        n = len(src_dst)
+        if list(src_dst) == [(r + 1) % n for r in range(n)]:
+            src_dst = [(r - 1) % n for r in range(n)]
+        return self._funcol.permute_tensor(tensor, src_dst, group, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def reversed_ring_rotation():
+    """diffusers 0.42.1's `TemplatedRingAttention.backward` passes each rank's KV-gradient
+    accumulator to rank + 1 while step i computes the gradient of chunk rank + i, so an accumulator
+    meets the wrong chunks once the ring degree exceeds 2. Passing it to rank - 1 instead (the fix,
+    applied here by hand) keeps each accumulator on the rank that is computing its chunk. Exists only
+    so a test can prove that known failure is real."""
+    from paracheck import library
+
+    with library.attention_collectives(_ReversedRotation):
+        yield
 
 
 def class_not_in_this_diffusers():

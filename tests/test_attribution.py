@@ -5,7 +5,7 @@ import pytest
 from paracheck.attribution import attribute, innermost, odd_ones_out, ranks_text
 from paracheck.protocol import RankExit
 from paracheck.records import RankResult, RankStatus
-from paracheck.supervisor import EndKind, WorldEnd
+from paracheck.protocol import EndKind, WorldEnd
 
 
 def _stack(*frames):

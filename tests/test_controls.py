@@ -52,9 +52,30 @@ def test_no_module_outside_controls_names_a_control():
     import paracheck
 
     package = pathlib.Path(paracheck.__file__).parent
-    for path in package.glob("*.py"):
+    for path in package.rglob("*.py"):
         if path.name == "controls.py":
             continue
         text = path.read_text()
         named = [name for name in CONTROLS if f'"{name}"' in text]
         assert not named, f"{path.name} names {named}"
+
+
+def test_every_attention_fault_belongs_to_one_control_and_is_planted_by_the_attention_module():
+    """A control that plants a fault names one `attention.FAULTS` string; each fault is one control's, and
+    the strings live in controls.py and attention.py (which plants them) only."""
+    import pathlib
+
+    import paracheck
+    from paracheck.attention import FAULTS
+
+    faults = [c.attention_fault for c in CONTROLS.values() if c.attention_fault]
+    assert sorted(faults) == sorted(FAULTS), "each fault is planted by exactly one control"
+    assert {c.name: c.attention_fault for c in CONTROLS.values() if c.attention_fault} == {
+        "ring-stale-kv-backward": "stale-kv-backward", "ring-drop-merge": "drop-ring-merge",
+        "cp-attention-local": "ignore-cp-config", "inference-attention-local": "ignore-cp-config-no-grad"}
+    package = pathlib.Path(paracheck.__file__).parent
+    for path in package.rglob("*.py"):
+        if path.name in ("controls.py", "attention.py"):
+            continue
+        named = [fault for fault in FAULTS if f'"{fault}"' in path.read_text()]
+        assert not named, f"{path.name} names the attention faults {named}"

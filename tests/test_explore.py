@@ -17,7 +17,7 @@ from paracheck.explore import Target, draws, signature
 from paracheck.fixtures_index import FIXTURE_SPACES, FIXTURE_VARIANTS
 from paracheck.found import Found, read, write
 from paracheck.layout import Layout
-from paracheck.records import CaseStatus, CheckId, MergedCheck, Route, Status
+from paracheck.records import CaseStatus, CheckId, Failure, FailureKind, MergedCheck, Route, Status
 from paracheck.shapes import Axis, Shape
 from paracheck.verdict import Verdict
 
@@ -68,23 +68,40 @@ def test_draws_stay_inside_each_models_space(data):
         assert "rotate_method" not in dict(d.options)
 
 
-def _verdict(status, checks=(), reason="", layout="u2"):
+def _verdict(status, checks=(), reason="", layout="u2", failure=None):
     case = Case("ltx", "paracheck.fixtures:ltx", Layout.parse(layout, "cp-fastest"))
-    return Verdict(case, status, Route.NATIVE, reason=reason, checks=list(checks), model_class="LTXVideoTransformer3DModel")
+    return Verdict(case, status, Route.NATIVE, reason=reason, checks=list(checks), model_class="LTXVideoTransformer3DModel",
+                   failure=failure)
 
 
-def test_signature_names_the_first_failing_check_and_blanks_numbers():
-    raised = MergedCheck(CheckId.GRADS, Status.FAIL, [0, 1], detail="rank 0: backward raised RuntimeError: shape "
-                         "'[1, 4, 2, 1, 12]' is invalid for input of size 48 (also ranks 1)")
-    other = _verdict(CaseStatus.ERROR, [MergedCheck(CheckId.FORWARD, Status.PASS), raised])
-    assert signature(other) == ("LTXVideoTransformer3DModel parity.grads: RuntimeError: shape '[#, #, #, #, #]' "
-                                "is invalid for input of size #")
-    wrong = MergedCheck(CheckId.FORWARD, Status.FAIL, [0], detail="output differs")
-    assert signature(_verdict(CaseStatus.FAIL, [wrong, raised], layout="r2xu2")).endswith(
+def _grads_raised(message):
+    failure = Failure(FailureKind.RAISE, CheckId.GRADS, "RuntimeError", "_tensor.view")
+    raised = MergedCheck(CheckId.GRADS, Status.FAIL, [0, 1], detail=f"rank 0: backward raised RuntimeError: {message}",
+                         failure=failure)
+    return _verdict(CaseStatus.ERROR, [MergedCheck(CheckId.FORWARD, Status.PASS), raised], failure=failure)
+
+
+def test_signature_names_the_first_failing_check_and_where_it_raised():
+    assert signature(_grads_raised("shape '[1, 4]' is invalid")) == (
+        "LTXVideoTransformer3DModel parity.grads: RuntimeError in _tensor.view")
+    wrong = Failure(FailureKind.CHECK, CheckId.FORWARD)
+    assert signature(_verdict(CaseStatus.FAIL, layout="r2xu2", failure=wrong)).endswith(
         "parity.forward: wrong under ring+ulysses")
     assert signature(_verdict(CaseStatus.PASS)) is None and signature(_verdict(CaseStatus.XFAIL)) is None
-    hang = _verdict(CaseStatus.ERROR, reason="rank 1: hung past --timeout 120s in x.py:3; ranks 0 were waiting on them")
-    assert signature(hang) == "LTXVideoTransformer3DModel error: hung past --timeout #s in x.py:#"
+    hang = _verdict(CaseStatus.ERROR, reason="rank 1: hung past --timeout 120s in x.py:3; ranks 0 were waiting on them",
+                    failure=Failure(FailureKind.HANG, site="x.wait"))
+    assert signature(hang) == "LTXVideoTransformer3DModel error: hung in x.wait"
+
+
+def test_rewording_a_message_keeps_the_signature():
+    """explore de-duplicates by signature: it must come from the typed failure, never from the prose."""
+    first = _grads_raised("shape '[1, 4, 2, 1, 12]' is invalid for input of size 48")
+    reworded = _grads_raised("cannot view a tensor of 48 elements as [1, 4, 2, 1, 12]")
+    reworded.reason = "something else entirely"
+    assert signature(first) == signature(reworded)
+    other = _grads_raised("shape '[1, 4]' is invalid")
+    other.failure = other.checks[1].failure = Failure(FailureKind.RAISE, CheckId.GRADS, "ValueError", "_tensor.view")
+    assert signature(other) != signature(first)
 
 
 def test_cp_options_parse_and_name_the_rule():

@@ -4,14 +4,16 @@ import torch
 from hypothesis import given, strategies as st
 
 from paracheck.case import Case
-from paracheck.records import CheckId, CheckResult, RankResult, RankStatus, Route, Status
+from paracheck.records import CheckId, CheckResult, Failure, FailureKind, RankResult, RankStatus, Route, Status
 from tests import strategies
 
+failures = st.none() | st.builds(Failure, st.sampled_from(list(FailureKind)), st.none() | st.sampled_from(list(CheckId)),
+                                 st.text(max_size=8), st.text(max_size=8), st.text(max_size=8), st.text(max_size=8))
 checks = st.builds(CheckResult, st.sampled_from(list(CheckId)), st.sampled_from(list(Status)), st.text(max_size=20),
-                   st.none() | st.floats(0, 1), st.none() | st.floats(0, 1))
+                   st.none() | st.floats(0, 1), st.none() | st.floats(0, 1), failure=failures)
 results = st.builds(RankResult, st.integers(0, 100), st.integers(0, 127), st.sampled_from(list(RankStatus)),
                     st.text(max_size=30), st.none() | st.sampled_from(list(Route)), st.lists(checks, max_size=4),
-                    st.lists(st.text(max_size=10), max_size=2), secondary=st.booleans(), hung=st.booleans())
+                    st.lists(st.text(max_size=10), max_size=2), secondary=st.booleans(), failure=failures)
 
 
 @given(results)
@@ -19,6 +21,42 @@ def test_rank_result_round_trips_through_json(result):
     import json
 
     assert RankResult.from_json(json.loads(json.dumps(result.to_json()))) == result
+
+
+def _raise(message):
+    def helper():
+        raise ValueError(message)
+
+    try:
+        helper()
+    except ValueError as exc:
+        return Failure.raised(exc, CheckId.FORWARD)
+
+
+def test_a_raise_is_identified_by_type_and_site_never_by_its_message():
+    first, reworded = _raise("shape [1, 4] is invalid"), _raise("a wholly different sentence, 99 of them")
+    assert first == reworded and first.key == reworded.key
+    assert (first.kind, first.check, first.exception, first.site) == (
+        FailureKind.RAISE, CheckId.FORWARD, "ValueError", "test_records.helper")
+
+
+def test_a_library_entry_point_is_named_and_its_cause_identified():
+    class Wrapped(Exception):  # what `library.entry_point` raises: the entry point and the cause as fields
+        entry_point = "enable_parallelism"
+
+        def __init__(self, cause):
+            super().__init__(f"reworded freely: {cause}")
+            self.cause = cause
+
+    try:
+        try:
+            raise KeyError("blocks.2")
+        except KeyError as exc:
+            raise Wrapped(exc) from exc
+    except Wrapped as exc:
+        failure = Failure.raised(exc)
+    assert (failure.exception, failure.entry_point) == ("KeyError", "enable_parallelism")
+    assert failure.site.endswith("test_a_library_entry_point_is_named_and_its_cause_identified")
 
 
 @given(strategies.layouts(4), st.sampled_from(list(Route)), st.none() | st.sampled_from(["backward-only"]),

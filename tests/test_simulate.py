@@ -19,7 +19,7 @@ from paracheck.shardledger import (
     shard_ledger,
     sub_intervals,
 )
-from paracheck.simulate import neuron_alltoall_problems, simulate, simulate_layout
+from paracheck.simulate import simulate, simulate_layout
 
 
 def _flux(heads):
@@ -177,10 +177,18 @@ def test_ledger_follows_narrow_cat_and_copy_into_a_view():
 
 
 def test_neuron_alltoall_rule():
-    assert neuron_alltoall_problems([4, 5, 6, 7]) == []
-    assert neuron_alltoall_problems(list(range(32, 64))) == []
-    assert any("strided" in p for p in neuron_alltoall_problems([0, 4, 8, 12]))
-    assert any("4, 8, 16" in p for p in neuron_alltoall_problems([0, 1]))
+    """One rule for layouts (`Backend.problems`) and for the groups a simulation finds (`group_problems`)."""
+    from paracheck.backends import get_backend
+    from paracheck.layout import Layout
+
+    neuron = get_backend("neuron")
+    assert neuron.group_problems([4, 5, 6, 7]) == [] and neuron.group_problems(list(range(32, 64))) == []
+    assert any("strided" in p for p in neuron.group_problems([0, 4, 8, 12]))
+    assert any("4, 8, 16" in p for p in neuron.group_problems([0, 1]))
+    assert get_backend("gloo").group_problems([0, 4]) == []
+    for size in (2, 4, 6, 8, 16, 32, 48, 64):
+        by_layout = not any("ulysses degree" in p for p in neuron.problems(Layout.parse(f"u{size}")))
+        assert by_layout == (neuron.group_problems(list(range(size))) == []), size
     assert ranks_text([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 

@@ -138,3 +138,37 @@ def test_known_failures_file_errors_name_the_entry(tmp_path):
 
 def test_shipped_known_failures_load():
     assert all(e.reason for e in known.load(known.SHIPPED))
+
+
+def test_skips_group_by_the_missing_plan_whatever_the_reason_says():
+    from paracheck import report
+    from paracheck.records import Failure, FailureKind
+
+    verdicts = []
+    for model, reason in (("wan", "WanTransformer3DModel has no _tp_plan"), ("ltx", "reworded: no TP plan here")):
+        skip = [RankResult(0, r, RankStatus.SKIP, reason, failure=Failure(FailureKind.SKIP, missing_plan="_tp_plan"))
+                for r in range(4)]
+        verdicts.append(merge(_case(model=model, layout=Layout.parse("tp2xu2")), skip))
+    assert all(v.never and v.failure.missing_plan == "_tp_plan" for v in verdicts)
+    assert report.notes(verdicts, {}) == "never wan, ltx: no _tp_plan, so tp2xu2 cannot run"
+
+
+def test_a_failing_case_carries_its_first_failing_checks_identity():
+    v = merge(_case(), _ranks({CheckId.FORWARD: [1], CheckId.GRADS: [1]}))
+    assert v.status == CaseStatus.FAIL and v.failure.kind.value == "check" and v.failure.check == CheckId.FORWARD
+
+
+def test_judging_case_by_case_agrees_with_judging_the_whole_run():
+    """Progress judges one case at a time (keeping the plain verdicts so far), `run` judges all at once:
+    both go through `judge`, so a control after its known-failing plain case is inconclusive in both."""
+    from paracheck.verdict import judge
+
+    r4 = Layout.parse("r4")
+    cases = [_case(layout=r4), _case("backward-only", layout=r4)]
+    results = [_ranks({CheckId.FORWARD: [], CheckId.GRADS: [0, 1, 2, 3]}),
+               _ranks({CheckId.FORWARD: [0, 1, 2, 3], CheckId.GRADS: []})]
+    whole = judge(cases, results, [ENTRY])
+    plain_so_far: dict = {}
+    one_by_one = [judge([c], [r], [ENTRY], plain_so_far)[0] for c, r in zip(cases, results)]
+    assert [v.status for v in whole] == [v.status for v in one_by_one] == [CaseStatus.XFAIL, CaseStatus.INCONCLUSIVE]
+    assert list(plain_so_far) == [cases[0]]
