@@ -46,6 +46,9 @@ class Case:
     #: Tolerances that override the ones from dtype and backend (the mixins' class attributes).
     atol: float | None = None
     rtol: float | None = None
+    #: Whose model this is: "diffusers" (the kit's routes) or an adapter's library (`paracheck.adapters`),
+    #: whose grammar reads `layout`.
+    library: str = "diffusers"
 
     def __post_init__(self):
         object.__setattr__(self, "route", Route(self.route))
@@ -83,7 +86,9 @@ class Case:
     def from_json(cls, data: dict) -> "Case":
         data = dict(data)
         layout = data.pop("layout")
-        return cls(layout=Layout.parse(layout["name"], layout["order"]), **data)
+        from .adapters import parse_layout
+
+        return cls(layout=parse_layout(data.get("library", "diffusers"), layout["name"], layout["order"]), **data)
 
 
 def expand(model: str, factory: str, layouts, controls, plain: bool = True, variants=("base",),

@@ -189,6 +189,15 @@ def applicable(layout: Layout) -> list[str]:
 
 
 def get_control(name: str) -> Control:
-    if name not in CONTROLS:
-        raise ValueError(f"control {name!r}: must be one of {', '.join(CONTROLS)}")
-    return CONTROLS[name]
+    """A control by name: the kit's, else an adapter's (`adapter_controls`)."""
+    registry = {**CONTROLS, **adapter_controls()}
+    if name not in registry:
+        raise ValueError(f"control {name!r}: must be one of {', '.join(registry)}")
+    return registry[name]
+
+
+def adapter_controls(library: str | None = None) -> dict[str, Control]:
+    """The controls the library adapters plant (all of them, or `library`'s); torch-free."""
+    from .adapters.transformers.controls import CONTROLS as TRANSFORMERS
+
+    return {} if library not in (None, "transformers") else dict(TRANSFORMERS)

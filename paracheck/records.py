@@ -20,6 +20,8 @@ class CheckId(str, enum.Enum):
     COLLECTIVES = "structure.collectives"
     FORWARD = "parity.forward"
     GRADS = "parity.grads"
+    INFERENCE = "parity.inference"
+    LOSS = "parity.loss"
 
     @property
     def short(self) -> str:
@@ -31,7 +33,8 @@ class CheckId(str, enum.Enum):
 
 
 _SHORT = {CheckId.MESH: "mesh", CheckId.CP_HOOKS: "hooks", CheckId.PROCESSOR_CONFIG: "procs",
-          CheckId.TP_SHARDS: "shards", CheckId.COLLECTIVES: "colls", CheckId.FORWARD: "fwd", CheckId.GRADS: "grads"}
+          CheckId.TP_SHARDS: "shards", CheckId.COLLECTIVES: "colls", CheckId.FORWARD: "fwd", CheckId.GRADS: "grads",
+          CheckId.INFERENCE: "infer", CheckId.LOSS: "loss"}
 
 
 class Status(str, enum.Enum):
