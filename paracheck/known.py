@@ -7,7 +7,8 @@
     reason = "ring backward rotates gradient accumulators the wrong way for ring degree > 2"
     upstream = "diffusers 0.42.1 attention_dispatch.TemplatedRingAttention.backward"
 
-Optional keys: `variant`, `dtype`, `route`, `cp_options` (globs, default "*"; `cp_options` is matched
+Optional keys: `library` (whose models the entry is about: "diffusers" unless it says, e.g. "transformers"),
+`variant`, `dtype`, `route`, `cp_options` (globs, default "*"; `cp_options` is matched
 against the case's options written `name=value,...` in name order, e.g. "*ulysses_anything=True*"), and
 `message`, a glob the failure's text (the error, or the failing check's detail) must match, for a bug
 that shares its check with others. A plain case that fails the named check becomes `xfail`; one that
@@ -26,7 +27,7 @@ from .case import options_text
 from .records import CaseStatus, CheckId, Status
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "known_failures.toml")
-_MATCHED = ("model", "layout", "variant", "dtype", "route", "cp_options")
+_MATCHED = ("library", "model", "layout", "variant", "dtype", "route", "cp_options")
 
 
 class KnownFailuresError(ValueError):
@@ -45,12 +46,13 @@ class KnownFailure:
     cp_options: str = "*"
     message: str = "*"
     upstream: str = ""
+    library: str = "diffusers"
 
     def matches_case(self, verdict) -> bool:
         c = verdict.case
         values = {"model": (c.model, verdict.model_class or ""), "layout": (c.layout.name,),
                   "variant": (c.variant,), "dtype": (c.dtype,), "route": (verdict.route.value,),
-                  "cp_options": (options_text(c.cp_options),)}
+                  "cp_options": (options_text(c.cp_options),), "library": (getattr(c, "library", "diffusers"),)}
         return all(any(fnmatch.fnmatchcase(v, getattr(self, key)) for v in values[key]) for key in _MATCHED)
 
     def message_matches(self, verdict) -> bool:
