@@ -12,8 +12,9 @@ import os
 import shutil
 
 #: fixture name -> (config class name, config fields). Sizes are the smallest that 4-way TP, FSDP and EP
-#: still split on every planned dimension: 4 query and 4 key/value heads, vocab and widths divisible by 4.
-_COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+#: still split on every planned dimension: 4 query and 4 key/value heads, vocab and widths divisible by 4; 4 layers,
+#: so 4 pipeline stages each own one.
+_COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
                num_key_value_heads=4, head_dim=16, max_position_embeddings=64, tie_word_embeddings=False)
 CONFIGS: dict[str, tuple[str, dict]] = {
     "llama": ("LlamaConfig", dict(_COMMON)),
@@ -22,9 +23,9 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "mistral": ("MistralConfig", dict(_COMMON, sliding_window=4)),
     "qwen3_moe": ("Qwen3MoeConfig", dict(_COMMON, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
                                           decoder_sparse_step=1, mlp_only_layers=[])),
-    # One sliding and one full layer.
-    "gemma3": ("Gemma3TextConfig", dict(_COMMON, sliding_window=4,
-                                        layer_types=["sliding_attention", "full_attention"])),
+    # Sliding and full layers mixed.
+    "gemma3": ("Gemma3TextConfig", dict(_COMMON, sliding_window=4, layer_types=["sliding_attention",
+                                        "full_attention", "sliding_attention", "full_attention"])),
 }
 FIXTURES = tuple(CONFIGS)
 #: Fixtures with an expert plan (EP layouts apply).

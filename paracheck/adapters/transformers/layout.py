@@ -139,9 +139,9 @@ def refusals(layout: TfLayout, moe: bool = True, cp_field: bool = False) -> list
     return problems
 
 
-def layouts_for(world: int, moe: bool = False, cp_field: bool = False, pp: bool = False) -> list[TfLayout]:
+def layouts_for(world: int, moe: bool = False, cp_field: bool = False, pp: bool = True) -> list[TfLayout]:
     """Every layout of `world` ranks that transformers builds for a model (with `moe`, the EP layouts too;
-    with `pp`, pipeline layouts), one kind of parallelism first."""
+    without `pp`, no pipeline layouts), one kind of parallelism first."""
     if world < 1:
         raise TfLayoutError(f"--nproc {world}: the world size must be >= 1")
     dims = [t for t in DENSE if (t != "cp" or cp_field) and (t != "pp" or pp)]
