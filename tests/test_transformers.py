@@ -238,3 +238,21 @@ def test_pipeline_loss_is_declared_missing_and_its_logits_checked(gloo_verdicts,
 def test_pipeline_with_tensor_parallelism_raises_upstream_and_is_declared(gloo_verdicts):
     v = gloo_verdicts[("llama", "pp2xtp2", "base", None)]
     assert v.status.value == "xfail" and "KeyError" in v.reason
+
+
+def test_no_module_outside_the_adapters_controls_names_its_controls():
+    import pathlib
+
+    import paracheck
+
+    package = pathlib.Path(paracheck.__file__).parent
+    own = package / "adapters" / "transformers" / "controls.py"
+    for path in package.rglob("*.py"):
+        named = [name for name in CONTROLS if f'"{name}"' in path.read_text()]
+        assert path == own or not named, f"{path} names {named}"
+
+
+def test_every_control_applies_somewhere_on_four_ranks_and_names_what_it_trips():
+    offered = layouts_for(4, moe=True)
+    for name, control in CONTROLS.items():
+        assert control.must_trip and any(control.applies(layout) is None for layout in offered), name
