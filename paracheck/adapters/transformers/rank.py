@@ -70,17 +70,17 @@ def _run(case, workdir: str, result: RankResult) -> None:
         if case.variant == "embeds":
             batch = inputs.with_embeds(batch, ref.get_input_embeddings())
         expected = _reference(ref, batch)
+    result.raised_in_parallel = True  # from here on a raise may leave peers inside a collective (a refusal resets it)
     with _phase(result, "parallel"):
         model = _load_parallel(path, layout, plant)
-        result.raised_in_parallel = True  # from here on a raise may leave peers inside a collective
-        if plant.after_load:
-            plant.after_load(model, layout)
+    if plant.after_load:
+        plant.after_load(model, layout)
     with _phase(result, "checks"):
         checks = [structure.check_mesh(model, layout, rank), structure.check_placements(model, ref, layout)]
     mine = inputs.share(batch, layout.dp_index(rank), layout.dp)
     tokens = inputs.predicted_tokens(batch["labels"])
     with _phase(result, "parallel"):
-        checks += _passes(model, mine, tokens, expected, layout, plant, rank, atol, rtol)
+        checks += _passes(model, mine, tokens, expected, layout, plant, rank, atol, rtol, case.grads)
     result.checks = checks
     result.raised_in_parallel = False
 
@@ -121,7 +121,8 @@ def _model_inputs(batch: dict) -> dict:
     return {k: v for k, v in batch.items() if k != "labels"}
 
 
-def _passes(model, mine: dict, tokens: int, expected: dict, layout, plant, rank: int, atol, rtol) -> list:
+def _passes(model, mine: dict, tokens: int, expected: dict, layout, plant, rank: int, atol, rtol,
+            grads: bool = True) -> list:
     dp_index = layout.dp_index(rank)
     ref_infer = inputs.share({"x": expected["infer"]}, dp_index, layout.dp)["x"]
     ref_logits = inputs.share({"x": expected["logits"]}, dp_index, layout.dp)["x"]
@@ -141,6 +142,8 @@ def _passes(model, mine: dict, tokens: int, expected: dict, layout, plant, rank:
     total = out.loss.detach().clone()
     dist.all_reduce(total)  # each data shard's loss counted once per rank holding it: world / dp times
     checks.append(compare(CheckId.LOSS, total / (layout.world // layout.dp), expected["loss"], atol, rtol, "loss"))
+    if not grads:
+        return checks + [CheckResult(CheckId.GRADS, Status.SKIP, "--no-grads")]
     (out.loss * plant.loss_factor(layout.dp)).backward()
     checks.append(_grads(model, expected["grads"], atol, rtol))
     return checks
