@@ -23,7 +23,8 @@ class Plant:
     needs_rules: tuple = ()
     #: (model, layout) -> None, after `from_pretrained` built the parallel model.
     after_load: Callable | None = None
-    #: The factor the local loss is multiplied by before backward, given the layout's dp (right: dp itself).
+    #: The factor the local loss is multiplied by before backward, given the layout's dp. The right one is dp
+    #: itself (FSDP2 averages gradients over the dp ranks; each local loss is a share of the global mean).
     loss_factor: Callable[[int], float] = float
 
 
