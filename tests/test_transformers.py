@@ -80,6 +80,10 @@ def test_cp_layouts_are_offered_exactly_when_distributed_config_has_cp_size():
     class WithCp(DistributedConfig):
         cp_size: int | None = None
 
+    from paracheck.adapters.transformers.layout import _installed_config_fields
+
+    # The installed class is read from its source (no import): the same fields as the class itself.
+    assert _installed_config_fields() == {f.name for f in dataclasses.fields(DistributedConfig)}
     installed = "cp_size" in {f.name for f in dataclasses.fields(DistributedConfig)}
     assert cp_supported() == installed and cp_supported(WithCp)
     names = {layout.name for layout in layouts_for(4, cp_field=cp_supported(WithCp))}

@@ -171,13 +171,31 @@ def parse_layouts(text: str, world: int, moe: bool = False, cp_field: bool = Fal
 
 
 def cp_supported(config_class=None) -> bool:
-    """Whether `DistributedConfig` (or `config_class`) has a `cp_size` field; False without transformers."""
-    if config_class is None:
-        try:
-            from transformers.distributed.configuration_utils import DistributedConfig as config_class
-        except ImportError:
-            return False
-    return "cp_size" in {f.name for f in dataclasses.fields(config_class)}
+    """Whether `DistributedConfig` (or `config_class`) has a `cp_size` field; False without transformers.
+    The installed class is read from its source, so that answering imports neither transformers nor torch."""
+    if config_class is not None:
+        return "cp_size" in {f.name for f in dataclasses.fields(config_class)}
+    return "cp_size" in _installed_config_fields()
+
+
+def _installed_config_fields() -> set[str]:
+    """The annotated fields of the installed `transformers.distributed.configuration_utils.DistributedConfig`."""
+    import ast
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return set()
+    path = os.path.join(list(spec.submodule_search_locations)[0], "distributed", "configuration_utils.py")
+    try:
+        with open(path) as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError):
+        return set()
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DistributedConfig"]
+    return {n.target.id for c in classes for n in c.body
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
 
 
 def _divisors(n: int) -> list[int]:
