@@ -173,9 +173,9 @@ def _transformers_cases(args, models, wanted) -> list[Case]:
 
 def _wanted_variants(text: str) -> list[str]:
     from .adapters.transformers.fixtures import VARIANTS as TRANSFORMERS_VARIANTS
-    from .fixtures_index import VARIANTS
+    from .fixtures_index import VARIANTS as DIFFUSERS_VARIANTS
 
-    VARIANTS = (*VARIANTS, *TRANSFORMERS_VARIANTS[1:])
+    VARIANTS = (*DIFFUSERS_VARIANTS, *(v for v in TRANSFORMERS_VARIANTS if v not in DIFFUSERS_VARIANTS))
     if text.strip() == "all":
         return list(VARIANTS)
     names = [v.strip() for v in text.split(",") if v.strip()]
