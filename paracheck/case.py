@@ -12,7 +12,6 @@ import os
 import sys
 from dataclasses import asdict, dataclass, replace
 
-from .fixtures_index import FixtureUnavailable
 from .layout import Layout
 from .records import Route
 from .shapes import Shape
@@ -23,6 +22,10 @@ DTYPES = ("fp32", "bf16", "fp16")
 
 class SpecError(ValueError):
     """A `--spec` that does not import, or whose factory returns the wrong shape."""
+
+
+class FixtureUnavailable(Exception):
+    """A bundled fixture whose model class the installed library lacks: a skip with this reason, never an error."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ class Case:
     #: Tolerances that override the ones from dtype and backend (the mixins' class attributes).
     atol: float | None = None
     rtol: float | None = None
+    #: Whose model this is: "diffusers" (the kit's routes) or an adapter's library (`paracheck.adapters`),
+    #: whose grammar reads `layout`.
+    library: str = "diffusers"
 
     def __post_init__(self):
         object.__setattr__(self, "route", Route(self.route))
@@ -84,7 +90,9 @@ class Case:
     def from_json(cls, data: dict) -> "Case":
         data = dict(data)
         layout = data.pop("layout")
-        return cls(layout=Layout.parse(layout["name"], layout["order"]), **data)
+        from .adapters import parse_layout
+
+        return cls(layout=parse_layout(data.get("library", "diffusers"), layout["name"], layout["order"]), **data)
 
 
 def expand(model: str, factory: str, layouts, controls, plain: bool = True, variants=("base",),

@@ -13,11 +13,10 @@ import time
 
 from . import __version__
 from .backends import BackendError, get_backend, missing_devices, resolve
-from .case import ROUTES, Case, SpecError, call_factory, expand, parse_cp_options
+from .case import ROUTES, Case, FixtureUnavailable, SpecError, call_factory, expand, parse_cp_options
 from .cli_common import UsageError, add_order, add_timeout, check_choice, check_dtypes, check_order, check_timeout, \
     check_writable, named_models, raise_interrupt, run_meta
-from .controls import CONTROLS
-from .fixtures_index import FixtureUnavailable
+from .controls import CONTROLS, adapter_controls
 from .layout import Layout, LayoutError, layouts_for, parse_layouts
 from .protocol import Exit
 
@@ -90,7 +89,7 @@ def main(argv=None) -> int:
         return Exit.USAGE
 
 
-def _check_options(args, backend) -> list[Layout]:
+def _check_options(args, backend, diffusers: bool = True) -> list[Layout]:
     world = os.environ.get("WORLD_SIZE") if "RANK" in os.environ else None
     if world is not None and args.nproc not in (None, int(world)):
         raise UsageError(f"--nproc {args.nproc}: under torchrun the world is WORLD_SIZE={world}; drop --nproc")
@@ -110,10 +109,13 @@ def _check_options(args, backend) -> list[Layout]:
         args.cp_options = parse_cp_options(args.cp_options)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    if args.only_control and args.only_control not in CONTROLS:
-        raise UsageError(f"--only-control {args.only_control!r}: must be one of {', '.join(CONTROLS)}")
+    every_control = {**CONTROLS, **adapter_controls()}
+    if args.only_control and args.only_control not in every_control:
+        raise UsageError(f"--only-control {args.only_control!r}: must be one of {', '.join(every_control)}")
     if args.only_control and not args.controls:
         raise UsageError("--only-control needs --controls")
+    if not diffusers:  # transformers models only: their adapter reads --layouts (`_transformers_cases`)
+        return []
     layouts = parse_layouts(args.layouts, args.nproc, args.order)
     if not layouts:
         raise UsageError(f"--nproc {args.nproc}: one rank has no parallel layout; use --nproc 2 or more")
@@ -134,25 +136,43 @@ def _check_attention_backend(name: str) -> None:
 
 
 def build_cases(args, backend) -> list[Case]:
-    layouts = _check_options(args, backend)
+    from .fixtures_index import library_of
+
     models = named_models(args)
+    adapted = [(m, f) for m, f in models if library_of(f) != "diffusers"]
+    models = [(m, f) for m, f in models if library_of(f) == "diffusers"]
+    layouts = _check_options(args, backend, diffusers=bool(models))
     # fail fast, exit 2, before any rank starts
     built = {spec: call_factory(spec) for spec in args.spec} if args.spec else {}
     if args.layouts.strip() != "all" and (args.spec or args.models != "all"):
         _check_fits(models, layouts, built)
     # Every control on every layout: one that cannot apply is reported as skipped, with the reason.
     controls = [args.only_control] if args.only_control else (list(CONTROLS) if args.controls else [])
+    controls = [c for c in controls if c in CONTROLS]  # an adapter's controls go to its own models only
     wanted = _wanted_variants(args.variants)
-    return [case for model, factory in models
+    return _transformers_cases(args, adapted, wanted) + [case for model, factory in models
             for case in expand(model, factory, layouts, lambda layout: controls, plain=not args.only_control,
                                variants=[v for v in _offered(model, factory) if v in wanted],
                                route=args.route, grads=not args.no_grads, dtype=args.dtype, cp_options=args.cp_options,
                                attention_backend=args.attention_backend)]
 
 
-def _wanted_variants(text: str) -> list[str]:
-    from .fixtures_index import VARIANTS
+def _transformers_cases(args, models, wanted) -> list[Case]:
+    from .adapters.transformers.cases import expand as transformers_expand
+    from .adapters.transformers.layout import TfLayoutError
 
+    try:
+        return [case for model, _ in models for case in transformers_expand(
+            model, args.layouts, args.nproc, wanted, args.controls, args.only_control, not args.no_grads)]
+    except TfLayoutError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _wanted_variants(text: str) -> list[str]:
+    from .adapters.transformers.fixtures import VARIANTS as TRANSFORMERS_VARIANTS
+    from .fixtures_index import VARIANTS as DIFFUSERS_VARIANTS
+
+    VARIANTS = (*DIFFUSERS_VARIANTS, *(v for v in TRANSFORMERS_VARIANTS if v not in DIFFUSERS_VARIANTS))
     if text.strip() == "all":
         return list(VARIANTS)
     names = [v.strip() for v in text.split(",") if v.strip()]

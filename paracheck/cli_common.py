@@ -110,7 +110,7 @@ def run_meta(backend, nproc: int, outcome=None) -> dict:
     from importlib.metadata import version
 
     versions = {}
-    for package in ("torch", "diffusers"):
+    for package in ("torch", "diffusers", "transformers"):
         try:
             versions[package] = version(package)
         except Exception:

@@ -77,6 +77,12 @@ def _targets(args) -> list:
 
     layouts = parse_layouts(args.layouts, args.nproc, args.order)
     named = named_models(args)
+    from .fixtures_index import library_of
+
+    adapted = [n for n, f in named if library_of(f) != "diffusers"]
+    if adapted and args.models != "all":
+        raise UsageError(f"--models {','.join(adapted)}: explore draws diffusers shapes only so far")
+    named = [(n, f) for n, f in named if library_of(f) == "diffusers"]
     targets = []
     for name, factory in named:
         space = getattr(load_factory(factory), "space", None)

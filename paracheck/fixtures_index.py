@@ -14,18 +14,39 @@ FIXTURES: dict[str, str] = {
 }
 
 
-class FixtureUnavailable(Exception):
-    """A bundled fixture whose model class the installed library lacks: a skip with this reason, never an error."""
-
-
 def select(models: str) -> list[tuple[str, str]]:
-    """`--models` text ("all" or names, comma separated) -> (name, factory path) pairs in the order given.
+    """`--models` text ("all" or names, comma separated) -> (name, factory path) pairs in the order given;
+    `all` includes the transformers fixtures when transformers is installed.
     ValueError names the unknown ones and the fixtures there are."""
-    names = list(FIXTURES) if models == "all" else [m.strip() for m in models.split(",")]
-    unknown = [n for n in names if n not in FIXTURES]
+    known = {**FIXTURES, **TRANSFORMERS_FIXTURES}
+    everything = {**FIXTURES, **(TRANSFORMERS_FIXTURES if transformers_installed() else {})}
+    names = list(everything) if models == "all" else [m.strip() for m in models.split(",")]
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"{','.join(unknown)}: unknown; fixtures are {', '.join(FIXTURES)} (or all)")
-    return [(n, FIXTURES[n]) for n in names]
+        raise ValueError(f"{','.join(unknown)}: unknown; fixtures are {', '.join(known)} (or all)")
+    return [(n, known[n]) for n in names]
+
+
+def _transformers_fixtures() -> dict[str, str]:
+    from .adapters.transformers.cases import FACTORY_PREFIX
+    from .adapters.transformers.fixtures import FIXTURES as NAMES
+
+    return {name: FACTORY_PREFIX + name for name in NAMES}
+
+
+#: The transformers adapter's fixtures (`paracheck.adapters.transformers.fixtures`), by name.
+TRANSFORMERS_FIXTURES = _transformers_fixtures()
+
+
+def library_of(factory: str) -> str:
+    """Whose model a factory builds: "transformers" for the adapter's fixtures, else "diffusers"."""
+    return "transformers" if factory in TRANSFORMERS_FIXTURES.values() else "diffusers"
+
+
+def transformers_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformers") is not None
 
 
 #: The diffusers classes the fixtures build (preloaded by the fork server).

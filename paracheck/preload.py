@@ -16,3 +16,11 @@ for _name in FIXTURE_CLASSES:
     getattr(diffusers, _name, None)
 import diffusers.hooks.context_parallel  # noqa: E402,F401
 import diffusers.hooks.tensor_parallel  # noqa: E402,F401
+
+try:  # the transformers adapter's modules, where transformers is installed (the fixtures' classes load lazily)
+    import transformers  # noqa: F401
+    import transformers.distributed  # noqa: F401
+
+    from .adapters.transformers import rank as _transformers_rank  # noqa: F401
+except ImportError:
+    pass

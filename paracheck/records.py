@@ -23,6 +23,7 @@ class CheckId(str, enum.Enum):
     FORWARD = "parity.forward"
     INFERENCE = "parity.inference"
     GRADS = "parity.grads"
+    LOSS = "parity.loss"
 
     @property
     def short(self) -> str:
@@ -35,7 +36,7 @@ class CheckId(str, enum.Enum):
 
 _SHORT = {CheckId.MESH: "mesh", CheckId.CP_HOOKS: "hooks", CheckId.PROCESSOR_CONFIG: "procs",
           CheckId.TP_SHARDS: "shards", CheckId.COLLECTIVES: "colls", CheckId.FORWARD: "fwd", CheckId.INFERENCE: "infer",
-          CheckId.GRADS: "grads"}
+          CheckId.GRADS: "grads", CheckId.LOSS: "loss"}
 
 
 class Status(str, enum.Enum):

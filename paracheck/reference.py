@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from . import attention, library
-from .case import Case, call_factory
+from .case import Case, FixtureUnavailable, call_factory
 from .fitting import Unfittable, cp_split_problems, fit_init_dict
-from .fixtures_index import FixtureUnavailable
 from .records import Failure, FailureKind, Route
 from .routes import resolve_route
 

@@ -33,7 +33,8 @@ def exit_code(verdicts: list[Verdict], events: list) -> int:
 def replay_command(v: Verdict, argv_extra: list[str]) -> str:
     c = v.case
     args = ["paracheck", "run", "--layouts", c.layout.name, "--route", v.route.value, *argv_extra]
-    args += ["--models", c.model] if c.factory.startswith("paracheck.fixtures:") else ["--spec", c.factory]
+    bundled = c.factory.startswith(("paracheck.fixtures:", "paracheck.adapters."))
+    args += ["--models", c.model] if bundled else ["--spec", c.factory]
     return " ".join(shlex.quote(a) for a in args + case_options(c))
 
 

@@ -179,6 +179,6 @@ def reversed_ring_rotation():
 
 def class_not_in_this_diffusers():
     """A bundled-fixture-style factory whose diffusers class this install lacks."""
-    from paracheck.fixtures_index import FixtureUnavailable
+    from paracheck.case import FixtureUnavailable
 
     raise FixtureUnavailable("fixture gone: diffusers cannot provide its model class (no NoSuchTransformer)")

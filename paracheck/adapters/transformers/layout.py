@@ -1,0 +1,212 @@
+"""transformers layouts: `tp2xfsdp2`-style names <-> `DistributedConfig` sizes, and the rules transformers enforces.
+
+Torch-free. The tokens are transformers' own dimensions: pp, tp, dpr (dp_replicate), cp, fsdp, ep. A name
+may list them in any order; the canonical name writes them in that order (tp2xfsdp2, dpr2xcp2, the seed's
+cp2xfsdp2). The mesh order is transformers' own and not the name's. The world is the product of the
+dense sizes; `ep` is not a dense size (experts reuse the same ranks on a second mesh, `efsdp x ep`).
+`cp` is offered only where the installed `DistributedConfig` has a `cp_size` field (`cp_supported`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+
+#: Tokens in the order a canonical name writes them; `ep` last, as it is not part of the dense mesh.
+TOKENS = ("pp", "tp", "dpr", "cp", "fsdp", "ep")
+#: The dense mesh's dimensions, slowest-varying first, as transformers lays them out.
+DENSE = ("pp", "dpr", "fsdp", "cp", "tp")
+#: The `DistributedConfig` field each token sets.
+FIELDS = {"pp": "pp_size", "dpr": "dp_replicate_size", "fsdp": "fsdp_size", "cp": "cp_size", "tp": "tp_size",
+          "ep": "ep_size"}
+_PART = re.compile(r"^(pp|dpr|fsdp|cp|tp|ep)([0-9]+)$")
+
+
+class TfLayoutError(ValueError):
+    """A transformers layout name that breaks the naming rules."""
+
+
+@dataclass(frozen=True)
+class TfLayout:
+    pp: int = 1
+    dpr: int = 1
+    fsdp: int = 1
+    cp: int = 1
+    tp: int = 1
+    ep: int = 1
+
+    def __post_init__(self):
+        for token in TOKENS:
+            value = getattr(self, token)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise TfLayoutError(f"layout degree {token}={value!r}: every degree must be an integer >= 1")
+
+    @classmethod
+    def parse(cls, text: str, order: str | None = None) -> "TfLayout":
+        """`tp2xfsdp2` -> TfLayout(fsdp=2, tp=2); parts joined by 'x', each token at most once, in any order.
+        `order` is accepted for the kit's `Layout.parse` signature and ignored (transformers fixes its mesh order)."""
+        if not isinstance(text, str) or not text.strip():
+            raise TfLayoutError("layout '': write degrees like tp4, fsdp4, tp2xfsdp2 "
+                                f"(parts {', '.join(TOKENS)} joined by 'x')")
+        degrees: dict[str, int] = {}
+        for part in text.strip().lower().split("x"):
+            match = _PART.match(part)
+            if not match:
+                raise TfLayoutError(f"layout {text!r}: part {part!r} is not one of {', '.join(t + 'N' for t in TOKENS)} "
+                                    "(parts are joined by 'x', e.g. tp2xfsdp2)")
+            token, degree = match.group(1), int(match.group(2))
+            if token in degrees:
+                raise TfLayoutError(f"layout {text!r}: {token} appears twice")
+            if degree < 1:
+                raise TfLayoutError(f"layout {text!r}: degree of {token} must be >= 1, got {degree}")
+            degrees[token] = degree
+        return cls(**degrees)
+
+    @property
+    def name(self) -> str:
+        return "x".join(f"{t}{getattr(self, t)}" for t in TOKENS if getattr(self, t) > 1) or "single"
+
+    def __str__(self) -> str:
+        return self.name
+
+    #: The kit's cases and reports read a layout's `order`; transformers fixes its own mesh order, so this
+    #: is the kit's default name, which replay commands leave out.
+    order = "cp-fastest"
+
+    @property
+    def world(self) -> int:
+        return math.prod(getattr(self, t) for t in DENSE)
+
+    @property
+    def dp(self) -> int:
+        """Ranks that see distinct batches: dp_replicate x fsdp (transformers' `dp_size`; cp ranks share a batch)."""
+        return self.dpr * self.fsdp
+
+    @property
+    def efsdp(self) -> int:
+        """The experts' FSDP degree: fsdp x tp / ep (transformers' `efsdp_size`)."""
+        return self.fsdp * self.tp // self.ep
+
+    @property
+    def has_tp(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def has_cp(self) -> bool:
+        return self.cp > 1
+
+    def config_kwargs(self) -> dict:
+        """The `DistributedConfig(**kwargs)` for this layout: every size > 1, by transformers' field name."""
+        return {FIELDS[t]: getattr(self, t) for t in TOKENS if getattr(self, t) > 1}
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """This rank's coordinate on each dense dimension (row-major over pp, dpr, fsdp, cp, tp, as
+        `init_device_mesh` lays them out)."""
+        if not 0 <= rank < self.world:
+            raise TfLayoutError(f"rank {rank} is outside layout {self.name} of world size {self.world}")
+        out = {}
+        for token in reversed(DENSE):
+            out[token] = rank % getattr(self, token)
+            rank //= getattr(self, token)
+        return {t: out[t] for t in DENSE}
+
+    def dp_index(self, rank: int) -> int:
+        """Which of the `dp` distinct batch shards `rank` sees (replica-major, then fsdp)."""
+        c = self.coords(rank)
+        return c["dpr"] * self.fsdp + c["fsdp"]
+
+
+def refusals(layout: TfLayout, moe: bool = True, cp_field: bool = False) -> list[str]:
+    """What transformers refuses about `layout`, in the rule's words; empty when it would build it.
+    `moe`: the model has an expert plan; `cp_field`: the installed `DistributedConfig` has `cp_size`."""
+    problems = []
+    if layout.cp > 1 and not cp_field:
+        problems.append("cp_size: the installed transformers' DistributedConfig has no cp_size field")
+    if layout.ep > 1:
+        if not moe:
+            problems.append(f"ep_size={layout.ep}: the model has no ep_plan")
+        if layout.ep % layout.tp:
+            problems.append(f"ep_size={layout.ep} must be a multiple of tp_size={layout.tp}")
+        if (layout.fsdp * layout.tp) % layout.ep:
+            problems.append(f"ep_size={layout.ep} must divide fsdp_size * tp_size = {layout.fsdp * layout.tp}")
+    if layout.dp > 1 and layout.pp > 1:
+        problems.append("combining FSDP with pipeline parallelism is not supported yet (dp_size > 1 with pp_size > 1)")
+    if layout.cp > 1 and (layout.tp > 1 or layout.pp > 1 or layout.ep > 1):
+        # The seed's first CP release refuses these together with cp (TP and EP come later in its stack).
+        problems.append("cp_size with tp_size, pp_size or ep_size: refused together for now")
+    return problems
+
+
+def layouts_for(world: int, moe: bool = False, cp_field: bool = False, pp: bool = True) -> list[TfLayout]:
+    """Every layout of `world` ranks that transformers builds for a model (with `moe`, the EP layouts too;
+    without `pp`, no pipeline layouts), one kind of parallelism first."""
+    if world < 1:
+        raise TfLayoutError(f"--nproc {world}: the world size must be >= 1")
+    dims = [t for t in DENSE if (t != "cp" or cp_field) and (t != "pp" or pp)]
+    found = []
+    for sizes in _factorizations(world, len(dims)):
+        dense = dict(zip(dims, sizes))
+        for ep in (_divisors(world) if moe else (1,)):
+            layout = TfLayout(ep=ep, **dense)
+            if layout.world > 1 and not refusals(layout, moe, cp_field):
+                found.append(layout)
+    return sorted(found, key=lambda l: (sum(getattr(l, t) > 1 for t in TOKENS), l.name))
+
+
+def parse_layouts(text: str, world: int, moe: bool = False, cp_field: bool = False) -> list[TfLayout]:
+    """`all` or a comma list of names; each must have world size `world`."""
+    if text.strip() == "all":
+        return layouts_for(world, moe, cp_field)
+    layouts = []
+    for item in text.split(","):
+        layout = TfLayout.parse(item)
+        if layout.world != world:
+            raise TfLayoutError(f"--layouts {layout.name}: its world size is {layout.world} (the product of "
+                                f"{', '.join(DENSE)}), but --nproc is {world}")
+        if layout not in layouts:
+            layouts.append(layout)
+    return layouts
+
+
+def cp_supported(config_class=None) -> bool:
+    """Whether `DistributedConfig` (or `config_class`) has a `cp_size` field; False without transformers.
+    The installed class is read from its source, so that answering imports neither transformers nor torch."""
+    if config_class is not None:
+        return "cp_size" in {f.name for f in dataclasses.fields(config_class)}
+    return "cp_size" in _installed_config_fields()
+
+
+def _installed_config_fields() -> set[str]:
+    """The annotated fields of the installed `transformers.distributed.configuration_utils.DistributedConfig`."""
+    import ast
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return set()
+    path = os.path.join(list(spec.submodule_search_locations)[0], "distributed", "configuration_utils.py")
+    try:
+        with open(path) as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError):
+        return set()
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DistributedConfig"]
+    return {n.target.id for c in classes for n in c.body
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _factorizations(n: int, parts: int):
+    """Every ordered tuple of `parts` positive integers whose product is `n`."""
+    if parts == 1:
+        yield (n,)
+        return
+    for d in _divisors(n):
+        for rest in _factorizations(n // d, parts - 1):
+            yield (d,) + rest

@@ -1,0 +1,196 @@
+"""One transformers case on one rank: load the checkpoint with and without `distributed_config`, run both, check.
+
+The world is already up (the kit's worker, or a test, called `init_process_group`); transformers builds its
+meshes on the default group. Every rank computes its own single-process reference from the same checkpoint
+(the fixtures are tiny), so no reference crosses ranks. Order on the parallel model: structure, the
+inference forward (no_grad; the rowwise local path only runs there), gradients cleared the optimizer's way,
+the training forward and backward, then loss, logits and every gradient (DTensors gathered).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from ...checks import compare, problems_text, tolerance
+from ...records import CheckId, CheckResult, RankResult, RankStatus, Route, Status
+from . import fixtures, inputs, structure
+from .controls import CONTROLS, NO_PLANT, PLANTS
+
+
+class Refused(Exception):
+    """transformers (or the case's control) cannot run this case: a skip, in the refuser's words."""
+
+
+def run_case(index: int, case, backend, workdir: str) -> RankResult:
+    """The kit's rank-side entry point for a transformers case; never raises."""
+    started = time.time()
+    result = RankResult(index, dist.get_rank(), RankStatus.OK, route=Route.SHARDED_LOAD)
+    try:
+        _run(case, workdir, result)
+    except Refused as exc:
+        result.status, result.reason, result.raised_in_parallel = RankStatus.SKIP, str(exc), False
+    except Exception as exc:
+        result.status, result.reason = RankStatus.ERROR, f"{type(exc).__name__}: {exc}"
+        result.traceback = traceback.format_exc()
+    result.seconds = round(time.time() - started, 3)
+    return result
+
+
+def checkpoint(name: str, folder: str) -> str:
+    """Rank 0 writes the fixture's checkpoint into `folder` (once per run); every rank waits for it."""
+    if dist.get_rank() == 0:
+        fixtures.save(name, folder)
+    dist.barrier()
+    return os.path.join(folder, f"transformers-{name}")
+
+
+def _run(case, workdir: str, result: RankResult) -> None:
+    from transformers import AutoModelForCausalLM
+
+    layout, rank = case.layout, dist.get_rank()
+    control = CONTROLS[case.control] if case.control else None
+    plant = PLANTS[case.control] if case.control else NO_PLANT
+    if control and (reason := control.skip_reason(layout)):
+        raise Refused(reason)
+    path = checkpoint(case.model, os.path.dirname(os.path.abspath(workdir)))
+    atol, rtol = tolerance(torch.float32, "cpu")
+    atol, rtol = case.atol or atol, case.rtol or rtol
+    with _phase(result, "reference"):
+        ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        result.model_class = type(ref).__name__
+        missing = [k for k in plant.needs_rules if k not in ref.tp_plan]
+        if missing:
+            raise Refused(f"{case.control}: {result.model_class}'s tp_plan has no rule for {', '.join(missing)}")
+        batch = inputs.global_batch(case.variant, layout.dp, ref.config.vocab_size)
+        if case.variant == "embeds":
+            batch = inputs.with_embeds(batch, ref.get_input_embeddings())
+        expected = _reference(ref, batch)
+    result.raised_in_parallel = True  # from here on a raise may leave peers inside a collective (a refusal resets it)
+    with _phase(result, "parallel"):
+        model = _load_parallel(path, layout, plant)
+    if plant.after_load:
+        plant.after_load(model, layout)
+    with _phase(result, "checks"):
+        checks = [structure.check_mesh(model, layout, rank), structure.check_placements(model, ref, layout)]
+    mine = inputs.share(batch, layout.dp_index(rank), layout.dp)
+    tokens = inputs.predicted_tokens(batch["labels"])
+    with _phase(result, "parallel"):
+        checks += _passes(model, mine, tokens, expected, layout, plant, rank, atol, rtol, case.grads)
+    result.checks = checks
+    result.raised_in_parallel = False
+
+
+def _load_parallel(path: str, layout, plant):
+    from transformers import AutoModelForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    kwargs = layout.config_kwargs()
+    if plant.tp_plan:
+        kwargs["tp_plan"] = dict(plant.tp_plan)
+    try:
+        config = DistributedConfig(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise Refused(f"transformers refuses DistributedConfig({_kw(kwargs)}): {exc}") from exc
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, distributed_config=config)
+    except (ValueError, NotImplementedError) as exc:
+        # Plan and size rules transformers checks while loading; every rank raises the same.
+        raise Refused(f"transformers refuses {_kw(kwargs)} for this model: {exc}") from exc
+
+
+def _kw(kwargs: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in kwargs.items())
+
+
+def _reference(ref, batch: dict) -> dict:
+    """The single-process run of the whole global batch: inference logits, then loss, logits and gradients."""
+    with torch.no_grad():
+        infer = ref(**_model_inputs(batch)).logits.detach()
+    out = ref(**batch)
+    out.loss.backward()
+    grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in ref.named_parameters()}
+    return {"infer": infer, "loss": out.loss.detach(), "logits": out.logits.detach(), "grads": grads}
+
+
+def _model_inputs(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
+def _passes(model, mine: dict, tokens: int, expected: dict, layout, plant, rank: int, atol, rtol,
+            grads: bool = True) -> list:
+    dp_index = layout.dp_index(rank)
+    ref_infer = inputs.share({"x": expected["infer"]}, dp_index, layout.dp)["x"]
+    ref_logits = inputs.share({"x": expected["logits"]}, dp_index, layout.dp)["x"]
+    with torch.no_grad():
+        infer = _full(model(**_model_inputs(mine)).logits)
+    checks = [_logits(CheckId.INFERENCE, infer, ref_infer, layout, atol, rtol, "no_grad logits")]
+    # The optimizer's way (set_to_none), not model.zero_grad(): FSDP2 groups kept unsharded after a no_grad
+    # forward make model.zero_grad() miss the sharded gradients.
+    torch.optim.SGD(model.parameters(), lr=0.0).zero_grad(set_to_none=True)
+    out = model(**mine, num_items_in_batch=tokens)
+    checks.append(_logits(CheckId.FORWARD, _full(out.logits), ref_logits, layout, atol, rtol, "logits"))
+    if out.loss is None:
+        # A failure, declared in known_failures.toml for pipeline layouts: labels were given, no loss came back.
+        missing = f"labels given, but the forward returned no loss (pp_size={layout.pp})"
+        return checks + [CheckResult(CheckId.LOSS, Status.FAIL, missing),
+                         CheckResult(CheckId.GRADS, Status.SKIP, "no loss to take gradients of")]
+    total = out.loss.detach().clone()
+    dist.all_reduce(total)  # each data shard's loss counted once per rank holding it: world / dp times
+    checks.append(compare(CheckId.LOSS, total / (layout.world // layout.dp), expected["loss"], atol, rtol, "loss"))
+    if not grads:
+        return checks + [CheckResult(CheckId.GRADS, Status.SKIP, "--no-grads")]
+    (out.loss * plant.loss_factor(layout.dp)).backward()
+    checks.append(_grads(model, expected["grads"], atol, rtol))
+    return checks
+
+
+def _logits(check_id, actual, expected, layout, atol, rtol, what) -> CheckResult:
+    if actual is None:
+        return CheckResult(check_id, Status.SKIP, f"pp_size={layout.pp}: this stage returns no {what}")
+    return compare(check_id, actual, expected, atol, rtol, what)
+
+
+def _full(tensor):
+    """A DTensor gathered whole; a plain tensor as is (a pipeline stage before the last may give None)."""
+    if tensor is None:
+        return None
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _grads(model, ref_grads: dict, atol, rtol) -> CheckResult:
+    """Every parameter's gradient, gathered where sharded, against the single-process one."""
+    problems, worst, worst_rel = [], 0.0, 0.0
+    for name, param in model.named_parameters():
+        grad, want = _full(param.grad), ref_grads.get(name)
+        if grad is None or want is None:
+            if (grad is None) != (want is None):
+                problems.append(f"{name}: gradient {'missing' if grad is None else 'where the reference has none'}")
+            continue
+        result = compare(CheckId.GRADS, grad, want, atol, rtol, name)
+        worst, worst_rel = max(worst, result.max_abs or 0.0), max(worst_rel, result.max_rel or 0.0)
+        if result.status != Status.PASS:
+            problems.append(f"{name} off by {result.max_abs:.1e}" if result.max_abs is not None else result.detail)
+    status = Status.FAIL if problems else Status.PASS
+    detail = f"gradients differ: {problems_text(problems)}" if problems else ""
+    return CheckResult(CheckId.GRADS, status, detail, worst, worst_rel, atol, rtol,
+                       data={"failing": len(problems)} if problems else {})
+
+
+class _phase:
+    """Adds the wall and CPU seconds spent inside the `with` to `result.timings[name]` and `[name_cpu]`."""
+
+    def __init__(self, result: RankResult, name: str):
+        self.result, self.name = result, name
+
+    def __enter__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def __exit__(self, *exc):
+        for key, spent in ((self.name, time.perf_counter() - self.wall),
+                           (f"{self.name}_cpu", time.process_time() - self.cpu)):
+            self.result.timings[key] = round(self.result.timings.get(key, 0.0) + spent, 4)

@@ -1,0 +1,162 @@
+"""What the plans ask of a transformers model, read from the single-process model, and the structure checks.
+
+The expected placements come from the reference model's own plans (`tp_plan`, `ep_plan`, `fsdp_plan`, which
+hold the model's defaults: a planted override on the parallel model does not change them), expanded here
+to parameter and module names, so a plan entry the parallel model lost or changed shows as a wrong placement.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch.distributed as dist
+
+from ...checks import problems_text
+from ...records import CheckId, CheckResult, Status
+
+#: TP style -> (placement type, dim from the end: -2 the output dim, -1 the input dim; None: not sharded on tp)
+_TP_WEIGHT = {"colwise": ("Shard", -2), "colwise_gather_output": ("Shard", -2), "colwise_rep": ("Shard", -2),
+              "rowwise": ("Shard", -1), "rowwise_split_input": ("Shard", -1), "rowwise_rep": ("Shard", -1),
+              "embedding_rowwise": ("Shard", 0), "embedding_colwise": ("Shard", 1),
+              "packed_colwise": ("_StridedShard", -2), "packed_rowwise": ("_StridedShard", -1),
+              "replicated_with_grad_allreduce": None, "replicate": None}
+#: TP styles whose module forward transformers replaces (marked `_is_hooked`).
+_HOOKED = ("colwise", "colwise_gather_output", "colwise_rep", "rowwise", "rowwise_split_input", "rowwise_rep",
+           "embedding_rowwise", "embedding_colwise", "replicated_with_grad_allreduce", "moe_tp_experts",
+           "ep_dispatch_experts")
+
+
+def wildcard(name: str) -> str:
+    """`model.layers.3.mlp` -> `model.layers.*.mlp`, as transformers matches plan keys."""
+    return re.sub(r"\.\d+(\.|$)", lambda m: ".*" + m.group(1), name)
+
+
+def style_of(name: str, plan: dict, is_param: bool) -> str | None:
+    """The plan's style for a parameter (its own rule, else its module's) or a module (its own rule)."""
+    key = wildcard(name)
+    if key in plan:
+        return plan[key]
+    if is_param and "." in key:
+        return plan.get(key.rsplit(".", 1)[0])
+    return None
+
+
+def active_plans(reference, layout) -> tuple[dict, dict, dict]:
+    """(tp, ep, fsdp) plans that apply on `layout`; EP rules win over TP rules on the same modules."""
+    tp = dict(reference.tp_plan) if layout.tp > 1 else {}
+    ep = dict(reference.ep_plan or {}) if layout.ep > 1 else {}
+    fsdp = dict(reference.fsdp_plan or {}) if layout.dp > 1 else {}
+    if ep:
+        under_ep = re.compile(rf"(?:{'|'.join(map(re.escape, ep))})(?:\..+)?").fullmatch
+        tp = {k: v for k, v in tp.items() if not under_ep(k)}
+    return tp, ep, fsdp
+
+
+def check_mesh(model, layout, rank: int) -> CheckResult:
+    """Each parallel dimension's mesh has the layout's size, and this rank's group is the one the layout implies."""
+    problems = []
+    manager = getattr(model, "_mesh_manager", None)
+    if manager is None:
+        return CheckResult(CheckId.MESH, Status.FAIL, "the model holds no _mesh_manager")
+    for dim, size in (("tp", layout.tp), ("fsdp", layout.fsdp), ("dp_replicate", layout.dpr), ("ep", layout.ep),
+                      ("pp", layout.pp)):
+        mesh = manager.get_mesh(dim)
+        members = sorted(dist.get_process_group_ranks(mesh.get_group()))
+        expected = _group(layout, rank, dim)
+        if mesh.size() != size or members != expected:
+            problems.append(f"{dim} mesh: size {mesh.size()} ranks {members}, expected size {size} ranks {expected}")
+    return CheckResult(CheckId.MESH, Status.FAIL if problems else Status.PASS, problems_text(problems))
+
+
+def _group(layout, rank: int, dim: str) -> list[int]:
+    if dim == "ep":  # the expert mesh (pp, dp_replicate, efsdp, ep) is row-major with ep fastest
+        return list(range(rank - rank % layout.ep, rank - rank % layout.ep + layout.ep))
+    token = {"dp_replicate": "dpr"}.get(dim, dim)
+    base = layout.coords(rank)
+    strides, stride = {}, 1
+    for t in reversed(("pp", "dpr", "fsdp", "cp", "tp")):
+        strides[t], stride = stride, stride * getattr(layout, t)
+    start = rank - base[token] * strides[token]
+    return [start + i * strides[token] for i in range(getattr(layout, token))]
+
+
+def check_placements(model, reference, layout) -> CheckResult:
+    """Every parameter a plan names sits on its mesh dimension with the plan's placement; every planned module
+    is hooked (TP, EP) or FSDP-managed."""
+    tp, ep, fsdp = active_plans(reference, layout)
+    params = dict(model.named_parameters())
+    problems = []
+    for name, ref_param in reference.named_parameters():
+        param = params.get(name)
+        if param is None:
+            if layout.pp == 1:
+                problems.append(f"{name}: missing from the parallel model")
+            continue
+        problems += _tp_problems(name, param, ref_param.ndim, style_of(name, tp, True))
+        if style_of(name, ep, True) == "grouped_gemm":
+            problems += _on(name, param, "ep", "Shard", 0)
+        if fsdp:
+            problems += _fsdp_problems(name, param, layout, expert=style_of(name, ep, True) is not None)
+    problems += _hook_problems(model, tp, ep, fsdp)
+    return CheckResult(CheckId.TP_SHARDS, Status.FAIL if problems else Status.PASS, problems_text(problems),
+                       data={"parameters": len(params)})
+
+
+def _tp_problems(name: str, param, ndim: int, style: str | None) -> list[str]:
+    if style is None or style not in _TP_WEIGHT:
+        return []
+    expected = _TP_WEIGHT[style]
+    if name.endswith(".bias") and style.startswith("rowwise"):
+        expected = None
+    if expected is None:
+        if "tp" in _dims(param):
+            return [f"{name}: planned {style} (whole on every rank), but sharded on tp as {_placement(param, 'tp')}"]
+        return []
+    kind, dim = expected
+    return _on(name, param, "tp", kind, dim % ndim if dim < 0 else dim, style)
+
+
+def _on(name: str, param, dim_name: str, kind: str, dim: int, style: str = "") -> list[str]:
+    placement = _placement(param, dim_name)
+    wanted = f"{kind}({dim})"
+    if placement is None:
+        return [f"{name}: planned {style or wanted} on {dim_name}, but not a DTensor on {dim_name}"]
+    if type(placement).__name__ != kind or getattr(placement, "dim", None) != dim:
+        return [f"{name}: planned {style or wanted} ({wanted}) on {dim_name}, placed {placement}"]
+    return []
+
+
+def _fsdp_problems(name: str, param, layout, expert: bool) -> list[str]:
+    dim_name = "efsdp" if expert else "fsdp"
+    size = layout.efsdp if expert else layout.fsdp
+    problems = []
+    if size > 1:
+        placement = _placement(param, dim_name)
+        if placement is None or type(placement).__name__ not in ("Shard", "_StridedShard") or placement.dim != 0:
+            problems.append(f"{name}: FSDP shards it on {dim_name} dim 0, placed {placement}")
+    if layout.dpr > 1 and type(_placement(param, "dp_replicate")).__name__ != "Replicate":
+        problems.append(f"{name}: HSDP replicates it on dp_replicate, placed {_placement(param, 'dp_replicate')}")
+    return problems
+
+
+def _hook_problems(model, tp: dict, ep: dict, fsdp: dict) -> list[str]:
+    from torch.distributed.fsdp import FSDPModule
+
+    problems = []
+    for name, module in model.named_modules():
+        style = style_of(name, {**tp, **ep}, False)
+        if style in _HOOKED and not getattr(module, "_is_hooked", False):
+            problems.append(f"{name}: planned {style}, but transformers' hook is not installed")
+        if name and style_of(name, fsdp, False) and not isinstance(module, FSDPModule):
+            problems.append(f"{name}: in the fsdp_plan, but not FSDP-managed")
+    return problems
+
+
+def _dims(param) -> tuple:
+    mesh = getattr(param, "device_mesh", None)
+    return tuple(mesh.mesh_dim_names or ()) if mesh is not None else ()
+
+
+def _placement(param, dim_name: str):
+    dims = _dims(param)
+    return param.placements[dims.index(dim_name)] if dim_name in dims else None
