@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
                      "Neuron devices, else gloo)")
     run.add_argument("--nproc", type=int, default=None, help="ranks in the world (default 4; under torchrun "
                      "its WORLD_SIZE)")
-    run.add_argument("--models", default="all", help="fixture names, comma separated, or all")
+    run.add_argument("--models", default="all", help="fixture names, comma separated; all (the diffusers "
+                     "fixtures) or transformers (the transformers ones)")
     run.add_argument("--layouts", default="all", help="layouts like tp4,u4,tp2xu2, or all for --nproc")
     run.add_argument("--route", default="auto", help="auto|native|composed|sharded-load")
     add_order(run)

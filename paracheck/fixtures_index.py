@@ -15,15 +15,19 @@ FIXTURES: dict[str, str] = {
 
 
 def select(models: str) -> list[tuple[str, str]]:
-    """`--models` text ("all" or names, comma separated) -> (name, factory path) pairs in the order given;
-    `all` includes the transformers fixtures when transformers is installed.
+    """`--models` text -> (name, factory path) pairs in the order given: "all" (the diffusers fixtures),
+    "transformers" (every transformers fixture), or names, comma separated. The transformers fixtures are
+    opt-in for now: each of their loads builds process groups torch keeps, so a default run with them grew
+    to over a thousand threads per rank and ten times the time (see docs/transformers.md).
     ValueError names the unknown ones and the fixtures there are."""
     known = {**FIXTURES, **TRANSFORMERS_FIXTURES}
-    everything = {**FIXTURES, **(TRANSFORMERS_FIXTURES if transformers_installed() else {})}
-    names = list(everything) if models == "all" else [m.strip() for m in models.split(",")]
+    groups = {"all": list(FIXTURES), "transformers": list(TRANSFORMERS_FIXTURES)}
+    names = [n for m in models.split(",") for n in groups.get(m.strip(), [m.strip()])]
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"{','.join(unknown)}: unknown; fixtures are {', '.join(known)} (or all)")
+        raise ValueError(f"{','.join(unknown)}: unknown; fixtures are {', '.join(known)} (or all, transformers)")
+    if any(n in TRANSFORMERS_FIXTURES for n in names) and not transformers_installed():
+        raise ValueError(f"{models}: the transformers fixtures need transformers (pip install 'paracheck[transformers]')")
     return [(n, known[n]) for n in names]
 
 
