@@ -23,7 +23,7 @@ PRIVATES = (
     ("diffusers.models.attention_dispatch", ("_AttentionBackendRegistry", "AttentionBackendName", "attention_backend",
                                              "_check_attention_backend_requirements",
                                              "_templated_context_parallel_attention", "funcol")),
-    ("diffusers.models.modeling_utils", ("ModelMixin",)),
+    ("diffusers.models.modeling_utils", ("ModelMixin", "ModelMixin.enable_parallelism")),
 )
 
 
@@ -37,7 +37,7 @@ def installed_version() -> str | None:
 
 
 def missing() -> list[str]:
-    """The names of `PRIVATES` the installed diffusers lacks (imports it)."""
+    """The names of `PRIVATES` the installed diffusers lacks (imports it); a dotted name is an attribute path."""
     import importlib
 
     absent = []
@@ -47,12 +47,16 @@ def missing() -> list[str]:
         except ImportError:
             absent.append(module_name)
             continue
-        absent += [f"{module_name}.{n}" for n in names if not hasattr(module, n)]
-    if "diffusers.models.modeling_utils.ModelMixin" not in absent:
-        from diffusers.models.modeling_utils import ModelMixin
-
-        absent += [f"ModelMixin.{n}" for n in ("enable_parallelism",) if not hasattr(ModelMixin, n)]
+        absent += [f"{module_name}.{n}" for n in names if not _has_path(module, n)]
     return absent
+
+
+def _has_path(obj, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
 
 
 def unsupported() -> str | None:

@@ -206,7 +206,8 @@ def _attempt(step, result: RankResult, check_id: CheckId):
     try:
         return step(), None
     except Exception as exc:
-        result.traceback = traceback.format_exc()
+        # The first raise is the case's reason (the inference pass runs first): keep its traceback with it.
+        result.traceback = result.traceback or traceback.format_exc()
         return None, Raised(f"{type(exc).__name__}: {exc}", Failure.raised(exc, check_id))
 
 
