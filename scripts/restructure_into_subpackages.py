@@ -38,6 +38,7 @@ MOVES = {
     "records": "domain.records",
     "case": "domain.case",
     "fixtures_index": "domain.fixtures_index",
+    "control": "domain.control",
     # adapters/diffusers: everything that knows diffusers' privates and plans
     "library": "adapters.diffusers.library",
     "routes": "adapters.diffusers.routes",
@@ -46,6 +47,9 @@ MOVES = {
     # rank: what a rank does per case
     "worker": "rank.worker",
     "reference": "rank.reference",
+    "meshes": "rank.meshes",
+    "preload": "rank.preload",
+    "torchrun": "rank.torchrun",
     # checks: the registry, comparison, structure, collectives, shard arithmetic, controls
     "checks": "checks.registry",
     "collectives": "checks.collectives",
@@ -55,10 +59,8 @@ MOVES = {
     "protocol": "launch.protocol",
     "supervisor": "launch.supervisor",
     "rankstart": "launch.rankstart",
-    "preload": "launch.preload",
     "launch": "launch.launcher",
     "attribution": "launch.attribution",
-    "torchrun": "launch.torchrun",
     # results: the judge pipeline, known failures, report, progress, the end of a run
     "verdict": "results.verdict",
     "known": "results.known",
@@ -77,7 +79,7 @@ MOVES = {
     "explore_cli": "cli.explore",
     "simulate_cli": "cli.topology",
     # pytest: mixins, plugin, payload
-    "testing": "pytest.mixins",
+    # "testing" stays: `paracheck.testing` is the import path the contract gives users for the mixins.
     "plugin": "pytest.plugin",
     "payload": "pytest.payload",
 }
