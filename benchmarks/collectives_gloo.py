@@ -4,7 +4,7 @@
 
 Tiny Flux (the bundled fixture at 4 heads) is parallelized through the kit's routes on every rank (with the
 gloo shims), then one forward runs twice: under torch's `CommDebugMode` (which counts collectives but
-not their groups), and under `paracheck.collectives.count_collectives` (which keys them by group). Each rank
+not their groups), and under `paracheck.checks.collectives.count_collectives` (which keys them by group). Each rank
 checks its output against the one-device reference and runs the `structure.collectives` check.
 Rank 0 prints one line per case and rank; `--json` writes everything.
 """
@@ -36,15 +36,15 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]
     import torch.distributed as dist
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from paracheck import library
-    from paracheck.attention import cpu_lse_attention
-    from paracheck.backends import get_backend
-    from paracheck.collectives import check_counts, count_collectives
-    from paracheck.controls import get_control
+    from paracheck.adapters.diffusers import library
+    from paracheck.adapters.diffusers.attention import cpu_lse_attention
+    from paracheck.domain.backends import get_backend
+    from paracheck.checks.collectives import check_counts, count_collectives
+    from paracheck.checks.controls import get_control
     from paracheck.fixtures import flux
-    from paracheck.layout import Layout
-    from paracheck.records import Route
-    from paracheck.routes import apply, resolve_route
+    from paracheck.domain.layout import Layout
+    from paracheck.domain.records import Route
+    from paracheck.adapters.diffusers.routes import apply, resolve_route
 
     from diffusers.utils import logging as diffusers_logging
 

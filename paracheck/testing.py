@@ -22,11 +22,11 @@ import tempfile
 
 import pytest
 
-from .backends import missing_devices, resolve
-from .case import expand
-from .controls import applicable
-from .layout import Layout
-from .records import CheckId
+from paracheck.domain.backends import missing_devices, resolve
+from paracheck.domain.case import expand
+from paracheck.checks.controls import applicable
+from paracheck.domain.layout import Layout
+from paracheck.domain.records import CheckId
 
 STRUCTURE_IDS = tuple(c for c in CheckId if c.structural)
 
@@ -46,7 +46,7 @@ class _ParallelTesterMixin:
     paracheck_variants: tuple[str, ...] = ("base",)
     #: A known-failures TOML path, "none", or None for the file paracheck ships.
     paracheck_known_failures: str | None = None
-    #: "auto" or a diffusers attention backend name (see `paracheck.attention.choose`).
+    #: "auto" or a diffusers attention backend name (see `paracheck.adapters.diffusers.attention.choose`).
     paracheck_attention_backend: str = "auto"
 
     @pytest.mark.paracheck
@@ -115,7 +115,7 @@ def _backend_name(test, request) -> str:
 
 
 def _expect(test, request, case: tuple, check_ids) -> None:
-    from .verdict import outcome_for_test
+    from paracheck.results.verdict import outcome_for_test
 
     layout_name, variant, control = case
     layout = Layout.parse(layout_name)
@@ -149,11 +149,11 @@ def _results(test, backend, world: int) -> dict:
 
 
 def _launch(test, backend, world: int) -> dict:
-    from . import known
-    from .launch import Launcher
-    from .verdict import judge
+    from paracheck.results import known
+    from paracheck.launch.launcher import Launcher
+    from paracheck.results.verdict import judge
 
-    from .library import unsupported
+    from paracheck.adapters.diffusers.library import unsupported
 
     problem = unsupported()
     if problem:
@@ -180,7 +180,7 @@ def _dump_variant(test, folder: str, variant: str) -> bool:
     """Write the variant's model and inputs for the ranks; False when the class cannot make them."""
     import os
 
-    from .payload import dump
+    from paracheck.pytest.payload import dump
 
     inputs = _variant_inputs(test, variant)
     if inputs is None:
@@ -205,8 +205,8 @@ def _variant_inputs(test, variant: str):
 
 def _failure(verdict, ranks, headline: str, replay: str) -> str:
     """The per-rank table for one case, with the command that replays it."""
-    from .attribution import ranks_named
-    from .report import CELL
+    from paracheck.launch.attribution import ranks_named
+    from paracheck.results.report import CELL
 
     shown = list(CheckId)
     c = verdict.case

@@ -21,9 +21,9 @@ import time
 def references(device) -> list[dict]:
     import torch
 
-    from paracheck import reference
-    from paracheck.case import call_factory
-    from paracheck.fixtures_index import FIXTURES
+    from paracheck.rank import reference
+    from paracheck.domain.case import call_factory
+    from paracheck.domain.fixtures_index import FIXTURES
 
     rows = []
     for name, factory in FIXTURES.items():
@@ -47,7 +47,7 @@ def attention(device) -> list[dict]:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from paracheck.attention import attend
+    from paracheck.adapters.diffusers.attention import attend
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 256, 4, 64, generator=g) for _ in range(3))

@@ -10,8 +10,8 @@ rows for meshes.py and control.py first; `pip install -e .` again afterwards (en
 Driven by MOVES (old module -> new dotted module under `paracheck`); add a row for every module other
 branches created (e.g. adapters/transformers/*, a mesh-cache module) before running. What it does:
   1. `git mv` each module (and known_failures.toml beside known.py), creating the packages' __init__.py;
-  2. rewrites every `paracheck.OLD` dotted reference (absolute imports, strings such as "paracheck.worker"
-     or "paracheck.cli:main", mock targets, docs) in .py/.md/.toml/.yml/.cfg files of the checkout;
+  2. rewrites every `paracheck.OLD` dotted reference (absolute imports, strings such as "paracheck.rank.worker"
+     or "paracheck.cli.main:main", mock targets, docs) in .py/.md/.toml/.yml/.cfg files of the checkout;
   3. rewrites every relative import inside the package (`from .x import y`, `from . import x`) into an
      absolute one, one statement per target module (function-level imports included, indentation kept);
   4. rewrites `from paracheck import OLD` into `from paracheck.PARENT import NEW as OLD`;

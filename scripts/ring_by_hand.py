@@ -20,9 +20,9 @@ import torch.distributed as dist
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from paracheck.attention import cpu_lse_attention  # noqa: E402
+from paracheck.adapters.diffusers.attention import cpu_lse_attention  # noqa: E402
 from tests.specs import reversed_ring_rotation  # noqa: E402  (test-only: the fix applied by hand)
-from paracheck.library import cpu_device_count  # noqa: E402
+from paracheck.adapters.diffusers.library import cpu_device_count  # noqa: E402
 
 
 def fixtures():

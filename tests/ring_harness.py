@@ -74,7 +74,7 @@ def _case(rank, world, ring=1, ulysses=1, fault=None, fixed=False, mask=False):
 
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-    from paracheck.attention import cpu_lse_attention
+    from paracheck.adapters.diffusers.attention import cpu_lse_attention
     from tests.specs import reversed_ring_rotation
 
     q, k, v, grad, key_mask = problem(mask)

@@ -135,7 +135,7 @@ def batch_mask_bug(variant="base", shape=None):
 
 
 def _batch_mask_space():
-    from paracheck.shapes import Axis, Space
+    from paracheck.domain.shapes import Axis, Space
 
     # Image tokens 2 x width and text lengths are even, so 2 ranks always divide them.
     return Space(dict(height=Axis(2, 2, 2, 2), width=Axis(2, 3, 1, 3), text=Axis(4, 4, 2, 6, step=2)), masks=True)
@@ -171,7 +171,7 @@ def reversed_ring_rotation():
     meets the wrong chunks once the ring degree exceeds 2. Passing it to rank - 1 instead (the fix,
     applied here by hand) keeps each accumulator on the rank that is computing its chunk. Exists only
     so a test can prove that known failure is real."""
-    from paracheck import library
+    from paracheck.adapters.diffusers import library
 
     with library.attention_collectives(_ReversedRotation):
         yield
@@ -179,6 +179,6 @@ def reversed_ring_rotation():
 
 def class_not_in_this_diffusers():
     """A bundled-fixture-style factory whose diffusers class this install lacks."""
-    from paracheck.case import FixtureUnavailable
+    from paracheck.domain.case import FixtureUnavailable
 
     raise FixtureUnavailable("fixture gone: diffusers cannot provide its model class (no NoSuchTransformer)")

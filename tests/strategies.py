@@ -2,7 +2,7 @@
 
 from hypothesis import strategies as st
 
-from paracheck.layout import ORDERS, Layout
+from paracheck.domain.layout import ORDERS, Layout
 
 
 def layouts(max_degree: int = 6, max_ring: int | None = None):

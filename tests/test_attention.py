@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from paracheck.attention import BACKEND, FAULTS, attend, backward_op, cpu_lse_attention, forward_op
+from paracheck.adapters.diffusers.attention import BACKEND, FAULTS, attend, backward_op, cpu_lse_attention, forward_op
 
 FP32_TOL = 1e-5
 BF16_HALF_ULP = 2.0 ** -8  # bf16 keeps 8 significant bits
@@ -173,7 +173,7 @@ def test_backward_uses_the_chunk_it_is_handed_over_the_saved_one():
 
 
 def test_drop_ring_merge_hides_only_visiting_chunks():
-    from paracheck.attention import _OP_FAULTS
+    from paracheck.adapters.diffusers.attention import _OP_FAULTS
 
     forward, _ = _OP_FAULTS["drop-ring-merge"](forward_op, backward_op)
     q, k, v = (torch.randn(1, 4, 2, 4) for _ in range(3))
@@ -184,7 +184,7 @@ def test_drop_ring_merge_hides_only_visiting_chunks():
 
 
 def test_stale_kv_backward_ignores_only_the_visiting_chunk():
-    from paracheck.attention import _OP_FAULTS
+    from paracheck.adapters.diffusers.attention import _OP_FAULTS
 
     _, backward = _OP_FAULTS["stale-kv-backward"](forward_op, backward_op)
     q, k, v, grad = (torch.randn(1, 4, 2, 4) for _ in range(4))
@@ -266,7 +266,7 @@ def test_nested_blocks_restore_the_outer_registration():
 def test_faults_reach_diffusers_own_backend_and_are_undone(fault):
     """A fault is planted in whichever backend runs, diffusers' native included: the ring faults in the
     op pair handed to the templated machinery, the config faults in the backend function itself."""
-    from paracheck.attention import _OP_FAULTS, scope
+    from paracheck.adapters.diffusers.attention import _OP_FAULTS, scope
 
     before, machinery = registry_state(), templated()
     native = registry()._backends[registry()._active_backend]
@@ -291,7 +291,7 @@ def test_an_unknown_fault_is_refused_before_the_registry_is_touched():
 def test_faults_do_nothing_without_context_parallelism(fault, backend):
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-    from paracheck.attention import scope
+    from paracheck.adapters.diffusers.attention import scope
 
     q, k, v = (torch.randn(1, 5, 2, 4, requires_grad=True) for _ in range(3))
     mask = torch.tensor([[True, True, False, True, True]])  # the (batch, keys) form processors pass
@@ -350,8 +350,8 @@ def test_four_ranks_known_ring_failures_are_real():
 
 
 def test_choose_names_the_backend_or_why_a_case_cannot_run():
-    from paracheck.attention import BACKEND, choose
-    from paracheck.layout import Layout
+    from paracheck.adapters.diffusers.attention import BACKEND, choose
+    from paracheck.domain.layout import Layout
 
     ring, ulysses = Layout.parse("r4"), Layout.parse("u4")
     # diffusers' own backend wherever one runs the layout; the kit's op only for ring on CPU

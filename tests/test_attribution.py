@@ -2,10 +2,10 @@
 
 import pytest
 
-from paracheck.attribution import attribute, innermost, odd_ones_out, ranks_text
-from paracheck.protocol import RankExit
-from paracheck.records import RankResult, RankStatus
-from paracheck.protocol import EndKind, WorldEnd
+from paracheck.launch.attribution import attribute, innermost, odd_ones_out, ranks_text
+from paracheck.launch.protocol import RankExit
+from paracheck.domain.records import RankResult, RankStatus
+from paracheck.launch.protocol import EndKind, WorldEnd
 
 
 def _stack(*frames):

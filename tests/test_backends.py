@@ -3,9 +3,9 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from paracheck.backends import BackendError, get_backend, resolve
+from paracheck.domain.backends import BackendError, get_backend, resolve
 from tests import strategies
-from paracheck.layout import Layout
+from paracheck.domain.layout import Layout
 
 layouts = strategies.layouts(8)
 
@@ -42,7 +42,7 @@ def test_auto_is_gloo_without_accelerators(monkeypatch):
 
 def test_neuron_without_devices_is_a_usage_error(monkeypatch):
     monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
-    from paracheck.backends import missing_devices
+    from paracheck.domain.backends import missing_devices
 
     if not __import__("glob").glob("/dev/neuron[0-9]*"):
         assert "no Neuron device here" in missing_devices(get_backend("neuron"), 8)

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from paracheck.cli import main
+from paracheck.cli.main import main
 from tests.support import SPECS
 
 
@@ -44,8 +44,8 @@ def test_usage_errors_exit_2(argv, fragment, capsys):
 
 def test_named_models_cross_named_layouts():
     """flux on tp2xu2 and wan on u4 from one command: the misfit pairs are cases too, skipped on the ranks."""
-    from paracheck.backends import get_backend
-    from paracheck.cli import _parser, build_cases
+    from paracheck.domain.backends import get_backend
+    from paracheck.cli.main import _parser, build_cases
 
     args = _parser().parse_args(["run", "--models", "flux,wan", "--layouts", "tp2xu2,u4", "--variants", "base"])
     pairs = {(c.model, c.layout.name) for c in build_cases(args, get_backend("gloo"))}

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from paracheck.collectives import CallShape, Counts, count_collectives, expected_groups, check_counts
-from paracheck.layout import Layout
+from paracheck.checks.collectives import CallShape, Counts, count_collectives, expected_groups, check_counts
+from paracheck.domain.layout import Layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -140,7 +140,7 @@ def test_counter_records_groups_under_the_fake_pg():
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
-    from paracheck.fakeworld import fake_world
+    from paracheck.simulate.fakeworld import fake_world
 
     with fake_world(1, 4):
         group = dist.new_group([0, 1])

@@ -2,9 +2,9 @@
 
 from hypothesis import given, strategies as st
 
-from paracheck.controls import CONTROLS, applicable, get_control
+from paracheck.checks.controls import CONTROLS, applicable, get_control
 from tests import strategies
-from paracheck.layout import Layout
+from paracheck.domain.layout import Layout
 
 layouts = strategies.layouts(6, 4)
 
@@ -32,13 +32,13 @@ def test_mesh_order_control_is_planted_by_the_composed_route_only():
 
 
 def test_every_control_names_checks_it_must_trip():
-    from paracheck.records import CheckId
+    from paracheck.domain.records import CheckId
 
     assert all(c.must_trip and set(c.must_trip) <= set(CheckId) for c in CONTROLS.values())
 
 
 def test_a_control_is_detected_only_when_every_must_trip_check_failed():
-    from paracheck.records import CaseStatus, CheckId
+    from paracheck.domain.records import CaseStatus, CheckId
 
     control = get_control("skip-output-gather")
     assert control.judge({CheckId.CP_HOOKS, CheckId.FORWARD})[0] == CaseStatus.DETECTED
@@ -66,7 +66,7 @@ def test_every_attention_fault_belongs_to_one_control_and_is_planted_by_the_atte
     import pathlib
 
     import paracheck
-    from paracheck.attention import FAULTS
+    from paracheck.adapters.diffusers.attention import FAULTS
 
     faults = [c.attention_fault for c in CONTROLS.values() if c.attention_fault]
     assert sorted(faults) == sorted(FAULTS), "each fault is planted by exactly one control"

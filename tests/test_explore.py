@@ -12,14 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paracheck.case import Case, load_factory, parse_cp_options
-from paracheck.explore import Target, draws, signature
-from paracheck.fixtures_index import FIXTURE_SPACES, FIXTURE_VARIANTS
-from paracheck.found import Found, read, write
-from paracheck.layout import Layout
-from paracheck.records import CaseStatus, CheckId, Failure, FailureKind, MergedCheck, Route, Status
-from paracheck.shapes import Axis, Shape
-from paracheck.verdict import Verdict
+from paracheck.domain.case import Case, load_factory, parse_cp_options
+from paracheck.explore.engine import Target, draws, signature
+from paracheck.domain.fixtures_index import FIXTURE_SPACES, FIXTURE_VARIANTS
+from paracheck.explore.found import Found, read, write
+from paracheck.domain.layout import Layout
+from paracheck.domain.records import CaseStatus, CheckId, Failure, FailureKind, MergedCheck, Route, Status
+from paracheck.domain.shapes import Axis, Shape
+from paracheck.results.verdict import Verdict
 
 from .support import SPECS, run_paracheck
 

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import paracheck.fixtures as fixtures
-from paracheck.case import call_factory
-from paracheck.fitting import (
+from paracheck.domain.case import call_factory
+from paracheck.adapters.diffusers.fitting import (
     OTHER_HEADS,
     Unfittable,
     cp_split_problems,
@@ -18,7 +18,7 @@ from paracheck.fitting import (
     fit_init_dict,
     plan_block_needs,
 )
-from paracheck.layout import Layout, layouts_for
+from paracheck.domain.layout import Layout, layouts_for
 
 
 def _fixture_classes():
@@ -249,6 +249,6 @@ def test_fitted_helios_runs_on_one_device():
 
 
 def test_fork_server_preloads_every_fixture_class():
-    from paracheck.fixtures_index import FIXTURE_CLASSES
+    from paracheck.domain.fixtures_index import FIXTURE_CLASSES
 
     assert _fixture_classes() == set(FIXTURE_CLASSES)

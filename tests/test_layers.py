@@ -137,4 +137,4 @@ def test_the_contract_sees_function_level_imports():
     import grimp
 
     graph = grimp.build_graph("paracheck", cache_dir=None)
-    assert graph.direct_import_exists(importer="paracheck.explore", imported="paracheck.library")
+    assert graph.direct_import_exists(importer="paracheck.explore.engine", imported="paracheck.adapters.diffusers.library")

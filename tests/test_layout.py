@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from tests import strategies
-from paracheck.layout import Layout, LayoutError, fit_heads, layouts_for, parse_layouts
+from paracheck.domain.layout import Layout, LayoutError, fit_heads, layouts_for, parse_layouts
 
 layouts = strategies.layouts()
 

@@ -5,8 +5,8 @@ import inspect
 import pytest
 import torch
 
-from paracheck import library
-from paracheck.layout import Layout
+from paracheck.adapters.diffusers import library
+from paracheck.domain.layout import Layout
 
 
 def test_diffusers_still_divides_by_the_accelerator_count():
@@ -70,7 +70,7 @@ def test_every_private_the_adapter_names_exists_here():
 def test_an_unservable_diffusers_exits_2_in_one_line(monkeypatch, capsys):
     """Outside the tested releases each private is looked up; one missing is one line naming the installed
     version, what is missing and the supported range, before any rank starts."""
-    from paracheck.cli import main
+    from paracheck.cli.main import main
 
     monkeypatch.setattr(library, "installed_version", lambda: "0.40.0")
     assert library.unsupported() is None  # an untested release that has every name is served
@@ -83,9 +83,9 @@ def test_an_unservable_diffusers_exits_2_in_one_line(monkeypatch, capsys):
 
 
 def test_a_fixture_whose_class_is_missing_is_a_skip():
-    from paracheck.backends import get_backend
-    from paracheck.case import Case
-    from paracheck.reference import Sources, plan
+    from paracheck.domain.backends import get_backend
+    from paracheck.domain.case import Case
+    from paracheck.rank.reference import Sources, plan
     from tests.support import SPECS
 
     case = Case("gone", f"{SPECS}:class_not_in_this_diffusers", Layout.parse("u4"))

@@ -3,8 +3,8 @@
 import pytest
 import torch.distributed as dist
 
-from paracheck import meshes
-from paracheck.layout import Layout
+from paracheck.rank import meshes
+from paracheck.domain.layout import Layout
 
 
 @pytest.fixture

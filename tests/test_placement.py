@@ -3,8 +3,8 @@ the same path on gloo as on devices; results are compared on the CPU in float64 
 
 import torch
 
-from paracheck.backends import get_backend
-from paracheck.reference import place
+from paracheck.domain.backends import get_backend
+from paracheck.rank.reference import place
 
 
 def _tensors(tree):
@@ -30,7 +30,7 @@ def test_place_moves_every_tensor_and_casts_only_floating_ones():
 
 
 def test_each_backend_puts_a_rank_on_its_own_device(monkeypatch):
-    from paracheck.worker import local_device
+    from paracheck.rank.worker import local_device
 
     assert get_backend("gloo").device_for(3) == "cpu"
     assert get_backend("nccl").device_for(3) == "cuda:3"
@@ -41,8 +41,8 @@ def test_each_backend_puts_a_rank_on_its_own_device(monkeypatch):
 
 
 def test_comparisons_happen_on_the_cpu_in_float64():
-    from paracheck.checks import compare
-    from paracheck.records import CheckId, Status
+    from paracheck.checks.registry import compare
+    from paracheck.domain.records import CheckId, Status
 
     a = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
     assert compare(CheckId.FORWARD, a, a.float(), 1e-5, 1e-5).status == Status.PASS

@@ -3,8 +3,8 @@
 import torch
 from hypothesis import given, strategies as st
 
-from paracheck.case import Case
-from paracheck.records import CheckId, CheckResult, Failure, FailureKind, RankResult, RankStatus, Route, Status
+from paracheck.domain.case import Case
+from paracheck.domain.records import CheckId, CheckResult, Failure, FailureKind, RankResult, RankStatus, Route, Status
 from tests import strategies
 
 failures = st.none() | st.builds(Failure, st.sampled_from(list(FailureKind)), st.none() | st.sampled_from(list(CheckId)),
@@ -71,7 +71,7 @@ def test_case_round_trips_and_names_itself(layout, route, control, variant, dtyp
 def test_payload_round_trip(tmp_path):
     from diffusers import QwenImageTransformer2DModel
 
-    from paracheck.payload import dump, load
+    from paracheck.pytest.payload import dump, load
 
     inputs = {"x": torch.arange(6.0).reshape(2, 3), "img_shapes": [(1, 4, 4)], "nested": {"n": 3, "t": (1, "a")}}
     dump(str(tmp_path), QwenImageTransformer2DModel, {"axes_dims_rope": (8, 4, 4), "num_layers": 2}, inputs)

@@ -4,8 +4,8 @@ for the next case) and `copy_of` (a model holding given weights, built without d
 import pytest
 import torch
 
-from paracheck import reference
-from paracheck.reference import LastReference, Plan, Reference, copy_of
+from paracheck.rank import reference
+from paracheck.rank.reference import LastReference, Plan, Reference, copy_of
 
 
 class Tiny(torch.nn.Module):

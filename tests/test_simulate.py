@@ -7,11 +7,11 @@ Neuron's strided Ulysses groups under --order tp-fastest, and TP shards picked b
 import pytest
 import torch
 
-from paracheck.cli import main
+from paracheck.cli.main import main
 from paracheck.fixtures import flux
-from paracheck.layout import Layout, layouts_for
-from paracheck.attribution import ranks_text
-from paracheck.shardledger import (
+from paracheck.domain.layout import Layout, layouts_for
+from paracheck.launch.attribution import ranks_text
+from paracheck.checks.shardledger import (
     Provenance,
     expected_intervals,
     merge_intervals,
@@ -19,7 +19,7 @@ from paracheck.shardledger import (
     shard_ledger,
     sub_intervals,
 )
-from paracheck.simulate import simulate, simulate_layout
+from paracheck.simulate.engine import simulate, simulate_layout
 
 
 def _flux(heads):
@@ -98,7 +98,7 @@ def test_unfit_layouts_are_not_simulated():
 
 
 def test_minimax_h3_has_no_tp_plan_and_takes_ulysses_8():
-    from paracheck.sim_specs import minimax_h3
+    from paracheck.simulate.specs import minimax_h3
 
     cls, init, _ = minimax_h3()
     assert "no _tp_plan" in simulate_layout(cls, init, Layout.parse("tp2xu4"), "neuron").reason
@@ -178,8 +178,8 @@ def test_ledger_follows_narrow_cat_and_copy_into_a_view():
 
 def test_neuron_alltoall_rule():
     """One rule for layouts (`Backend.problems`) and for the groups a simulation finds (`group_problems`)."""
-    from paracheck.backends import get_backend
-    from paracheck.layout import Layout
+    from paracheck.domain.backends import get_backend
+    from paracheck.domain.layout import Layout
 
     neuron = get_backend("neuron")
     assert neuron.group_problems([4, 5, 6, 7]) == [] and neuron.group_problems(list(range(32, 64))) == []
@@ -208,7 +208,7 @@ def test_cli_reproduces_the_neuron_finding(capsys):
 @pytest.mark.parametrize("argv, fragment", [
     (["--world", "256"], "--world 256: --simulate takes 2 to 128 ranks"),
     (["--world", "16", "--models", "sd3"], "--models sd3: unknown"),
-    (["--world", "16", "--models", "flux", "--spec", "paracheck.sim_specs:flux_dev"], "--models and --spec"),
+    (["--world", "16", "--models", "flux", "--spec", "paracheck.simulate.specs:flux_dev"], "--models and --spec"),
     (["--world", "16", "--route", "sharded-load"], "--route 'sharded-load'"),
     (["--world", "16", "--control", "nope"], "--control 'nope'"),
     (["--world", "16", "--heads", "0"], "--heads 0: must be >= 1"),
@@ -236,7 +236,7 @@ def test_every_layout_of_a_world_is_listed():
 
 
 def test_one_simulation_judged_by_two_backends(capsys):
-    from paracheck.simulate import simulate_on
+    from paracheck.simulate.engine import simulate_on
 
     cls, init, _ = _flux(16)
     out = simulate_on(cls, init, ["neuron", "nccl"], 16, ["tp4xu4"], order="tp-fastest")

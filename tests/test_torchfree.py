@@ -9,7 +9,7 @@ from tests.support import ROOT
 
 PROBE = """
 import sys
-from paracheck.cli import main
+from paracheck.cli.main import main
 try:
     code = main(sys.argv[1:])
 except SystemExit as exc:

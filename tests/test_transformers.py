@@ -15,7 +15,7 @@ from paracheck.adapters.transformers.controls import CONTROLS  # noqa: E402
 from paracheck.adapters.transformers.fixtures import FIXTURES, MOE, VARIANTS  # noqa: E402
 from paracheck.adapters.transformers.layout import (DENSE, TOKENS, TfLayout, TfLayoutError, cp_supported,  # noqa: E402
                                                     layouts_for, parse_layouts, refusals)
-from paracheck.case import Case  # noqa: E402
+from paracheck.domain.case import Case  # noqa: E402
 from tests.support import run_paracheck  # noqa: E402
 
 degrees = st.sampled_from([1, 1, 2, 3, 4])
@@ -131,8 +131,8 @@ def test_cases_round_trip_through_json_with_their_library_and_layout():
 
 
 def test_cli_builds_transformers_cases_with_their_grammar_and_controls():
-    from paracheck.cli import _parser, build_cases
-    from paracheck.backends import get_backend
+    from paracheck.cli.main import _parser, build_cases
+    from paracheck.domain.backends import get_backend
 
     args = _parser().parse_args(["run", "--models", "llama,qwen3_moe", "--variants", "base", "--controls"])
     cases = build_cases(args, get_backend("gloo"))
@@ -163,10 +163,10 @@ PIPELINE = [("llama", "pp4", "base"), ("gemma3", "pp4", "left_pad"), ("llama", "
 @pytest.fixture(scope="module")
 def gloo_verdicts():
     """One 4-rank world through the kit's Launcher: the plain cases, then the controls."""
-    from paracheck import known
-    from paracheck.backends import get_backend
-    from paracheck.launch import Launcher
-    from paracheck.verdict import judge_controls, merge
+    from paracheck.results import known
+    from paracheck.domain.backends import get_backend
+    from paracheck.launch.launcher import Launcher
+    from paracheck.results.verdict import judge_controls, merge
 
     cases = [tf_cases.expand(m, layout, 4, [v])[0] for m, layout, v in PLAIN]
     cases += [tf_cases.expand(m, layout, 4, ["base"], only_control=c)[0] for c, m, layout in PLANTED]

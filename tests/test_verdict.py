@@ -3,11 +3,11 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from paracheck import known
-from paracheck.case import Case
-from paracheck.layout import Layout
-from paracheck.records import CaseStatus, CheckId, CheckResult, RankResult, RankStatus, Route, Status
-from paracheck.verdict import inconclusive_rule, judge_controls, merge, outcome_for_test
+from paracheck.results import known
+from paracheck.domain.case import Case
+from paracheck.domain.layout import Layout
+from paracheck.domain.records import CaseStatus, CheckId, CheckResult, RankResult, RankStatus, Route, Status
+from paracheck.results.verdict import inconclusive_rule, judge_controls, merge, outcome_for_test
 
 U4 = Layout.parse("u4")
 
@@ -141,8 +141,8 @@ def test_shipped_known_failures_load():
 
 
 def test_skips_group_by_the_missing_plan_whatever_the_reason_says():
-    from paracheck import report
-    from paracheck.records import Failure, FailureKind
+    from paracheck.results import report
+    from paracheck.domain.records import Failure, FailureKind
 
     verdicts = []
     for model, reason in (("wan", "WanTransformer3DModel has no _tp_plan"), ("ltx", "reworded: no TP plan here")):
@@ -161,7 +161,7 @@ def test_a_failing_case_carries_its_first_failing_checks_identity():
 def test_judging_case_by_case_agrees_with_judging_the_whole_run():
     """Progress judges one case at a time (keeping the plain verdicts so far), `run` judges all at once:
     both go through `judge`, so a control after its known-failing plain case is inconclusive in both."""
-    from paracheck.verdict import judge
+    from paracheck.results.verdict import judge
 
     r4 = Layout.parse("r4")
     cases = [_case(layout=r4), _case("backward-only", layout=r4)]

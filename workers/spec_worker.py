@@ -10,7 +10,7 @@ prints one line per case; rank 0 prints the table. Exit codes as `paracheck run`
 import argparse
 import sys
 
-from paracheck.cli import main
+from paracheck.cli.main import main
 
 
 def _args(argv):

@@ -58,7 +58,7 @@ def worker(rank, world, tmp):
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from torch.distributed.device_mesh import init_device_mesh
 
-    from paracheck.attention import cpu_lse_attention, reversed_ring_rotation
+    from paracheck.adapters.diffusers.attention import cpu_lse_attention, reversed_ring_rotation
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), world), rank=rank,

@@ -56,7 +56,7 @@ def config(rank, ring, ulysses):
 def worker(rank, tmp):
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-    from paracheck.attention import cpu_lse_attention
+    from paracheck.adapters.diffusers.attention import cpu_lse_attention
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), WORLD), rank=rank,

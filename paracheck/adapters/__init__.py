@@ -26,9 +26,9 @@ def rank_entry(library: str):
 def parse_layout(library: str, name: str, order: str = "cp-fastest"):
     """A layout name read by `library`'s grammar (the kit's own for diffusers)."""
     if library == "transformers":
-        from .transformers.layout import TfLayout
+        from paracheck.adapters.transformers.layout import TfLayout
 
         return TfLayout.parse(name)
-    from ..layout import Layout
+    from paracheck.domain.layout import Layout
 
     return Layout.parse(name, order)

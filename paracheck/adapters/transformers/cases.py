@@ -8,12 +8,12 @@ in transformers' words.
 
 from __future__ import annotations
 
-from ...case import Case
-from ...records import Route
-from . import LIBRARY
-from .controls import CONTROLS
-from .fixtures import FIXTURES, MOE, VARIANTS
-from .layout import cp_supported, layouts_for, parse_layouts
+from paracheck.domain.case import Case
+from paracheck.domain.records import Route
+from paracheck.adapters.transformers import LIBRARY
+from paracheck.adapters.transformers.controls import CONTROLS
+from paracheck.adapters.transformers.fixtures import FIXTURES, MOE, VARIANTS
+from paracheck.adapters.transformers.layout import cp_supported, layouts_for, parse_layouts
 
 FACTORY_PREFIX = "paracheck.adapters.transformers.fixtures:"
 

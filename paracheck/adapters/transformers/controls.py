@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ...control import Control
-from ...records import CheckId
+from paracheck.domain.control import Control
+from paracheck.domain.records import CheckId
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from ...checks import compare, problems_text, tolerance
-from ...records import CheckId, CheckResult, RankResult, RankStatus, Route, Status
-from . import fixtures, inputs, structure
-from .controls import CONTROLS, NO_PLANT, PLANTS
+from paracheck.checks.registry import compare, problems_text, tolerance
+from paracheck.domain.records import CheckId, CheckResult, RankResult, RankStatus, Route, Status
+from paracheck.adapters.transformers import fixtures, inputs, structure
+from paracheck.adapters.transformers.controls import CONTROLS, NO_PLANT, PLANTS
 
 
 class Refused(Exception):

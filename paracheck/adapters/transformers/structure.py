@@ -11,8 +11,8 @@ import re
 
 import torch.distributed as dist
 
-from ...checks import problems_text
-from ...records import CheckId, CheckResult, Status
+from paracheck.checks.registry import problems_text
+from paracheck.domain.records import CheckId, CheckResult, Status
 
 #: TP style -> (placement type, dim from the end: -2 the output dim, -1 the input dim; None: not sharded on tp)
 _TP_WEIGHT = {"colwise": ("Shard", -2), "colwise_gather_output": ("Shard", -2), "colwise_rep": ("Shard", -2),

@@ -1,0 +1,1 @@
+"""The diffusers adapter: its private attributes, routes, fitting and attention backend."""

@@ -1,0 +1,1 @@
+"""The checks: registry and comparison rules, structure, collectives, TP shards, negative controls."""

@@ -1,0 +1,162 @@
+"""Negative controls: each known bug, how and when it is planted, where it applies, what must catch it.
+
+A control proves a check can fail. It is planted on the one model a case just parallelized (never by
+patching diffusers globally), so the rest of the run is untouched. Everything about a control lives in
+its `Control` entry (`control.py` says what one is); no other module names one. Torch is imported only inside the planters.
+"""
+
+from __future__ import annotations
+
+from paracheck.adapters.diffusers import library
+from paracheck.domain.control import Control
+from paracheck.domain.layout import Layout
+from paracheck.domain.records import CheckId, Route
+
+# -- where each control can show -------------------------------------------------------------------
+
+
+def _needs_cp(layout: Layout) -> str | None:
+    return None if layout.has_cp else f"layout {layout} has no context parallelism to break"
+
+
+def _needs_tp_alone(layout: Layout) -> str | None:
+    return None if layout.has_tp and not layout.has_cp else f"layout {layout} is not tensor parallelism alone"
+
+
+def _global_index_differs(layout: Layout) -> str | None:
+    if not layout.has_tp:
+        return f"layout {layout} has no tensor parallelism"
+    if all(r % layout.tp == layout.coords(r)["tp"] for r in range(layout.world)):
+        return (f"on {layout} ({layout.order}) every rank's global rank mod tp equals its TP-mesh coordinate, "
+                "so the bug cannot show")
+    return None
+
+
+def _needs_tp_and_cp(layout: Layout) -> str | None:
+    return None if layout.has_tp and layout.has_cp else f"layout {layout} has one kind of parallelism; order is moot"
+
+
+def _needs_ring(layout: Layout) -> str | None:
+    return None if layout.ring > 1 else f"layout {layout} has no ring attention"
+
+
+def _always(layout: Layout) -> str | None:
+    return None
+
+
+# -- what each control plants ------------------------------------------------------------------------
+
+
+def _skip_cp_hooks(model, applied, _):
+    library.remove_hooks(model, (library.CP_INPUT, library.CP_OUTPUT))
+    library.set_processor_config(model, None)
+
+
+def _skip_processor_config(model, applied, _):
+    library.set_processor_config(model, None)
+
+
+def _skip_output_gather(model, applied, _):
+    library.remove_hooks(model, (library.CP_OUTPUT,))
+
+
+def _tp_processor_config(model, applied, _):
+    library.set_processor_config(model, applied.parallel_config)
+
+
+def _global_rank_shard_index(model, applied, reference_state):
+    import torch
+
+    from paracheck.checks.registry import local_slice
+
+    wrong_index = applied.rank % applied.layout.tp
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, spec in library.tp_shard_specs(model, applied.layout.tp).items():
+            if spec.dim is not None:
+                local = params[name].to_local()
+                local.copy_(local_slice(reference_state[name], spec, wrong_index, applied.layout.tp))
+
+
+def _backward_only(model, applied, _):
+    import torch
+
+    class ScaleGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 1.5
+
+    # At the model's output, so every gradient scales and the bug stands out of bf16 noise on every
+    # model (a first or last Linear can feed a single noisy gradient, or an output that is not checked).
+    def scale_first_output(module, args, output):
+        if isinstance(output, tuple):
+            return (ScaleGrad.apply(output[0]),) + tuple(output[1:])
+        output.sample = ScaleGrad.apply(output.sample)
+        return output
+
+    model.register_forward_hook(scale_first_output)
+
+
+def _other_order(order: str) -> str:
+    return "tp-fastest" if order == "cp-fastest" else "cp-fastest"
+
+
+def _numbers_stayed_right(failing: set) -> str:
+    return "" if CheckId.FORWARD in failing else "the numbers stayed right: only the structure checks see this bug"
+
+
+def _training_pass_right(failing: set) -> str:
+    return "" if CheckId.FORWARD in failing else "the training forward stayed right: only the no-grad pass shows it"
+
+
+CONTROLS: dict[str, Control] = {c.name: c for c in (
+    Control("skip-cp-hooks", "CP requested; hooks never registered, processors not told",
+            (CheckId.CP_HOOKS, CheckId.PROCESSOR_CONFIG), _needs_cp, _skip_cp_hooks, note=_numbers_stayed_right),
+    Control("skip-processor-config", "hooks registered; attention processors not given the config",
+            (CheckId.PROCESSOR_CONFIG, CheckId.COLLECTIVES, CheckId.FORWARD), _needs_cp, _skip_processor_config),
+    Control("skip-output-gather", "the cp_output hook left out",
+            (CheckId.CP_HOOKS, CheckId.FORWARD), _needs_cp, _skip_output_gather),
+    Control("global-rank-shard-index", "TP shards picked by global rank (mod tp) instead of TP-mesh coordinate",
+            (CheckId.TP_SHARDS, CheckId.FORWARD), _global_index_differs, _global_rank_shard_index),
+    Control("tp-processor-config", "TP alone, yet processors handed the parallel config",
+            (CheckId.PROCESSOR_CONFIG,), _needs_tp_alone, _tp_processor_config),
+    Control("backward-only", "the model output's gradient scaled by 1.5 on the way back; forward bit-identical",
+            (CheckId.GRADS,), _always, _backward_only),
+    Control("swapped-mesh-order", "shared mesh built in the order the layout did not ask for",
+            (CheckId.MESH,), _needs_tp_and_cp, mesh_order=_other_order, routes=(Route.COMPOSED,)),
+    Control("ring-stale-kv-backward", "ring backward reuses the local KV chunk at every step (diffusers #14265's "
+            "shape); forward exact", (CheckId.GRADS,), _needs_ring, attention_fault="stale-kv-backward"),
+    Control("ring-drop-merge", "ring forward drops the visiting KV chunks' partial results (no LSE merge)",
+            (CheckId.FORWARD,), _needs_ring, attention_fault="drop-ring-merge"),
+    Control("cp-attention-local", "the attention backend ignores the CP config it is handed and attends this "
+            "rank's own shard: no all-to-all, no KV gather, no error", (CheckId.COLLECTIVES, CheckId.FORWARD),
+            _needs_cp, attention_fault="ignore-cp-config"),
+    Control("inference-attention-local", "only when no gradient is recorded (how pipelines call a model), the "
+            "attention backend ignores the CP config and attends this rank's own shard; the training pass is "
+            "exact", (CheckId.INFERENCE, CheckId.COLLECTIVES), _needs_cp, attention_fault="ignore-cp-config-no-grad",
+            note=_training_pass_right),
+)}
+
+
+def applicable(layout: Layout) -> list[str]:
+    """The controls that can be planted on `layout` (by some route)."""
+    return [name for name, control in CONTROLS.items() if control.applies(layout) is None]
+
+
+def get_control(name: str) -> Control:
+    """A control by name: the kit's, else an adapter's (`adapter_controls`)."""
+    registry = {**CONTROLS, **adapter_controls()}
+    if name not in registry:
+        raise ValueError(f"control {name!r}: must be one of {', '.join(registry)}")
+    return registry[name]
+
+
+def adapter_controls(library: str | None = None) -> dict[str, Control]:
+    """The controls the library adapters plant (all of them, or `library`'s); torch-free."""
+    from paracheck.adapters.transformers.controls import CONTROLS as TRANSFORMERS
+
+    return {} if library not in (None, "transformers") else dict(TRANSFORMERS)

@@ -1,0 +1,522 @@
+"""Checks: structure and numbers on every rank, registered by id, each taking one `CheckContext`.
+
+Each check returns one `CheckResult` for this rank; the launcher merges ranks and names the failing
+ones. The stable ids (and the report's short names) are `records.CheckId`. The structure checks of
+`STRUCTURE` run before the forward (so a planted bug that breaks the forward still gets them); the
+collectives, counted during the forward, are judged after it, then the forward, then grads.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from paracheck.adapters.diffusers import library
+from paracheck.domain.layout import tp_shard
+from paracheck.domain.records import CheckId, CheckResult, Failure, Status
+
+# (atol, rtol) by dtype and device type. fp32 on CPU agrees to ~1e-7 on the fixtures (measured), so
+# these leave two orders of magnitude of headroom and still fail a 3e-2 shift by three.
+_TOLERANCES = {
+    (torch.float32, "cpu"): (1e-5, 1e-5),
+    (torch.float32, "cuda"): (1e-4, 1e-4),
+    (torch.float32, "neuron"): (2e-4, 2e-4),
+    (torch.bfloat16, None): (2e-2, 2e-2),
+    (torch.float16, None): (2e-3, 2e-3),
+}
+
+
+@dataclass(frozen=True)
+class Raised:
+    """A step of the parallel model raised: the message for the report, and the typed identity."""
+    message: str
+    failure: Failure
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class CheckContext:
+    """Everything a check may read about one case on this rank; later phases fill in the rest."""
+    model: torch.nn.Module
+    reference: torch.nn.Module
+    applied: object  # routes.Applied
+    ref_out: torch.Tensor
+    weights: torch.Tensor
+    atol: float
+    rtol: float
+    grads_requested: bool = True
+    #: For a reduced-precision run: the fp32 single-device output and gradients (see `compare`).
+    ref_out32: torch.Tensor | None = None
+    ref_grads32: dict = field(default_factory=dict)
+    out: torch.Tensor | None = None
+    forward_error: Raised | None = None
+    #: The collectives the parallel forward issued on this rank (`collectives.Counts`), when counted.
+    collectives: object | None = None
+    backward_error: Raised | None = None
+    #: The inference pass: the same forward under `torch.no_grad()`, as pipelines call a model.
+    inference_out: torch.Tensor | None = None
+    inference_error: Raised | None = None
+    inference_collectives: object | None = None
+
+    @property
+    def layout(self):
+        return self.applied.layout
+
+    @property
+    def rank(self) -> int:
+        return self.applied.rank
+
+
+CHECKS: dict[CheckId, Callable[[CheckContext], CheckResult]] = {}
+STRUCTURE = (CheckId.MESH, CheckId.CP_HOOKS, CheckId.PROCESSOR_CONFIG, CheckId.TP_SHARDS)
+
+
+def check(check_id: CheckId):
+    def register(fn):
+        CHECKS[check_id] = fn
+        return fn
+    return register
+
+
+def run_checks(ids, ctx: CheckContext) -> list[CheckResult]:
+    return [CHECKS[i](ctx) for i in ids]
+
+
+def _result(check_id: CheckId, problems: list[str]) -> CheckResult:
+    return CheckResult(check_id, Status.FAIL if problems else Status.PASS, problems_text(problems))
+
+
+def tolerance(dtype: torch.dtype, device_type: str) -> tuple[float, float]:
+    for key in ((dtype, device_type), (dtype, None)):
+        if key in _TOLERANCES:
+            return _TOLERANCES[key]
+    return _TOLERANCES[(torch.float32, "cuda")]
+
+
+#: Reduced precision: the parallel result's error against the fp32 reference may be at most this many
+#: times the single-device run's own error at that dtype, plus a floor x max |fp32 reference|: FLOOR for
+#: outputs; for gradients one unit of the dtype's precision, since a parallel gradient is summed over
+#: ranks in another order than the single-device one (measured: a bf16 bias gradient 6e-3 off, clean).
+BOUND_FACTOR = 2.0
+FLOOR = 1e-3
+
+
+def compare(check_id: CheckId, actual, expected, atol: float, rtol: float, what: str = "output",
+            expected32=None, floor: float = FLOOR) -> CheckResult:
+    """Shape, finiteness, then the tolerance rule; all on the CPU in float64.
+
+    fp32: |a - b| <= atol + rtol * |b| elementwise, max_rel relative to max |b|. Reduced precision
+    (`expected32` given): max |a - ref32| <= BOUND_FACTOR * max |b - ref32| + FLOOR * max |ref32|, where b is
+    the single-device run at the same dtype; both errors are reported."""
+    if tuple(actual.shape) != tuple(expected.shape):
+        return CheckResult(check_id, Status.FAIL, f"{what} shape {tuple(actual.shape)} != reference {tuple(expected.shape)}")
+    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
+    if not torch.isfinite(actual).all():
+        return CheckResult(check_id, Status.FAIL, f"{what} has non-finite values", atol=atol, rtol=rtol)
+    if expected32 is not None:
+        return _compare_reduced(check_id, actual, expected, expected32.detach().double().cpu(), what, floor)
+    diff = (actual - expected).abs()
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    max_rel = max_abs / max(float(expected.abs().max()) if expected.numel() else 0.0, 1e-12)
+    ok = bool((diff <= atol + rtol * expected.abs()).all())
+    detail = "" if ok else f"{what} differs from the single-device reference"
+    return CheckResult(check_id, Status.PASS if ok else Status.FAIL, detail, max_abs, max_rel, atol, rtol)
+
+
+def _compare_reduced(check_id: CheckId, actual, expected, expected32, what: str, floor: float) -> CheckResult:
+    scale = float(expected32.abs().max()) if expected32.numel() else 0.0
+    error = float((actual - expected32).abs().max()) if actual.numel() else 0.0
+    own = float((expected - expected32).abs().max()) if actual.numel() else 0.0
+    bound = BOUND_FACTOR * own + floor * scale
+    ok = error <= bound
+    detail = "" if ok else (f"{what}: error vs fp32 {error:.2e} > bound {bound:.2e} "
+                            f"({BOUND_FACTOR:g} x single-device error {own:.2e} + {floor:g} x {scale:.2e})")
+    return CheckResult(check_id, Status.PASS if ok else Status.FAIL, detail, error, error / max(scale, 1e-12),
+                       data={"single_device_error": own, "bound": bound, "ratio": error / max(bound, 1e-30)})
+
+
+# -- helpers shared with routes and controls ---------------------------------------------------
+
+
+def local_slice(full: torch.Tensor, spec, index: int, tp: int) -> torch.Tensor:
+    """Shard `index` of `tp` of a planned parameter: each block of `spec.dim` is split on its own."""
+    if spec.dim is None:
+        return full
+    return torch.cat([full.narrow(spec.dim, start, length) for start, length in tp_shard(spec.block_sizes, index, tp)],
+                     dim=spec.dim)
+
+
+def assemble(pieces: list[torch.Tensor], spec) -> torch.Tensor:
+    """Inverse of `local_slice`: the full tensor from every TP rank's shard, in TP-coordinate order."""
+    blocks, offset = [], 0
+    for _, length in tp_shard(spec.block_sizes, 0, len(pieces)):  # each piece holds the same lengths
+        blocks.extend(p.narrow(spec.dim, offset, length) for p in pieces)
+        offset += length
+    return torch.cat(blocks, dim=spec.dim)
+
+
+def group_ranks(mesh, dim: str | None = None) -> list[int]:
+    group = mesh.get_group(dim) if dim else mesh.get_group()
+    return sorted(dist.get_process_group_ranks(group))
+
+
+def problems_text(items: list[str], limit: int = 3) -> str:
+    """The first `limit` problems, joined, and how many more there are."""
+    more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
+    return "; ".join(items[:limit]) + more
+
+
+# -- structure ---------------------------------------------------------------------------------
+
+
+@check(CheckId.MESH)
+def check_mesh(ctx: CheckContext) -> CheckResult:
+    applied, layout, rank = ctx.applied, ctx.layout, ctx.rank
+    problems = []
+    expected = {}
+    if layout.has_cp:
+        expected["cp"] = (("ring", "ulysses"), layout.cp_group(rank))
+    if layout.has_tp:
+        expected["tp"] = (("tp",), layout.tp_group(rank))
+    shared = library.shared_mesh(applied.parallel_config)
+    if applied.route.value == "composed" and shared is not None:
+        got = (tuple(shared.mesh_dim_names or ()), tuple(shared.shape))
+        if got != (layout.mesh_dims, layout.mesh_shape):
+            problems.append(f"shared mesh {got} != layout's {(layout.mesh_dims, layout.mesh_shape)}")
+    for part, (dims, members) in expected.items():
+        problems.extend(_mesh_part_problems(applied, part, dims, members))
+    return _result(CheckId.MESH, problems)
+
+
+def _mesh_part_problems(applied, part: str, dims: tuple[str, ...], members: list[int]) -> list[str]:
+    layout, rank = applied.layout, applied.rank
+    mesh = applied.meshes.get(part)
+    if mesh is None:
+        return [f"no {part} mesh"]
+    problems = []
+    names = tuple(mesh.mesh_dim_names or ())
+    coords = layout.coords(rank)
+    for dim in dims:
+        if dim not in names:
+            problems.append(f"{part} mesh lacks dim {dim!r}")
+            continue
+        size = mesh.size(names.index(dim))
+        if size != getattr(layout, dim):
+            problems.append(f"{part} mesh dim {dim} has size {size}, layout says {getattr(layout, dim)}")
+        if mesh.get_local_rank(dim) != coords[dim]:
+            problems.append(f"rank {rank} sits at {dim}={mesh.get_local_rank(dim)}, layout says {coords[dim]}")
+    if all(d in names for d in dims):
+        got = _library_group(applied, part)
+        if got != members:
+            problems.append(f"{part} group {got} != layout's {members}")
+    return problems
+
+
+def _library_group(applied, part: str) -> list[int]:
+    """The ranks the library will actually communicate with for `part`."""
+    if part == "cp":
+        return group_ranks(library.cp_flattened_mesh(applied.parallel_config.context_parallel_config))
+    return group_ranks(applied.meshes["tp"], "tp")
+
+
+def _plan_modules(model, module_id: str) -> list:
+    """Modules a `_cp_plan` key names; `*` expands over a ModuleList (resolved here, not by diffusers)."""
+    modules = [model]
+    for atom in [a for a in module_id.split(".") if a] if module_id else []:
+        nxt = []
+        for module in modules:
+            nxt.extend(list(module) if atom == "*" else [getattr(module, atom)])
+        modules = nxt
+    return modules
+
+
+@check(CheckId.CP_HOOKS)
+def check_cp_hooks(ctx: CheckContext) -> CheckResult:
+    model, problems = ctx.model, []
+    if ctx.layout.has_cp:
+        for module_id, entry in model._cp_plan.items():
+            hook = library.cp_hook_name(module_id, is_input=isinstance(entry, dict))
+            for module in _plan_modules(model, module_id):
+                if hook not in library.hook_names(module):
+                    problems.append(f"{module_id or '<root>'} lacks {hook}")
+    else:
+        for name, module in model.named_modules():
+            stray = [h for h in library.hook_names(module) if h.startswith((library.CP_INPUT, library.CP_OUTPUT))]
+            problems.extend(f"{name or '<root>'} carries {h} without CP" for h in stray)
+    return _result(CheckId.CP_HOOKS, problems)
+
+
+@check(CheckId.PROCESSOR_CONFIG)
+def check_processor_config(ctx: CheckContext) -> CheckResult:
+    layout = ctx.layout
+    processors = library.attention_processors(ctx.model)
+    problems = []
+    if not layout.has_cp:
+        problems.extend(f"{name}: TP alone, yet processor holds a parallel config"
+                        for name, p in processors if library.processor_config(p) is not None)
+        return _result(CheckId.PROCESSOR_CONFIG, problems)
+    if not processors:
+        problems.append("no attention processor takes a parallel config, so attention cannot run Ulysses/ring")
+    for name, processor in processors:
+        config = library.processor_config(processor)
+        cp = getattr(config, "context_parallel_config", None)
+        if config is None or cp is None:
+            problems.append(f"{name}: processor holds no CP config")
+        elif config is not ctx.applied.parallel_config:
+            problems.append(f"{name}: processor holds another config than the run's")
+        elif (cp.ring_degree, cp.ulysses_degree) != (layout.ring, layout.ulysses):
+            problems.append(f"{name}: CP degrees {(cp.ring_degree, cp.ulysses_degree)} != layout's")
+    return _result(CheckId.PROCESSOR_CONFIG, problems)
+
+
+@check(CheckId.TP_SHARDS)
+def check_tp_shards(ctx: CheckContext) -> CheckResult:
+    from torch.distributed.tensor import DTensor
+
+    layout = ctx.layout
+    params = dict(ctx.model.named_parameters())
+    ref_params = dict(ctx.reference.named_parameters())
+    planned = library.tp_shard_specs(ctx.reference, layout.tp) if layout.has_tp else {}
+    problems = []
+    for name, spec in planned.items():
+        problems.extend(_shard_problems(name, params.get(name), ref_params[name], spec, ctx))
+    for name, param in params.items():
+        if name in planned:
+            continue
+        if isinstance(param, DTensor):
+            problems.append(f"{name} is outside the TP plan but is a DTensor")
+        elif not torch.equal(param.detach(), ref_params[name].detach().to(param.device)):
+            problems.append(f"{name} is outside the TP plan but differs from the reference")
+    return _result(CheckId.TP_SHARDS, problems)
+
+
+def _shard_problems(name: str, param, ref_param, spec, ctx: CheckContext) -> list[str]:
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    layout, rank = ctx.layout, ctx.rank
+    if not isinstance(param, DTensor):
+        return [f"{name} is not a DTensor"]
+    members = layout.tp_group(rank)
+    problems = []
+    if group_ranks(param.device_mesh) != members:
+        problems.append(f"{name} lives on ranks {group_ranks(param.device_mesh)}, TP group is {members}")
+    want = Replicate() if spec.dim is None else Shard(spec.dim)
+    if tuple(param.placements) != (want,):
+        return problems + [f"{name} placed {param.placements}, plan says {want}"]
+    index = layout.coords(rank)["tp"]
+    expected = local_slice(ref_param.detach(), spec, index, layout.tp)
+    local = param.to_local()
+    if local.shape != expected.shape or not torch.equal(local.cpu(), expected.cpu()):
+        problems.append(f"{name} local tensor is not TP shard {index} of {layout.tp}")
+    return problems
+
+
+@check(CheckId.COLLECTIVES)
+def check_collectives(ctx: CheckContext) -> CheckResult:
+    """Both passes, training and inference, issue the collectives the layout needs; the training pass's
+    counts are the check's data, the inference pass's go under `data["no_grad"]`."""
+    from paracheck.checks import collectives
+
+    passes = [("", ctx.collectives, ctx.forward_error), ("inference pass: ", ctx.inference_collectives,
+                                                          ctx.inference_error)]
+    results = []
+    for label, counts, raised in passes:
+        if raised:
+            return CheckResult(CheckId.COLLECTIVES, Status.SKIP, f"{label}the forward raised, so its collectives "
+                               "are incomplete")
+        if counts is None:
+            return CheckResult(CheckId.COLLECTIVES, Status.SKIP, f"{label}the forward's collectives were not counted")
+        results.append((label, collectives.check_counts(counts, ctx.layout)))
+    (_, training), (label, inference) = results
+    if inference.status == Status.FAIL and training.status == Status.PASS:
+        training.status, training.detail = Status.FAIL, label + inference.detail
+    elif inference.status == Status.FAIL and inference.detail != training.detail:
+        training.detail += f"; {label}{inference.detail}"
+    training.data["no_grad"] = inference.data
+    return training
+
+
+# -- numbers -----------------------------------------------------------------------------------
+
+
+@check(CheckId.FORWARD)
+def check_forward(ctx: CheckContext) -> CheckResult:
+    if ctx.forward_error:
+        return CheckResult(CheckId.FORWARD, Status.FAIL, f"forward raised {ctx.forward_error}",
+                           failure=ctx.forward_error.failure)
+    return compare(CheckId.FORWARD, ctx.out, ctx.ref_out, ctx.atol, ctx.rtol, expected32=ctx.ref_out32)
+
+
+@check(CheckId.INFERENCE)
+def check_inference(ctx: CheckContext) -> CheckResult:
+    """The forward under `torch.no_grad()` against the same reference, by the same rule as the forward:
+    backends and TP layers branch on whether a gradient is recorded."""
+    if ctx.inference_error:
+        return CheckResult(CheckId.INFERENCE, Status.FAIL, f"forward under no_grad raised {ctx.inference_error}",
+                           failure=ctx.inference_error.failure)
+    return compare(CheckId.INFERENCE, ctx.inference_out, ctx.ref_out, ctx.atol, ctx.rtol, what="no-grad output",
+                   expected32=ctx.ref_out32)
+
+
+def grads_skip_reason(ctx: CheckContext) -> str | None:
+    """Why the backward is not run for this case; None when it is."""
+    if not ctx.grads_requested:
+        return "--no-grads"
+    if ctx.forward_error:
+        return "forward raised"
+    if tuple(ctx.out.shape) != tuple(ctx.ref_out.shape):
+        return "the output shape differs, so the loss cannot match"
+    return None
+
+
+@check(CheckId.GRADS)
+def check_grads(ctx: CheckContext) -> CheckResult:
+    skip = grads_skip_reason(ctx)
+    if skip:
+        return CheckResult(CheckId.GRADS, Status.SKIP, skip)
+    if ctx.backward_error:
+        return CheckResult(CheckId.GRADS, Status.FAIL, f"backward raised {ctx.backward_error}",
+                           failure=ctx.backward_error.failure)
+    return _compare_grads(ctx)
+
+
+def _compare_grads(ctx: CheckContext) -> CheckResult:
+    """Reassemble every gradient, then compare with the reference's; reports the worst parameter."""
+    layout, applied = ctx.layout, ctx.applied
+    specs = library.tp_shard_specs(ctx.reference, layout.tp) if layout.has_tp else {}
+    groups = _Groups(_cp_process_group(applied), applied.meshes["tp"].get_group() if layout.has_tp else None)
+    ref_params = dict(ctx.reference.named_parameters())
+    worst = CheckResult(CheckId.GRADS, Status.PASS, atol=ctx.atol, rtol=ctx.rtol, max_abs=0.0, max_rel=0.0)
+    failures, tp_partial, ratio = [], [], 0.0
+    params = sorted(ctx.model.named_parameters())
+    # Every rank has the same parameters with and without a gradient (the model's structure decides),
+    # so every rank issues the same collectives here.
+    wholes = _whole_grads({n: p.grad for n, p in params if p.grad is not None}, specs, groups, tp_partial)
+    for name, param in params:
+        ref_grad = ref_params[name].grad
+        if param.grad is None:
+            if ref_grad is not None and bool(ref_grad.abs().max() > 0):
+                failures.append(f"{name} has no gradient" + ("" if param.requires_grad else " (requires_grad=False)"))
+            continue
+        if ref_grad is None:
+            failures.append(f"{name} has a gradient the reference lacks")
+            continue
+        result = compare(CheckId.GRADS, wholes[name], ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
+                         expected32=ctx.ref_grads32.get(name), floor=torch.finfo(ref_grad.dtype).eps)
+        ratio = max(ratio, (result.data or {}).get("ratio", 0.0))
+        if result.status == Status.FAIL:
+            failures.append(f"{name} (max_abs {result.max_abs if result.max_abs is not None else 'n/a'})")
+        if result.max_abs is not None and result.max_abs >= (worst.max_abs or 0.0):
+            worst.max_abs, worst.max_rel, worst.detail = result.max_abs, result.max_rel, f"worst: {name}"
+            worst.data = dict(result.data, param=name) if result.data else {}
+    if worst.data:
+        worst.data["ratio"] = ratio  # the parameter furthest over its own bound, which need not be the worst
+    notes = [worst.detail] if worst.detail else []
+    if tp_partial:
+        notes.append(f"{len(tp_partial)} params outside the TP plan have TP-partial grads (e.g. {tp_partial[0]})")
+    if failures:
+        worst.status = Status.FAIL
+        notes.insert(0, f"{len(failures)} grads differ: {problems_text(failures)}")
+    worst.detail = "; ".join(notes)
+    return worst
+
+
+@dataclass
+class _Groups:
+    cp: object
+    tp: object
+
+
+def _whole_grads(grads: dict, specs: dict, groups: _Groups, tp_partial: list[str]) -> dict:
+    """Each parameter's gradient over the whole model: TP shards assembled, CP slices summed. One
+    collective per group and dtype moves them all: one per parameter cost more than the checks' arithmetic."""
+    from torch.distributed.tensor import DTensor
+
+    whole, local = {}, {}
+    for name, grad in grads.items():
+        spec = specs.get(name)
+        if isinstance(grad, DTensor) and (spec is None or spec.dim is None):
+            whole[name] = grad.full_tensor()
+        elif isinstance(grad, DTensor):
+            local[name] = grad.to_local()
+        elif groups.tp is not None:
+            # Outside the plan but fed by sharded activations (QK-norms after the head split), each TP
+            # rank holds a partial gradient; computed redundantly, every TP rank holds the whole one.
+            local[name] = grad
+        else:
+            whole[name] = grad
+    for name, pieces in gather_each(local, functools.partial(_all_gather, group=groups.tp)).items():
+        if isinstance(grads[name], DTensor):
+            whole[name] = assemble(pieces, specs[name])
+        elif any(not torch.equal(p, pieces[0]) for p in pieces[1:]):
+            whole[name] = torch.stack(pieces).sum(0)
+            tp_partial.append(name)
+        else:
+            whole[name] = grads[name]
+    if groups.cp is not None:
+        # Under CP each rank's gradient covers its slice of the sequence: sum over the CP group only.
+        whole = reduce_each(whole, lambda flat: dist.all_reduce(flat, group=groups.cp))
+    return whole
+
+
+def _cp_process_group(applied):
+    if not applied.layout.has_cp:
+        return None
+    return library.cp_flattened_mesh(applied.parallel_config.context_parallel_config).get_group()
+
+
+def _all_gather(tensor: torch.Tensor, group) -> list[torch.Tensor]:
+    tensor = tensor.contiguous()
+    pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, tensor, group=group)
+    return pieces
+
+
+# -- one collective for many tensors ---------------------------------------------------------------
+
+
+def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One new 1-D buffer holding `tensors` (one dtype) back to back."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def unflatten(flat: torch.Tensor, shapes: list) -> list[torch.Tensor]:
+    """Inverse of `flatten`: views of `flat` in `shapes`."""
+    sizes = [math.prod(shape) for shape in shapes]
+    return [piece.view(shape) for piece, shape in zip(flat.split(sizes), shapes)]
+
+
+def dtype_buckets(tensors: dict) -> list[list[str]]:
+    """The names grouped by dtype (a buffer has one), buckets in an order every rank agrees on."""
+    buckets: dict[str, list[str]] = {}
+    for name, tensor in tensors.items():
+        buckets.setdefault(str(tensor.dtype), []).append(name)
+    return [buckets[key] for key in sorted(buckets)]
+
+
+def gather_each(tensors: dict, all_gather: Callable) -> dict:
+    """name -> every rank's copy of that tensor, from one `all_gather(flat) -> [flat per rank]` per dtype."""
+    out = {}
+    for names in dtype_buckets(tensors):
+        shapes = [tensors[n].shape for n in names]
+        per_rank = [unflatten(flat, shapes) for flat in all_gather(flatten([tensors[n] for n in names]))]
+        out.update({name: [pieces[i] for pieces in per_rank] for i, name in enumerate(names)})
+    return out
+
+
+def reduce_each(tensors: dict, all_reduce: Callable) -> dict:
+    """name -> that tensor reduced over the group, from one in-place `all_reduce(flat)` per dtype (as
+    torch's own coalesced all-reduce does); the inputs are left as they were."""
+    out = {}
+    for names in dtype_buckets(tensors):
+        flat = flatten([tensors[n] for n in names])
+        all_reduce(flat)
+        out.update(zip(names, unflatten(flat, [tensors[n].shape for n in names])))
+    return out

@@ -1,0 +1,1 @@
+"""The command line: `common` (the leaf every command shares), one module per command."""

@@ -1,0 +1,122 @@
+"""What every command shares: `UsageError`, the options `run`, `explore` and `topology` all take, their
+validation (each rule once), the models `--models` / `--spec` name, report writes and the run's metadata.
+
+A leaf of the command line: it imports no command module and no torch.
+"""
+
+from __future__ import annotations
+
+import os
+
+from paracheck import __version__
+from paracheck.domain.case import DTYPES
+from paracheck.domain.layout import ORDERS
+from paracheck.launch.protocol import write_text
+
+
+class UsageError(Exception):
+    """Bad input: exit 2 with a message naming the argument and the rule."""
+
+
+# -- shared options ---------------------------------------------------------------------------------
+
+
+def add_order(parser) -> None:
+    parser.add_argument("--order", default="cp-fastest", help="cp-fastest|tp-fastest (mesh order)")
+
+
+def add_timeout(parser) -> None:
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds one case may run before it is a hang")
+
+
+def check_choice(flag: str, value: str, allowed) -> None:
+    if value not in allowed:
+        raise UsageError(f"{flag} {value!r}: must be one of {', '.join(allowed)}")
+
+
+def check_order(order: str) -> None:
+    check_choice("--order", order, ORDERS)
+
+
+def check_timeout(seconds: float) -> None:
+    if seconds <= 0:
+        raise UsageError(f"--timeout {seconds:g}: must be > 0 seconds")
+
+
+def check_dtypes(text: str, several: bool = False) -> list[str]:
+    """The dtypes `--dtype` names: one, or with `several` a comma list (explore draws from it)."""
+    if not several:
+        check_choice("--dtype", text, DTYPES)
+        return [text]
+    dtypes = [d.strip() for d in text.split(",") if d.strip()]
+    bad = [d for d in dtypes if d not in DTYPES] or ([] if dtypes else ["(empty)"])
+    if bad:
+        raise UsageError(f"--dtype {text!r}: {', '.join(bad)}: dtypes are {', '.join(DTYPES)}")
+    return dtypes
+
+
+def check_writable(path: str | None, flag: str) -> None:
+    """A report path's folder exists and can be written, checked before anything runs."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"{flag} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {path}: not writable")
+
+
+# -- models ------------------------------------------------------------------------------------------
+
+
+def named_models(args) -> list[tuple[str, str]]:
+    """(name, factory) for each model `--models` or `--spec` asks for (run and explore)."""
+    from paracheck.domain.fixtures_index import select
+
+    if args.spec and args.models != "all":
+        raise UsageError("--models with --spec: --models names bundled fixtures; give one or the other")
+    if args.spec:
+        return spec_names(args.spec)
+    try:
+        return select(args.models)
+    except ValueError as e:
+        raise UsageError(f"--models {e}") from None
+
+
+def spec_names(specs: list[str]) -> list[tuple[str, str]]:
+    """A spec's model name is its function's name, or module:function where two functions share one."""
+    short = [spec.rpartition(":")[2] for spec in specs]
+    return [(name if short.count(name) == 1 else os.path.basename(spec), spec) for name, spec in zip(short, specs)]
+
+
+# -- output ------------------------------------------------------------------------------------------
+
+
+def write_report(path: str, data) -> None:
+    """Write a report whole or not at all (JSON for a dict or list, else the text as is): a run stopped
+    mid-write leaves the previous report, never half of a new one."""
+    import json
+
+    write_text(path, data if isinstance(data, str) else json.dumps(data, indent=1))
+
+
+def raise_interrupt(signum, frame):
+    """A SIGTERM handler: stop the way Ctrl-C does, so every rank is stopped on the way out."""
+    raise KeyboardInterrupt
+
+
+def run_meta(backend, nproc: int, outcome=None) -> dict:
+    """What a report says about the run: versions, backend, ranks, and how the worlds started."""
+    from importlib.metadata import version
+
+    versions = {}
+    for package in ("torch", "diffusers", "transformers"):
+        try:
+            versions[package] = version(package)
+        except Exception:
+            versions[package] = None
+    meta = {"paracheck": __version__, "backend": backend.name, "nproc": nproc, "versions": versions}
+    if outcome is not None:
+        meta.update(worlds=outcome.worlds, start_method=outcome.start_method, references=outcome.references,
+                    start_seconds=round(outcome.start_seconds, 3))
+    return meta

@@ -1,0 +1,184 @@
+"""The `paracheck explore` command: its options, the models it may draw, its progress lines and report.
+
+Usage errors import no torch; everything after them does (explore builds inputs in the launcher).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import sys
+import time
+
+from paracheck.domain.case import SpecError, load_factory
+from paracheck.cli.common import (UsageError, add_order, add_timeout, check_dtypes, check_order, check_timeout,
+                                  check_writable, named_models, raise_interrupt, run_meta, write_report)
+from paracheck.domain.layout import parse_layouts
+from paracheck.launch.protocol import Exit
+
+#: New cases explore generates by default (shrinking comes on top): enough to find both LTX bugs of
+#: diffusers 0.42.1 on `--models ltx` from scratch (see docs/explore.md for the measured cost).
+DEFAULT_EXAMPLES = 150
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("explore", help="draw cases with hypothesis, run them in one world, shrink what fails")
+    p.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, help=f"new cases to generate (default "
+                   f"{DEFAULT_EXAMPLES}); shrinking a failure runs more")
+    p.add_argument("--seed", type=int, default=None, help="makes the run repeatable (default: a random seed, printed)")
+    p.add_argument("--models", default="all", help="fixture names, comma separated, or all")
+    p.add_argument("--spec", action="append", help="MODULE:FUNCTION taking shape= with a `space` attribute "
+                   "(see docs/explore.md); repeat for several")
+    p.add_argument("--layouts", default="all", help="layouts like u4,r2xu2, or all for --nproc")
+    add_order(p)
+    p.add_argument("--nproc", type=int, default=4, help="ranks in the world (default 4)")
+    p.add_argument("--backend", default="auto", help="auto|gloo|nccl|neuron")
+    p.add_argument("--dtype", default="fp32", help="fp32|bf16|fp16, or a comma list to draw from")
+    p.add_argument("--attention-backend", default="auto", help="as for run")
+    p.add_argument("--out", default="paracheck-found", help="where found cases are written, and read back "
+                   "from to be tried first (default paracheck-found/)")
+    p.add_argument("--known-failures", default=None, help="TOML of declared upstream failures, or none "
+                   "(default: the file paracheck ships)")
+    p.add_argument("--report-json", help="write the JSON report here")
+    add_timeout(p)
+    p.add_argument("--quiet", action="store_true", help="no line per case: only failures found and the summary")
+
+
+def explore(args) -> int:
+    from paracheck.results import known
+    from paracheck.domain.backends import resolve
+
+    dtypes = _check(args)
+    backend = resolve(args.backend)
+    entries = known.load(known.SHIPPED if args.known_failures is None else args.known_failures)
+    targets = _targets(args)
+    return _explore(args, backend, entries, targets, dtypes)
+
+
+def _check(args) -> list[str]:
+    if args.examples < 1:
+        raise UsageError(f"--examples {args.examples}: must be >= 1")
+    if args.nproc < 2:
+        raise UsageError(f"--nproc {args.nproc}: explore needs a parallel layout, so 2 or more ranks")
+    check_order(args.order)
+    check_timeout(args.timeout)
+    dtypes = check_dtypes(args.dtype, several=True)
+    check_writable(args.report_json, "--report-json")
+    args.seed = random.randrange(2 ** 16) if args.seed is None else args.seed
+    return dtypes
+
+
+def _targets(args) -> list:
+    """The models to draw, each with the layouts of `--layouts` it has a plan for."""
+    from paracheck.domain.case import call_factory
+    from paracheck.explore.engine import Target
+    from paracheck.adapters.diffusers.fitting import Unfittable, fit_init_dict
+    from paracheck.domain.shapes import Shape
+
+    layouts = parse_layouts(args.layouts, args.nproc, args.order)
+    named = named_models(args)
+    from paracheck.domain.fixtures_index import library_of
+
+    adapted = [n for n, f in named if library_of(f) != "diffusers"]
+    if adapted and args.models != "all":
+        raise UsageError(f"--models {','.join(adapted)}: explore draws diffusers shapes only so far")
+    named = [(n, f) for n, f in named if library_of(f) == "diffusers"]
+    targets = []
+    for name, factory in named:
+        space = getattr(load_factory(factory), "space", None)
+        if space is None:
+            raise SpecError(f"--spec {factory!r}: explore needs a factory that takes shape= and has a `space` "
+                            "attribute (a paracheck.domain.shapes.Space); see docs/explore.md")
+        # Built at its plainest shape now, so a factory that takes no shape= fails here (exit 2), not on every draw.
+        model_class, init, _ = call_factory(factory, shape=Shape())
+        fits = []
+        for layout in layouts:
+            try:
+                fit_init_dict(model_class, init, layout, any_heads=True)
+                fits.append(layout)
+            except Unfittable:
+                pass
+        if fits:
+            targets.append(Target(name, factory, space, tuple(fits)))
+    if not targets:
+        raise UsageError(f"--layouts {args.layouts}: no model asked for has a plan for any of them")
+    return targets
+
+
+def _explore(args, backend, entries, targets, dtypes) -> int:
+    from paracheck.explore import engine as explore
+    from paracheck.explore import found
+    from paracheck.launch.launcher import Feeder
+
+    earlier = found.read(args.out)
+    names = ", ".join(f"{t.name} ({','.join(l.name for l in t.layouts)})" for t in targets)
+    print(f"paracheck explore --seed {args.seed}: {args.examples} examples over {names}"
+          + (f"; {len(earlier)} found before in {args.out}, tried first" if earlier else ""), flush=True)
+    started = time.time()
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        with Feeder(backend, args.nproc, args.timeout) as feeder:
+            explorer = explore.Explorer(feeder, entries, args.attention_backend,
+                                        on_case=_Lines(args.quiet, started).case)
+            explore.run(explorer, explore.draws(targets, dtypes), args.seed, args.examples, earlier)
+    except KeyboardInterrupt:
+        print("paracheck: interrupted; every rank was stopped", file=sys.stderr)
+        return Exit.BROKEN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return _finish(args, explorer, run_meta(backend, args.nproc), time.time() - started, feeder.worlds)
+
+
+class _Lines:
+    """A line per case run (examples so far, failures found, seconds), or only the failures with --quiet."""
+
+    def __init__(self, quiet: bool, started: float):
+        self.quiet, self.started = quiet, started
+
+    def case(self, verdict, explorer) -> None:
+        from paracheck.explore.engine import signature
+        from paracheck.domain.records import CheckId
+
+        failing = signature(verdict) is not None
+        if self.quiet and not failing:
+            return
+        forward = verdict.check(CheckId.FORWARD)
+        figure = f"max_abs {forward.max_abs:.1e}" if forward is not None and forward.max_abs is not None else ""
+        print(f"[{explorer.ran} run, {len(explorer.found)} found, {time.time() - self.started:.0f}s] "
+              f"{verdict.id} ({verdict.case.shape.describe()}{', ' + verdict.case.dtype}): {verdict.status.value}"
+              f"{' ' + figure if figure else ''}", flush=True)
+
+
+def _finish(args, explorer, meta: dict, seconds: float, worlds: int) -> int:
+    from paracheck.explore import found as found_files
+
+    rows = []
+    for f in explorer.found.values():
+        spec, command = found_files.write(args.out, f, args.nproc, None if args.backend == "auto" else args.backend,
+                                          args.known_failures == "none", meta["versions"])
+        rows.append({"signature": f.signature, "case": f.case.id, "shape": f.case.shape.describe(),
+                     "dtype": f.case.dtype, "cp_options": dict(f.case.cp_options), "detail": f.detail,
+                     "spec": spec, "replay": command})
+    print()
+    for row in rows:
+        print(f"FOUND {row['signature']}\n      minimal: {row['case']}: {row['shape']}, {row['dtype']}, "
+              f"CP options {row['cp_options'] or 'none'}\n      {row['detail']}\n      spec: {row['spec']}\n"
+              f"      replay: {row['replay']}")
+    for text, count in explorer.known_hits.most_common():
+        print(f"known ({count} cases): {text}")
+    for event in explorer.events:
+        print(f"RUN BROKE ({event.kind}): {event.message}")
+    code = Exit.FAILED if rows else Exit.OK
+    if any(e.kind == "start" for e in explorer.events):
+        code = Exit.BROKEN
+    per_case = seconds / max(explorer.ran, 1)
+    print(f"\n{len(rows)} failures found, {sum(explorer.known_hits.values())} known, {explorer.ran} cases run in "
+          f"{seconds:.1f}s ({per_case:.2f}s per case, {worlds} world{'s' if worlds != 1 else ''}); "
+          f"replay this run with --seed {args.seed}")
+    if args.report_json:
+        data = dict(meta, command="explore", seed=args.seed, examples=args.examples, cases_run=explorer.ran,
+                    seconds=round(seconds, 2), seconds_per_case=round(per_case, 3), worlds=worlds, found=rows,
+                    known={text: count for text, count in explorer.known_hits.items()},
+                    events=[{"kind": e.kind, "message": e.message} for e in explorer.events], exit_code=int(code))
+        write_report(args.report_json, data)
+    return code

@@ -1,0 +1,265 @@
+"""`paracheck topology --simulate`: the command-line side of `simulate.py`: its options, `--heads`, the
+tables it prints and the report it writes.
+
+Exit codes: 0 every layout simulated as the rules say (with `--layout`: every named layout is ok; with
+`--control`: the control was detected wherever it applied), 1 otherwise or when the library built a wrong
+structure on any layout, 2 bad usage (the message names the argument and the rule).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from paracheck.cli.common import UsageError, check_order, check_writable, write_report
+
+#: Options that only mean something with --simulate (dest -> flag).
+SIMULATE_ONLY = {"models": "--models", "spec": "--spec", "route": "--route", "control": "--control",
+                 "collectives": "--collectives", "report_json": "--report-json"}
+
+
+def add_arguments(topo) -> None:
+    """The --simulate options of the `topology` subcommand."""
+    topo.add_argument("--simulate", action="store_true",
+                      help="build each rank's model on meta under torch's fake process group and check what "
+                           "the library really built (no hardware; up to 128 ranks)")
+    topo.add_argument("--models", help="with --simulate: fixture names, comma separated, or all (default all)")
+    topo.add_argument("--spec", action="append", help="with --simulate: MODULE:FUNCTION returning (model_class, "
+                      "init_dict, inputs); e.g. paracheck.simulate.specs:flux_dev")
+    topo.add_argument("--route", help="with --simulate: auto|native|composed (default auto)")
+    topo.add_argument("--control", help="with --simulate: plant this negative control on every rank")
+    topo.add_argument("--collectives", action="store_true",
+                      help="with --simulate: run one forward on meta tensors and check its collectives per group")
+    topo.add_argument("--report-json", help="with --simulate: write the results here")
+
+
+def reject_simulate_only(args) -> None:
+    for dest, flag in SIMULATE_ONLY.items():
+        if getattr(args, dest, None) not in (None, False):
+            raise UsageError(f"{flag}: only with --simulate")
+
+
+def models_from(args) -> list[tuple[str, type, dict, dict]]:
+    """(name, model_class, init_dict, inputs) per model asked for, heads overridden by --heads."""
+    from paracheck.domain.case import call_factory
+    from paracheck.domain.fixtures_index import FIXTURES
+    from paracheck.simulate.engine import SimulationError
+
+    if args.spec and args.models:
+        raise UsageError("--models and --spec: give one or the other")
+    if args.spec:
+        named = [(spec.rpartition(":")[2], spec) for spec in args.spec]
+    else:
+        text = args.models or "all"
+        names = list(FIXTURES) if text.strip() == "all" else [m.strip() for m in text.split(",") if m.strip()]
+        unknown = [n for n in names if n not in FIXTURES]
+        if unknown or not names:
+            raise UsageError(f"--models {','.join(unknown) or repr(text)}: unknown; fixtures are "
+                              f"{', '.join(FIXTURES)} (or all)")
+        named = [(n, FIXTURES[n]) for n in names]
+    out = []
+    for name, factory in named:
+        model_class, init_dict, inputs = call_factory(factory)
+        try:
+            init_dict = with_heads(model_class, init_dict, args.heads)
+        except SimulationError as exc:
+            raise UsageError(str(exc)) from exc
+        out.append((name, model_class, init_dict, inputs))
+    return out
+
+
+def topology_simulate(args) -> int:
+    from paracheck.launch.protocol import Exit
+    from paracheck.simulate.engine import simulate_on
+
+    backends, route = _validated(args)
+    layouts = _layouts(args)
+    models = models_from(args)
+    started = time.perf_counter()
+    report, code, total_ranks, total_cpu = [], 0, 0, 0.0
+    for name, model_class, init_dict, inputs in models:
+        by_backend = simulate_on(model_class, init_dict, backends, args.world, layouts, order=args.order, route=route,
+                                 control=args.control, collectives=args.collectives, inputs=inputs)
+        for backend in backends:
+            results = by_backend[backend.name]
+            _print_results(name, model_class, init_dict, backend, results, args, route)
+            code = max(code, _exit_code(results, args))
+            report.append({"model": name, "class": model_class.__name__, "backend": backend.name,
+                           "heads": heads_of(model_class, init_dict), "results": [r.to_json() for r in results]})
+        ranks, cpu = _print_cost(by_backend[backends[0].name], backends)
+        total_ranks, total_cpu = total_ranks + ranks, total_cpu + cpu
+    elapsed = time.perf_counter() - started
+    print(f"{total_ranks} ranks in {elapsed:.1f} s" + (f" ({1000 * total_cpu / total_ranks:.0f} ms CPU per rank)"
+                                                       if total_ranks else ""))
+    if args.report_json:
+        write_report(args.report_json, {"backends": [b.name for b in backends], "world": args.world, "order": args.order,
+                                        "route": route, "control": args.control, "models": report,
+                                        "seconds": round(elapsed, 3)})
+    sys.stdout.flush()
+    return Exit(code)
+
+
+def _validated(args):
+    """(the backends, the route) the options name; a usage error names the bad option and its rule."""
+    from paracheck.domain.backends import get_backend
+    from paracheck.checks.controls import CONTROLS
+    from paracheck.simulate.engine import MAX_WORLD, ROUTES
+
+    names = [b.strip() for b in args.backend.split(",") if b.strip()]
+    backends = [get_backend(name) for name in dict.fromkeys(names)]
+    if not backends:
+        raise UsageError(f"--backend {args.backend!r}: name one or more of gloo, nccl, neuron")
+    if not 2 <= args.world <= MAX_WORLD:
+        raise UsageError(f"--world {args.world}: --simulate takes 2 to {MAX_WORLD} ranks")
+    check_order(args.order)
+    route = args.route or "auto"
+    if route not in ROUTES:
+        raise UsageError(f"--route {route!r}: --simulate takes one of {', '.join(ROUTES)} "
+                          "(sharded-load reads a checkpoint, which a meta model has none of)")
+    if args.control and args.control not in CONTROLS:
+        raise UsageError(f"--control {args.control!r}: must be one of {', '.join(CONTROLS)}")
+    if args.heads is not None and args.heads < 1:
+        raise UsageError(f"--heads {args.heads}: must be >= 1")
+    check_writable(args.report_json, "--report-json")
+    return backends, route
+
+
+def _print_results(name, model_class, init_dict, backend, results, args, route) -> None:
+    print(f"{name} ({model_class.__name__}, {heads_of(model_class, init_dict)} heads) on {backend.name}, "
+          f"world {args.world}, order {args.order}, route {route}" + (f", control {args.control}" if args.control else ""))
+    print(table(results))
+    for r in results:
+        for check, failure in r.failures.items():
+            print(f"  {r.layout}: {check} fails on {_ranks(failure['ranks'])}: {failure['detail']}")
+        for note in r.notes:
+            print(f"  {r.layout}: note: {note}")
+
+
+def _print_cost(results, backends) -> tuple[int, float]:
+    """One simulation served every backend: its ranks and time, counted once. Returns (ranks, CPU seconds)."""
+    simulated = [r for r in results if r.ranks]
+    ranks = sum(r.ranks for r in simulated)
+    wall = sum(r.seconds for r in simulated)
+    cpu = sum(r.cpu_seconds for r in simulated)
+    if ranks:
+        print(f"  {ranks} ranks simulated in {wall:.1f} s: {1000 * wall / ranks:.0f} ms/rank wall, "
+              f"{1000 * cpu / ranks:.0f} ms/rank CPU" + (f" (judged by {', '.join(b.name for b in backends)})"
+                                                        if len(backends) > 1 else ""))
+    print(flush=True)
+    return ranks, cpu
+
+
+def _layouts(args):
+    from paracheck.domain.layout import Layout, layouts_for
+
+    if not args.layout or args.layout.strip() == "all":
+        return layouts_for(args.world, args.order)
+    layouts = []
+    for item in args.layout.split(","):
+        layout = Layout.parse(item, args.order)
+        if layout.world != args.world:
+            raise UsageError(f"--layout {layout.name}: its world size is {layout.world}, but --world is "
+                              f"{args.world}; the product of the degrees must equal --world")
+        if layout not in layouts:
+            layouts.append(layout)
+    return layouts
+
+
+def _exit_code(results, args) -> int:
+    from paracheck.simulate.engine import LayoutStatus
+
+    if args.control:
+        return 1 if any(r.detected is False for r in results) else 0
+    if any(r.structure_failed for r in results):
+        return 1
+    if args.layout and any(r.status != LayoutStatus.OK for r in results):
+        return 1
+    return 0
+
+
+def _ranks(ranks) -> str:
+    from paracheck.launch.attribution import ranks_named
+
+    return ranks_named(ranks)
+
+
+# -- heads --------------------------------------------------------------------------------------------
+
+
+def with_heads(model_class: type, init_dict: dict, heads: int | None) -> dict:
+    """`init_dict` with `num_attention_heads` set to `heads` (and what the model ties to heads x head_dim)."""
+    import inspect
+
+    from paracheck.adapters.diffusers.fitting import HEAD_DIM_KEY, HEADS_KEY, TIED_TO_INNER_DIM, init_value
+    from paracheck.simulate.engine import SimulationError
+
+    if heads is None:
+        return dict(init_dict)
+    if heads < 1:
+        raise SimulationError(f"--heads {heads}: must be >= 1")
+    if HEADS_KEY not in inspect.signature(model_class.__init__).parameters:
+        raise SimulationError(f"--heads {heads}: {model_class.__name__} takes no {HEADS_KEY}")
+    out = dict(init_dict, **{HEADS_KEY: heads})
+    head_dim = init_value(model_class, out, HEAD_DIM_KEY)
+    for key in TIED_TO_INNER_DIM.get(model_class.__name__, ()):
+        if isinstance(head_dim, int):
+            out[key] = heads * head_dim
+    return out
+
+
+def heads_of(model_class: type, init_dict: dict):
+    from paracheck.adapters.diffusers.fitting import HEADS_KEY, init_value
+
+    return init_value(model_class, init_dict, HEADS_KEY)
+
+
+# -- the table ----------------------------------------------------------------------------------------
+
+
+def short_name(check: str) -> str:
+    """A simulated check's column: the kit's short name for its own ids; `groups` for backend.groups."""
+    from paracheck.domain.records import CheckId
+    from paracheck.simulate.engine import BACKEND_GROUPS
+
+    if check == BACKEND_GROUPS:
+        return "groups"
+    try:
+        return CheckId(check).short
+    except ValueError:
+        return check  # simulate.apply: the route itself raised
+
+
+def short_reason(result) -> str:
+    """The table's reason: failing checks by rank (their details follow the table), or why not simulated."""
+    if not result.failures:
+        return result.reason
+    return "; ".join(f"{short_name(c)} fails on {_ranks(f['ranks'])}" for c, f in result.failures.items())
+
+
+def _cell(result, check: str) -> str:
+    return "FAIL" if check in result.failures else "ok" if check in result.passed else "-"
+
+
+def _row(r) -> list[str]:
+    from paracheck.simulate.engine import SIM_CHECKS
+
+    status = r.status.value
+    if r.control:
+        status = f"{status} ({'detected' if r.detected else 'MISSED' if r.detected is False else status})"
+    return ([r.layout.name, status] + [_cell(r, c) for c in SIM_CHECKS]
+            + [str(r.ranks or "-"), f"{1000 * r.per_rank:.0f}" if r.ranks else "-",
+               f"{1000 * r.cpu_per_rank:.0f}" if r.ranks else "-", short_reason(r)])
+
+
+def table(results) -> str:
+    """One row per layout: verdict, each check's cell, ranks simulated, time per rank, reason."""
+    from paracheck.simulate.engine import SIM_CHECKS
+
+    header = ["layout", "verdict"] + [short_name(c) for c in SIM_CHECKS] + ["ranks", "ms/rank", "cpu ms", "reason"]
+    rows = [_row(r) for r in results]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    widths[-1] = 0
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
+             "  ".join("-" * max(w, len(h)) for h, w in zip(header, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,227 @@
+"""Cases: one model on one layout through one route, optionally with one planted bug.
+
+A case crosses from the launcher to the ranks as JSON, so it names its model factory by import path
+(`module:function`) rather than carrying objects.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import asdict, dataclass, replace
+
+from paracheck.domain.layout import Layout
+from paracheck.domain.records import Route
+from paracheck.domain.shapes import Shape
+
+ROUTES = tuple(r.value for r in Route)
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+class SpecError(ValueError):
+    """A `--spec` that does not import, or whose factory returns the wrong shape."""
+
+
+class FixtureUnavailable(Exception):
+    """A bundled fixture whose model class the installed library lacks: a skip with this reason, never an error."""
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    factory: str
+    layout: Layout
+    route: Route = Route.AUTO
+    control: str | None = None
+    grads: bool = True
+    variant: str = "base"
+    dtype: str = "fp32"
+    #: The library's context-parallel options for this case, e.g. (("ulysses_anything", True),).
+    cp_options: tuple = ()
+    #: The attention backend asked for: "auto" or a name (see `attention.choose`).
+    attention_backend: str = "auto"
+    #: The inputs' shape, where it is not the variant's own (`paracheck explore` draws it); the factory must
+    #: take `shape=` then (the fixtures do).
+    shape: Shape | None = None
+    #: Set by the pytest mixins: a directory holding the init dict and inputs (see `payload`).
+    payload: str | None = None
+    #: Tolerances that override the ones from dtype and backend (the mixins' class attributes).
+    atol: float | None = None
+    rtol: float | None = None
+    #: Whose model this is: "diffusers" (the kit's routes) or an adapter's library (`paracheck.adapters`),
+    #: whose grammar reads `layout`.
+    library: str = "diffusers"
+
+    def __post_init__(self):
+        object.__setattr__(self, "route", Route(self.route))
+        object.__setattr__(self, "cp_options", tuple(tuple(o) for o in self.cp_options))
+        if isinstance(self.shape, dict):
+            object.__setattr__(self, "shape", Shape.from_json(self.shape))
+
+    def id_with(self, route: Route | None = None) -> str:
+        """`model-layout-route[-variant][-control]`; `route` is the resolved one once a rank knows it."""
+        parts = [self.model, self.layout.name, (route or self.route).value]
+        if self.variant != "base":
+            parts.append(self.variant)
+        if self.control:
+            parts.append(self.control)
+        return "-".join(parts)
+
+    @property
+    def id(self) -> str:
+        return self.id_with()
+
+    @property
+    def plain(self) -> "Case":
+        """The same case without its planted bug: what a control is judged against (controls always
+        run gradients, so the plain case is matched whatever its `grads`)."""
+        return replace(self, control=None, grads=True)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["route"] = self.route.value
+        data["layout"] = {"name": self.layout.name, "order": self.layout.order}
+        data["shape"] = self.shape.to_json() if self.shape else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Case":
+        data = dict(data)
+        layout = data.pop("layout")
+        from paracheck.adapters import parse_layout
+
+        return cls(layout=parse_layout(data.get("library", "diffusers"), layout["name"], layout["order"]), **data)
+
+
+def expand(model: str, factory: str, layouts, controls, plain: bool = True, variants=("base",),
+           cp_options: tuple = (), **fields) -> list[Case]:
+    """Per layout and variant: the plain case (unless `plain` is off), then one case per control name.
+    `cp_options` (`--cp-options`) go to every layout with context parallelism, over the variant's own."""
+    cases = []
+    for layout in layouts:
+        for variant in variants:
+            options = tuple(sorted({**dict(cp_options_for(variant, layout)),
+                                    **(dict(cp_options) if layout.has_cp else {})}.items()))
+            if plain:
+                cases.append(Case(model, factory, layout, variant=variant, cp_options=options, **fields))
+            cases.extend(Case(model, factory, layout, variant=variant, cp_options=options,
+                              **dict(fields, control=c, grads=True)) for c in controls(layout))
+    return cases
+
+
+def cp_options_for(variant: str, layout: Layout) -> tuple:
+    """Uneven lengths run with the library's "anything" modes on the CP kinds the layout has (where it
+    has both, the library refuses, and says why)."""
+    if variant != "uneven" or not layout.has_cp:
+        return ()
+    return tuple((name, True) for name, degree in (("ring_anything", layout.ring), ("ulysses_anything", layout.ulysses))
+                 if degree > 1)
+
+
+#: `--cp-options` names and the values each takes (the library's `ContextParallelConfig` fields).
+CP_OPTIONS = {"ulysses_anything": (True, False), "ring_anything": (True, False),
+              "rotate_method": ("allgather", "alltoall"), "convert_to_fp32": (True, False)}
+
+
+def parse_cp_options(text: str) -> tuple:
+    """`name=value,...` -> ((name, value), ...), sorted; ValueError naming the bad part and the rule."""
+    options = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        allowed = CP_OPTIONS.get(name)
+        if not sep or allowed is None:
+            raise ValueError(f"--cp-options {part!r}: write name=value with name one of {', '.join(CP_OPTIONS)}")
+        parsed = {"true": True, "false": False}.get(value.lower(), value) if isinstance(allowed[0], bool) else value
+        if parsed not in allowed:
+            raise ValueError(f"--cp-options {part!r}: {name} takes {' or '.join(str(a) for a in allowed)}")
+        options[name] = parsed
+    return tuple(sorted(options.items()))
+
+
+def options_text(cp_options) -> str:
+    """((name, value), ...) -> `name=value,...`, sorted: what `parse_cp_options` reads back."""
+    return ",".join(f"{k}={v}" for k, v in sorted(cp_options))
+
+
+def load_factory(path: str):
+    """Import `module:function`; a module may also be a file path (`tests/my_spec.py:make`)."""
+    module_name, sep, function = path.rpartition(":")
+    if not sep or not module_name or not function:
+        raise SpecError(f"--spec {path!r}: write MODULE:FUNCTION, e.g. my_tests.specs:make_flux")
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            module = _import_file(module_name)
+        else:
+            if os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+    except SpecError:
+        raise
+    except Exception as exc:  # the user's module may raise anything while importing
+        raise SpecError(f"--spec {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    factory = getattr(module, function, None)
+    if not callable(factory):
+        raise SpecError(f"--spec {path!r}: {module_name!r} has no callable {function!r}")
+    return factory
+
+
+def factory_variants(path: str) -> tuple[str, ...]:
+    """The input variants a factory offers: its `variants` attribute, else only "base"."""
+    return tuple(getattr(load_factory(path), "variants", ("base",)))
+
+
+def call_factory(path: str, variant: str = "base", shape: Shape | None = None):
+    """Run a factory (for `variant`, if not base; with `shape=`, if given) and check it returns
+    `(model_class, init_dict, inputs)`."""
+    try:
+        factory = load_factory(path)
+        kwargs = {}
+        if variant != "base":
+            kwargs["variant"] = variant
+        if shape:
+            kwargs["shape"] = shape
+        result = factory(**kwargs)
+    except (SpecError, FixtureUnavailable):
+        raise
+    except Exception as exc:
+        raise SpecError(f"--spec {path!r}: calling the factory raised {type(exc).__name__}: {exc}") from exc
+    if not (isinstance(result, tuple) and len(result) == 3):
+        raise SpecError(
+            f"--spec {path!r}: the factory must return (model_class, init_dict, inputs), got {_shape(result)}"
+        )
+    model_class, init_dict, inputs = result
+    if not isinstance(model_class, type):
+        raise SpecError(f"--spec {path!r}: model_class must be a class, got {type(model_class).__name__}")
+    if not isinstance(init_dict, dict) or not isinstance(inputs, dict):
+        raise SpecError(
+            f"--spec {path!r}: init_dict and inputs must be dicts, got "
+            f"{type(init_dict).__name__} and {type(inputs).__name__}"
+        )
+    return model_class, init_dict, inputs
+
+
+def _import_file(path: str):
+    """The module at `path`, run once per process as an import would be: explore calls a factory per
+    draw, and a spec's own caches (a class built once) must survive between calls."""
+    if not os.path.exists(path):
+        raise SpecError(f"--spec: file {path!r} does not exist")
+    where = os.path.abspath(path)
+    if where not in _FILES:
+        name = "paracheck_spec_" + os.path.splitext(os.path.basename(path))[0]
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        _FILES[where] = module
+    return _FILES[where]
+
+
+_FILES: dict = {}  # absolute path -> module
+
+
+def _shape(value) -> str:
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return type(value).__name__

@@ -1,0 +1,60 @@
+"""What a negative control is: a planted bug, where it applies, and the checks that must catch it.
+
+The kit's controls are in `controls.py`, the adapters' beside their adapter; both build this record, so it
+sits below them (an adapter's controls never import the kit's registry, which looks them up).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from paracheck.domain.layout import Layout
+from paracheck.domain.records import CaseStatus, CheckId, Route
+
+#: (model, applied, reference_state) -> None; runs after the route applied parallelism correctly.
+Planter = Callable[[object, object, dict], None]
+
+
+@dataclass(frozen=True)
+class Control:
+    name: str
+    plants: str
+    must_trip: tuple[CheckId, ...]
+    #: Why `layout` cannot show this bug; None when it can.
+    applies: Callable[[Layout], str | None]
+    #: Bends one piece of a correctly parallelized model.
+    planter: Planter | None = None
+    #: Maps the mesh order the layout asks for to the one the route builds (planted while meshing).
+    mesh_order: Callable[[str], str] | None = None
+    #: Routes that can plant it; None for every route.
+    routes: tuple[Route, ...] | None = None
+    #: A note for the report, given the checks that failed.
+    note: Callable[[set], str] | None = None
+    #: A bug planted in the attention backend the case runs, diffusers' own or the kit's
+    #: (one of `attention.FAULTS`).
+    attention_fault: str | None = None
+
+    def skip_reason(self, layout: Layout, route: Route | None = None) -> str | None:
+        """Why this control cannot run on `layout` (and `route`, once resolved); None when it can."""
+        reason = self.applies(layout)
+        route = Route(route) if route is not None else None
+        if reason is None and route is not None and self.routes and route not in self.routes:
+            reason = f"{self.name} is planted by the {'/'.join(r.value for r in self.routes)} route, not {route.value}"
+        return reason
+
+    def plant(self, model, applied, reference_state: dict) -> None:
+        if self.planter is not None:
+            self.planter(model, applied, reference_state)
+
+    def order_for(self, order: str) -> str:
+        return self.mesh_order(order) if self.mesh_order else order
+
+    def judge(self, failing: set) -> tuple[CaseStatus, str]:
+        """Detected when every check it must trip failed."""
+        quiet = [c.value for c in self.must_trip if c not in failing]
+        if quiet:
+            return CaseStatus.MISSED, f"planted {self.name}; still passing: {', '.join(quiet)}"
+        reason = f"planted {self.name}; tripped {', '.join(c.value for c in self.must_trip)}"
+        extra = self.note(failing) if self.note else ""
+        return CaseStatus.DETECTED, reason + (f" ({extra})" if extra else "")

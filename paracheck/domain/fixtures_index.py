@@ -1,0 +1,117 @@
+"""Fixture names, importable without torch so the CLI can validate `--models` before any rank starts."""
+
+FIXTURES: dict[str, str] = {
+    "flux": "paracheck.fixtures:flux",
+    "flux2": "paracheck.fixtures:flux2",
+    "qwenimage": "paracheck.fixtures:qwenimage",
+    "wan": "paracheck.fixtures:wan",
+    "ltx": "paracheck.fixtures:ltx",
+    "qwenimage21": "paracheck.fixtures:qwenimage21",
+    "chronoedit": "paracheck.fixtures:chronoedit",
+    "helios": "paracheck.fixtures:helios",
+    "ltx2": "paracheck.fixtures:ltx2",
+    "minimax_h3": "paracheck.fixtures:minimax_h3",
+}
+
+
+def select(models: str) -> list[tuple[str, str]]:
+    """`--models` text -> (name, factory path) pairs in the order given: "all" (the diffusers fixtures),
+    "transformers" (every transformers fixture), or names, comma separated. The transformers fixtures are
+    opt-in for now: each of their loads builds process groups torch keeps, so a default run with them grew
+    to over a thousand threads per rank and ten times the time (see docs/transformers.md).
+    ValueError names the unknown ones and the fixtures there are."""
+    known = {**FIXTURES, **TRANSFORMERS_FIXTURES}
+    groups = {"all": list(FIXTURES), "transformers": list(TRANSFORMERS_FIXTURES)}
+    names = [n for m in models.split(",") for n in groups.get(m.strip(), [m.strip()])]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"{','.join(unknown)}: unknown; fixtures are {', '.join(known)} (or all, transformers)")
+    if any(n in TRANSFORMERS_FIXTURES for n in names) and not transformers_installed():
+        raise ValueError(f"{models}: the transformers fixtures need transformers (pip install 'paracheck[transformers]')")
+    return [(n, known[n]) for n in names]
+
+
+def _transformers_fixtures() -> dict[str, str]:
+    from paracheck.adapters.transformers.cases import FACTORY_PREFIX
+    from paracheck.adapters.transformers.fixtures import FIXTURES as NAMES
+
+    return {name: FACTORY_PREFIX + name for name in NAMES}
+
+
+#: The transformers adapter's fixtures (`paracheck.adapters.transformers.fixtures`), by name.
+TRANSFORMERS_FIXTURES = _transformers_fixtures()
+
+
+def library_of(factory: str) -> str:
+    """Whose model a factory builds: "transformers" for the adapter's fixtures, else "diffusers"."""
+    return "transformers" if factory in TRANSFORMERS_FIXTURES.values() else "diffusers"
+
+
+def transformers_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformers") is not None
+
+
+#: The diffusers classes the fixtures build (preloaded by the fork server).
+FIXTURE_CLASSES = (
+    "FluxTransformer2DModel", "Flux2Transformer2DModel", "QwenImageTransformer2DModel", "WanTransformer3DModel",
+    "LTXVideoTransformer3DModel", "QwenImage21Transformer2DModel", "ChronoEditTransformer3DModel",
+    "HeliosTransformer3DModel", "LTX2VideoTransformer3DModel", "MiniMaxH3Transformer3DModel",
+)
+
+#: Input variants a fixture factory takes as `variant=` (same model class and init dict, so the same weights):
+#: base (the default inputs), batch2 (two samples at different timesteps), masked (batch 2, sample 1's text
+#: padded and masked out), uneven (a `_cp_plan`-split length that 2 and 4 ranks do not divide, batch 1).
+VARIANTS = ("base", "batch2", "masked", "uneven")
+
+_PLAIN = ("base", "batch2", "uneven")
+_MASKED = ("base", "batch2", "masked", "uneven")
+
+#: Which variants each fixture offers. `masked` only where the forward takes a text mask that reaches attention.
+#: Flux and Flux2 take none of their own (an `attention_mask` in `joint_attention_kwargs` would reach SDPA, but no
+#: pipeline passes one and the `_cp_plan` does not split it); Wan, ChronoEdit and Helios pass `attn_mask=None` to
+#: their cross-attention; MiniMax-H3 packs one request into one unmasked attention document.
+FIXTURE_VARIANTS: dict[str, tuple[str, ...]] = {
+    "flux": _PLAIN,
+    "flux2": _PLAIN,
+    "qwenimage": _MASKED,
+    "wan": _PLAIN,
+    "ltx": _MASKED,
+    # No `uneven`: QwenImage21 has no `_cp_plan` (TP only), so no length is ever split.
+    "qwenimage21": ("base", "batch2", "masked"),
+    "chronoedit": _PLAIN,
+    "helios": _PLAIN,
+    "ltx2": _MASKED,
+    # batch2 differs in latents and text only: MiniMax-H3's `timestep` is a table of noise levels addressed per
+    # packed row (`timestep_indices`) and shared by every sample, so two samples cannot have different timesteps.
+    "minimax_h3": _PLAIN,
+}
+
+
+def _spaces():
+    from paracheck.domain.shapes import Axis, Space
+
+    image = dict(image=Axis(16, 15, 1, 24), text=Axis(8, 7, 1, 16))
+    grid = dict(height=Axis(4, 3, 1, 6), width=Axis(4, 5, 1, 6))
+    # Wan-like video in patches (patch 2x2 over latent pixels); the text is not split.
+    video = dict(frames=Axis(2, 1, 1, 2), rows=Axis(4, 3, 1, 5), cols=Axis(4, 5, 1, 5), text=Axis(8, 8, 1, 12))
+    ltx = dict(grid, frames=Axis(1, 1, 1, 2), text=Axis(16, 15, 1, 24))
+    return {
+        "flux": Space(image),
+        "flux2": Space(image),
+        "qwenimage": Space(dict(grid, text=Axis(8, 7, 1, 16)), masks=True),
+        "wan": Space(video),
+        "ltx": Space(ltx, masks=True),
+        "qwenimage21": Space(dict(rows=Axis(2, 2, 1, 3), cols=Axis(2, 2, 1, 3), text=Axis(4, 4, 2, 8)), masks=True),
+        "chronoedit": Space(video),
+        # Helios's history latents are patched coarser than the video: only these sizes are known to fit.
+        "helios": Space(dict(frames=Axis(2, 1, 1, 2), side=Axis(4, 3, 3, 4), long=Axis(16, 4, 4, 16, step=12))),
+        "ltx2": Space(dict(grid, text=Axis(16, 15, 1, 24)), masks=True),
+        "minimax_h3": Space(dict(video=Axis(8, 9, 1, 12), grid_width=Axis(4, 3, 1, 4), text=Axis(4, 4, 1, 6),
+                                 audio=Axis(4, 4, 1, 6)), timesteps=False),
+    }
+
+
+#: What shapes each fixture takes (`paracheck.domain.shapes.Space`): base and uneven lengths, explore's ranges.
+FIXTURE_SPACES = _spaces()

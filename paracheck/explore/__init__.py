@@ -1,0 +1,1 @@
+"""`paracheck explore`: hypothesis draws, the probe, hunts, found cases."""

@@ -1,0 +1,241 @@
+"""`paracheck explore`: hypothesis draws cases, one fed world runs them, each new failure is shrunk and kept.
+
+A drawn case is a model, a layout, an input `Shape` (batch, lengths, masks, timesteps), a dtype and CP
+options, within the model's `Space`. The launcher builds the inputs itself to learn whether the lengths
+divide the CP degree (uneven lengths run with the library's "anything" modes, as the `uneven` variant
+does) and to reject what cannot run, so no rank spends time on it. A failure is identified by its
+*signature* (model class, failing checks, the error with its numbers blanked); one hypothesis run hunts
+one new signature and shrinks it, then the next run hunts the next, until the example budget is spent.
+Failures a known-failures entry explains are counted, not hunted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+from hypothesis.errors import Flaky, Unsatisfiable
+
+from paracheck.domain.case import Case
+from paracheck.explore.found import Found
+from paracheck.domain.layout import Layout
+from paracheck.domain.records import CaseStatus, Failure, FailureKind
+from paracheck.domain.shapes import Shape, Space
+from paracheck.results.verdict import Verdict, judge
+
+#: New cases one hunt may run while shrinking its failure (after that, untried shapes count as passing).
+SHRINK_BUDGET = 60
+
+
+@dataclass(frozen=True)
+class Target:
+    """A model explore may draw: its name and factory, its shape space, the layouts it has a plan for."""
+    name: str
+    factory: str
+    space: Space
+    layouts: tuple[Layout, ...]
+
+
+@dataclass(frozen=True)
+class Draw:
+    target: Target
+    layout: Layout
+    shape: Shape
+    uneven: bool
+    options: tuple
+    dtype: str
+
+
+def draws(targets: list[Target], dtypes: list[str]) -> st.SearchStrategy:
+    """Cases as hypothesis draws them; every choice shrinks towards the plainest (first model and layout,
+    batch 1, shortest lengths, no mask, distinct timesteps, even lengths, default options, first dtype)."""
+
+    @st.composite
+    def draw(d) -> Draw:
+        target = d(st.sampled_from(targets))
+        layout = d(st.sampled_from(target.layouts))
+        space = target.space
+        batch = d(st.integers(1, space.batch))
+        lengths = {axis: d(st.sampled_from(spec.values)) for axis, spec in space.axes.items()}
+        padded = ()
+        if space.masks and d(_sometimes(3)):  # a mask fails some forwards first and hides their grads
+            padded = tuple(d(st.lists(st.integers(0, 8), min_size=batch, max_size=batch)))
+        shared = batch > 1 and space.timesteps and d(st.booleans())
+        uneven = d(_sometimes(3))
+        options = []
+        if layout.ring > 1:
+            if d(_sometimes(4)):
+                options.append(("rotate_method", "alltoall"))
+            if d(_sometimes(4)):
+                options.append(("convert_to_fp32", False))
+        if not uneven:  # the "anything" modes on lengths that need none of them
+            options += [(name, True) for name, degree in (("ulysses_anything", layout.ulysses),
+                                                          ("ring_anything", layout.ring))
+                        if degree > 1 and d(_sometimes(4))]
+        shape = Shape(batch, tuple(lengths.items()), padded=padded, shared_timestep=shared)
+        return Draw(target, layout, shape, uneven, tuple(sorted(options)), d(st.sampled_from(dtypes)))
+
+    return draw()
+
+
+def _sometimes(one_in: int) -> st.SearchStrategy:
+    """True once in `one_in` draws; shrinks to False."""
+    return st.integers(0, one_in - 1).map(lambda n: n == one_in - 1)
+
+
+def probe(draw: Draw, attention_backend: str = "auto") -> Case | None:
+    """The case to run for `draw`, or None when it cannot run (the launcher asks, not the ranks)."""
+    from paracheck.adapters.diffusers import library
+    from paracheck.domain.case import call_factory, cp_options_for
+    from paracheck.adapters.diffusers.fitting import Unfittable, cp_split_problems, cp_split_sizes, fit_init_dict
+
+    layout = draw.layout
+    try:
+        model_class, init, inputs = call_factory(draw.target.factory, shape=draw.shape)
+    except Exception:
+        return None
+    if bool(cp_split_problems(model_class, inputs, layout)) != draw.uneven:
+        return None
+    if any(size < layout.cp for _, size in cp_split_sizes(model_class, inputs).values()):
+        return None  # fewer tokens than ranks: outside what any mode claims to take
+    modes = cp_options_for("uneven" if draw.uneven else "base", layout)  # uneven lengths run as the variant does
+    options = tuple(sorted(dict(draw.options, **dict(modes)).items()))
+    if library.cp_options_refused(layout, options):
+        return None
+    try:
+        fit_init_dict(model_class, init, layout, any_heads=dict(options).get("ulysses_anything", False))
+    except Unfittable:
+        return None
+    variant = "masked" if draw.shape.padded else "uneven" if draw.uneven else draw.shape.label
+    return Case(draw.target.name, draw.target.factory, layout, variant=variant, dtype=draw.dtype,
+                cp_options=options, shape=draw.shape, attention_backend=attention_backend)
+
+
+def signature(verdict: Verdict) -> str | None:
+    """How a case failed, None when it did not: the model class and the failure's typed identity (the first
+    failing check, the exception's type and where it was raised; for wrong numbers, the kinds of
+    parallelism). Built from `Verdict.failure`, never from a message, so rewording one changes nothing.
+    The first symptom names a bug: a case that also trips a second, known one still shrinks to this one."""
+    if verdict.status not in (CaseStatus.FAIL, CaseStatus.ERROR):
+        return None
+    f = verdict.failure or Failure(FailureKind.EXIT)
+    what = f.check.value if f.check else "error"
+    if f.kind == FailureKind.CHECK:
+        layout = verdict.case.layout
+        message = "wrong under " + "+".join(n for n, d in (("tp", layout.tp), ("ring", layout.ring),
+                                                           ("ulysses", layout.ulysses)) if d > 1)
+    elif f.kind == FailureKind.RAISE:
+        message = f"{f.exception} in {f.site or 'an unknown frame'}"
+        if f.entry_point:
+            message += f" (inside the library's {f.entry_point})"
+    elif f.kind == FailureKind.HANG:
+        message = f"hung in {f.site or 'an unknown frame'}"
+    elif f.kind == FailureKind.EXIT:
+        message = f"a rank ended by {f.exception or 'an unknown cause'}"
+    else:
+        message = f.key
+    return f"{verdict.model_class or verdict.case.model} {what}: {message}"
+
+
+class _Failing(Exception):
+    """Raised inside a hunt for the signature it hunts; hypothesis shrinks the draw that raised it."""
+
+
+@dataclass
+class Explorer:
+    """Runs cases through a fed world (`launch.Feeder`), remembers every verdict, and hunts failures."""
+    feeder: object
+    entries: list
+    attention_backend: str = "auto"
+    on_case: object = None
+    found: dict[str, Found] = field(default_factory=dict)
+    known_hits: Counter = field(default_factory=Counter)
+    events: list = field(default_factory=list)
+    ran: int = 0
+    _seen: dict[str, Verdict] = field(default_factory=dict)
+
+    def judged(self, case: Case, new_allowed: bool = True) -> Verdict | None:
+        """`case`'s verdict, run the first time it is asked for (None when it is new and `new_allowed` is not)."""
+        key = json.dumps(case.to_json(), sort_keys=True)
+        if key not in self._seen:
+            if not new_allowed:
+                return None
+            results, events = self.feeder.run(case)
+            self.events += events
+            [verdict] = judge([case], [results], self.entries)
+            if verdict.status == CaseStatus.XFAIL:
+                self.known_hits[verdict.known] += 1
+            self._seen[key], self.ran = verdict, self.ran + 1
+            if self.on_case:
+                self.on_case(verdict, self)
+        return self._seen[key]
+
+    def replay(self, earlier: list[Found]) -> None:
+        """Cases found by earlier runs go first; the ones still failing the same way are found again."""
+        for f in earlier:
+            v = self.judged(f.case)
+            if signature(v) == f.signature:
+                self.found[f.signature] = f
+
+    def hunt(self, strategy, seed: int, examples: int) -> int:
+        """One hypothesis run for one new failure; returns the new cases it ran before finding one."""
+        state = {"target": None, "last": None, "generated": 0, "shrinking": 0}
+
+        @settings(max_examples=max(1, examples), database=None, deadline=None,
+                  suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
+                  report_multiple_bugs=False, verbosity=Verbosity.quiet, print_blob=False)
+        @hypothesis_seed(seed)
+        @given(strategy)
+        def attempt(draw: Draw) -> None:
+            case = probe(draw, self.attention_backend)
+            if case is None:
+                reject()
+            before = self.ran
+            shrinking = state["target"] is not None
+            verdict = self.judged(case, new_allowed=not shrinking or state["shrinking"] < SHRINK_BUDGET)
+            state["shrinking" if shrinking else "generated"] += self.ran - before
+            if verdict is None:
+                return
+            if verdict.status == CaseStatus.SKIP:
+                reject()
+            sig = signature(verdict)
+            if sig is None or sig in self.found:
+                return
+            state["target"] = state["target"] or sig
+            if sig == state["target"]:
+                state["last"] = (case, verdict)
+                raise _Failing(sig)
+
+        try:
+            attempt()
+        except (_Failing, Flaky):
+            case, verdict = state["last"]
+            self.found[state["target"]] = Found(case, state["target"], _detail(verdict))
+        except Unsatisfiable:
+            pass
+        return state["generated"]
+
+
+def _detail(verdict: Verdict) -> str:
+    failing = [c for c in verdict.checks if c.id in verdict.failing_checks]
+    text = verdict.reason if verdict.status == CaseStatus.ERROR or not failing else f"{failing[0].id.value}: {failing[0].detail}"
+    return text.splitlines()[0][:300] if text else ""
+
+
+def run(explorer: Explorer, strategy, seed: int, examples: int, earlier: list[Found]) -> float:
+    """Earlier finds first, then hunts until `examples` new cases were generated; returns the seconds."""
+    started = time.time()
+    explorer.replay(earlier)
+    left, hunt = examples, 0
+    while left > 0:
+        count = len(explorer.found)
+        left -= explorer.hunt(strategy, seed + hunt, left)
+        hunt += 1
+        if len(explorer.found) == count:
+            break  # hypothesis ran its examples without a new failure
+    return time.time() - started

@@ -1,0 +1,1 @@
+"""pytest integration: the mixins, the plugin, the payload handed to ranks."""

@@ -1,0 +1,103 @@
+"""Device meshes of one world: one mesh, and so one set of process groups, per distinct mesh, reused by every case.
+
+torch keeps every process group until it is destroyed, and on gloo each holds threads (two run loops and
+a TCP loop per group). A mesh per case therefore grew each rank by a few threads per case, thousands over a
+`--controls` run. `Meshes` owns `layout -> mesh`: every route asks it, and it builds a mesh the first time a
+(device type, shape, dimension names in order) is asked for. The library is handed these meshes (`mesh=` of
+its CP and TP configs), so its own setup (the CP config's flattened ring x ulysses mesh, cached by torch on
+the root mesh) adds groups only the first time too.
+
+After each case `settle` compares the process groups with those before it: groups the case's first use of a
+new mesh made are held with the mesh; any other new group belongs to nobody, and is destroyed (the safety net
+for a library that builds a mesh of its own). Destroying is local to a rank, never a collective, so ranks that
+disagree about it cannot hang the world.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from paracheck.domain.layout import Layout
+
+
+@dataclass(frozen=True)
+class MeshKey:
+    """What makes two meshes the same: device type, shape, and dimension names in order (the order is part
+    of the key, so a control that swaps it gets a mesh of its own)."""
+    device_type: str
+    shape: tuple[int, ...]
+    dims: tuple[str, ...]
+
+    def __post_init__(self):
+        if len(self.shape) != len(self.dims):
+            raise ValueError(f"mesh shape {self.shape} and dims {self.dims}: must have one size per dimension name")
+
+
+@dataclass
+class Meshes:
+    """The meshes of one world (one default process group), each built once."""
+    world: object
+    built: dict[MeshKey, object] = field(default_factory=dict)
+    #: Names of the process groups the built meshes hold (the library's flattened meshes included).
+    held: set[str] = field(default_factory=set)
+    #: A mesh was built since the last `settle`: groups new since then are its own.
+    fresh: bool = False
+
+    def mesh(self, key: MeshKey):
+        if key not in self.built:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self.built[key] = init_device_mesh(key.device_type, key.shape, mesh_dim_names=key.dims)
+            self.fresh = True
+        return self.built[key]
+
+    def shared(self, layout: Layout, device_type: str, order: str | None = None):
+        """The composed route's one mesh of `layout`, dimensions in `order` (the layout's own unless a
+        control bends it)."""
+        shaped = Layout(layout.tp, layout.ring, layout.ulysses, order or layout.order)
+        return self.mesh(MeshKey(device_type, shaped.mesh_shape, shaped.mesh_dims))
+
+    def context(self, layout: Layout, device_type: str):
+        """The mesh the library builds for a CP config alone: ("ring", "ulysses")."""
+        return self.mesh(MeshKey(device_type, (layout.ring, layout.ulysses), ("ring", "ulysses")))
+
+    def tensor(self, layout: Layout, device_type: str):
+        """The mesh the library builds for a TP config alone: ("tp",)."""
+        return self.mesh(MeshKey(device_type, (layout.tp,), ("tp",)))
+
+    def settle(self, before: set[str]) -> list[str]:
+        """End a case that started with process groups `before`: keep what new meshes hold, destroy any other
+        group the case made; returns the names destroyed."""
+        new = group_names() - before - self.held
+        if self.fresh:
+            self.held |= new
+            self.fresh, new = False, set()
+        for group, name in list(_groups().items()):
+            if name in new:
+                dist.destroy_process_group(group)
+        return sorted(new)
+
+
+_current: Meshes | None = None
+
+
+def for_world() -> Meshes:
+    """This process's meshes for the world it is in now (a new world, after the default group was destroyed
+    and made again, starts with none)."""
+    global _current
+    world = dist.distributed_c10d._get_default_group()
+    if _current is None or _current.world is not world:
+        _current = Meshes(world)
+    return _current
+
+
+def group_names() -> set[str]:
+    """Names of every process group this rank holds, the default group included."""
+    return set(_groups().values())
+
+
+def _groups() -> dict:
+    # torch lists a process's groups only in its private world registry (group -> name).
+    return dict(dist.distributed_c10d._world.pg_names)

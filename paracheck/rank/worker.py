@@ -1,0 +1,336 @@
+"""The rank side: join a world, run many cases in it, and leave one `RankResult` per case.
+
+Entered through `rank_entry` (forked from the launcher's prepared parent, or spawned fresh), through
+`paracheck run` under torchrun (`paracheck.rank.torchrun`), or through `workers/spec_worker.py`. All three
+share `join` (the rank setup) and `run_case`. See `protocol` for how ranks and launcher talk.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from paracheck.adapters.diffusers import attention
+from paracheck.adapters.diffusers import library
+from paracheck.rank import meshes
+from paracheck.rank import reference
+from paracheck.launch.attribution import lost_peer
+from paracheck.domain.backends import get_backend
+from paracheck.domain.case import Case
+from paracheck.checks.registry import STRUCTURE, CheckContext, Raised, grads_skip_reason, run_checks, tolerance
+from paracheck.checks.collectives import count_collectives
+from paracheck.checks.controls import get_control
+from paracheck.adapters.diffusers.fitting import Unfittable
+from paracheck.launch.protocol import (ENV_PG_TIMEOUT, ENV_PROFILE, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE,
+                                       STORE_BROKEN_KEY, RankExit, RunDir, read_json, store_done_key, write_json)
+from paracheck.domain.records import CheckId, Failure, FailureKind, RankResult, RankStatus, Status
+from paracheck.adapters.diffusers.routes import apply
+
+
+def join(backend, store_path: str | None = None):
+    """Set this process up as one rank and join the world; returns the rendezvous store."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if backend.name == "neuron":
+        # torch-neuronx registers the "neuron" device and process-group backend when imported, and must
+        # be imported before the process group exists (each rank is a fresh interpreter on Neuron).
+        import torch_neuronx  # noqa: F401
+    if backend.device_type == "cpu":
+        # Ranks share the machine's cores; more threads per rank only oversubscribe them.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    if backend.device_type == "cuda":
+        torch.cuda.set_device(local_device(backend))
+    # Hangs are the launcher's to end (it captures stacks first); keep the library's own timeout long.
+    timeout = timedelta(seconds=float(os.environ.get(ENV_PG_TIMEOUT, 3600)))
+    if store_path:
+        store = dist.FileStore(store_path, world)
+        dist.init_process_group(backend.dist_backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        return store
+    dist.init_process_group(backend.dist_backend, timeout=timeout)
+    return dist.distributed_c10d._get_default_store()
+
+
+def local_device(backend) -> torch.device:
+    return torch.device(backend.device_for(int(os.environ.get("LOCAL_RANK", 0))))
+
+
+# -- one case ------------------------------------------------------------------------------------
+
+
+def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str,
+             last: reference.LastReference | None = None) -> RankResult:
+    started = time.time()
+    result = RankResult(index, dist.get_rank(), RankStatus.OK, route=p.route, fit=p.fit,
+                        model_class=p.model_class.__name__ if p.model_class else None, attention_backend=p.attention,
+                        inputs=p.traits)
+    if p.skip or p.error:  # decided while planning, identically on every rank
+        result.status = RankStatus.SKIP if p.skip else RankStatus.ERROR
+        result.reason, result.failure = p.skip or f"RuntimeError: {p.error}", p.failure
+        return result
+    try:
+        with _phase(result, "reference"):
+            ref = (last or reference.LastReference()).get(p, refs_dir, local_device(backend))
+        _run_parallel(p, ref, backend, workdir, result)
+    except Unfittable as exc:
+        result.status, result.reason, result.failure = RankStatus.SKIP, str(exc), exc.failure
+    except Exception as exc:
+        result.status, result.reason = RankStatus.ERROR, f"{type(exc).__name__}: {exc}"
+        result.traceback, result.failure = traceback.format_exc(), Failure.raised(exc)
+    # A rank whose collective broke because a peer went away did not cause the failure: it says so.
+    result.secondary = result.raised_in_parallel and lost_peer(result.traceback + result.reason)
+    result.seconds = round(time.time() - started, 3)
+    return result
+
+
+def _measure(result: RankResult) -> None:
+    """This rank's memory and CPU when the case is over (its model freed; the last reference is kept)."""
+    _release_memory()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result.peak_rss_mb = round(usage.ru_maxrss / 1024, 1)
+    result.rss_mb = _rss_mb()
+    result.cpu_seconds = round(usage.ru_utime + usage.ru_stime, 3)
+    result.threads, result.process_groups = _threads(), len(meshes.group_names())
+
+
+def _threads() -> int:
+    """This process's threads now: gloo keeps three per process group, so a leak of groups shows here."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()  # Python's threads only, where there is no /proc
+
+
+def _release_memory() -> None:
+    """Free the case's model now, not whenever the collector next runs (its hooks make reference cycles),
+    and hand the freed heap back to the system, so a rank's resident memory does not ratchet up over cases."""
+    gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _libc():
+    """glibc, whose `malloc_trim` returns freed heap pages; None elsewhere (musl, macOS)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+def _rss_mb() -> float:
+    """Resident memory now (the peak alone hides whether memory comes back after a big case)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return round(int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir: str, result: RankResult) -> None:
+    case = p.case
+    control = get_control(case.control) if case.control else None
+    atol, rtol = tolerance(ref.out.dtype, backend.device_type)
+    parallel, checking = _phase(result, "parallel"), _phase(result, "checks")
+    fault = control.attention_fault if control else None
+    with library.Findings() as findings, attention.scope(p.attention, fault), \
+            library.parallel_shims(backend.device_type):
+        with parallel:
+            model = reference.copy_of(p.model_class, p.init_dict, ref.model.state_dict(), ref.out.device, ref.out.dtype)
+            result.raised_in_parallel = True  # from here on, a raise may leave peers inside a collective
+            model, applied = apply(p.route, model, case.layout, backend, control, ref.model, workdir, case.cp_options)
+        ctx = CheckContext(model, ref.model, applied, ref.out, ref.weights,
+                           atol if case.atol is None else case.atol, rtol if case.rtol is None else case.rtol,
+                           grads_requested=case.grads, ref_out32=ref.out32, ref_grads32=ref.grads32)
+        with checking:
+            checks = run_checks(STRUCTURE, ctx)
+        # Inference first, as a pipeline calls the model; then the training pass, whose graph the backward needs.
+        with parallel, torch.no_grad(), count_collectives(result.rank) as ctx.inference_collectives:
+            ctx.inference_out, ctx.inference_error = _attempt(lambda: reference.forward(model, ref.inputs), result,
+                                                              CheckId.INFERENCE)
+        with parallel, count_collectives(result.rank) as ctx.collectives:
+            ctx.out, ctx.forward_error = _attempt(lambda: reference.forward(model, ref.inputs), result, CheckId.FORWARD)
+        with checking:
+            checks += run_checks([CheckId.COLLECTIVES, CheckId.FORWARD, CheckId.INFERENCE], ctx)
+        if grads_skip_reason(ctx) is None:
+            with parallel:
+                _, ctx.backward_error = _attempt(lambda: (ctx.out * ref.weights).sum().backward(), result,
+                                                 CheckId.GRADS)
+        with checking:
+            checks += run_checks([CheckId.GRADS], ctx)
+    raised = ctx.inference_error or ctx.forward_error or ctx.backward_error
+    result.raised_in_parallel = bool(raised)
+    result.findings = findings.messages
+    result.checks = checks
+    failing = next((c for c in checks if c.status == Status.FAIL), None)
+    result.failure = failing and (failing.failure or Failure(FailureKind.CHECK, failing.id))
+    if raised and not case.control:
+        # A control may raise once its bug is planted; its checks still decide detection.
+        result.status, result.reason = RankStatus.ERROR, str(raised)
+
+
+class _phase:
+    """Adds the wall and CPU seconds spent inside each `with` to `result.timings[name]` and
+    `[name_cpu]` (re-enterable). CPU seconds are what a machine shared with other jobs does not blur."""
+
+    def __init__(self, result: RankResult, name: str):
+        self.result, self.name = result, name
+
+    def __enter__(self):
+        self.started, self.cpu = time.perf_counter(), time.process_time()
+
+    def __exit__(self, *exc):
+        _add_time(self.result, self.name, time.perf_counter() - self.started, time.process_time() - self.cpu)
+
+
+def _add_time(result: RankResult, name: str, wall: float, cpu: float) -> None:
+    for key, spent in ((name, wall), (f"{name}_cpu", cpu)):
+        result.timings[key] = round(result.timings.get(key, 0.0) + spent, 4)
+
+
+def _attempt(step, result: RankResult, check_id: CheckId):
+    """Run one step of the parallel model; a raise becomes a failed check `check_id`, with this rank's
+    traceback and the raise's identity."""
+    try:
+        return step(), None
+    except Exception as exc:
+        # The first raise is the case's reason (the inference pass runs first): keep its traceback with it.
+        result.traceback = result.traceback or traceback.format_exc()
+        return None, Raised(f"{type(exc).__name__}: {exc}", Failure.raised(exc, check_id))
+
+
+# -- many cases in one world -----------------------------------------------------------------------
+
+
+def run_world(rundir: RunDir, todo, backend, store) -> int:
+    """Run the cases `todo` yields as (index, case), in order; each reference is computed by one rank and
+    read by the others."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sources, owners = reference.Sources(), reference.Owners(world)
+    for index, case in todo:
+        write_json(rundir.progress(rank), {"index": index, "started": time.time()})
+        result = plan_and_run(index, case, backend, sources, lambda key: owners.owner(key) == rank,
+                              rundir.refs_dir, rundir.case_dir(index))
+        write_json(rundir.result(index, rank), result.to_json())
+        if not case_ended(store, result, world):
+            return RankExit.BROKEN
+    write_json(rundir.progress(rank), {"index": None, "done": time.time()})
+    return RankExit.DONE
+
+
+def plan_and_run(index: int, case: Case, backend, sources, computes, refs_dir: str, workdir: str) -> RankResult:
+    """Plan the case, compute its reference where `computes(key)` says this rank does, and run it."""
+    if case.library != "diffusers":  # another library's adapter runs the whole case, its reference included
+        from paracheck.adapters import rank_entry
+
+        os.makedirs(workdir, exist_ok=True)
+        result = rank_entry(case.library)(index, case, backend, workdir)
+        _measure(result)
+        return result
+    p = reference.plan(case, backend, sources)
+    wall, cpu = time.perf_counter(), time.process_time()
+    if p.key and computes(p.key) and not reference.exists(p, refs_dir):
+        reference.compute(p, refs_dir, local_device(backend))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    os.makedirs(workdir, exist_ok=True)
+    groups = meshes.group_names()
+    result = run_case(index, p, backend, workdir, refs_dir, sources.last_reference)
+    meshes.for_world().settle(groups)
+    _add_time(result, "reference", wall, cpu)
+    _measure(result)
+    return result
+
+
+def case_ended(store, result: RankResult, world: int) -> bool:
+    """Tell the peers this rank ended the case; False when the world is broken and the rank must stop
+    (it then says so in the store, so a peer that finishes the case does not go on either)."""
+    store.set(store_done_key(result.index, result.rank), result.status.value)
+    if result.raised_in_parallel and not world_intact(store, result.index, world,
+                                                      max(FAIL_FAST_GRACE, result.seconds)):
+        store.set(STORE_BROKEN_KEY, str(result.rank))
+        return False
+    return True
+
+
+def world_intact(store, index: int, world: int, grace: float) -> bool:
+    """After a case that raised mid-collectives: did every rank get to its end within `grace`? Then none
+    is stuck in a collective and the next case can run here. The store is no collective: asking cannot hang."""
+    try:
+        store.wait([store_done_key(index, r) for r in range(world)], timedelta(seconds=grace))
+    except Exception:
+        return False
+    # A peer finished only because another gave up (its collective broke when that one left).
+    return not store.check([STORE_BROKEN_KEY])
+
+
+def fed(rundir: RunDir, start: int, rank: int, poll: float = 0.02):
+    """The cases of a fed world, as the launcher writes them, until it writes `stop`."""
+    index = start
+    while True:
+        write_json(rundir.progress(rank), {"index": None, "waiting": time.time()})
+        while (data := read_json(rundir.feed(index))) is None:
+            if os.path.exists(rundir.stop):
+                return
+            time.sleep(poll)
+        yield index, Case.from_json(data)
+        index += 1
+
+
+def main(rundir_path: str) -> int:
+    rundir = RunDir(rundir_path)
+    run = read_json(rundir.run)
+    backend = get_backend(run["backend"])
+    rank = int(os.environ["RANK"])
+    stacks = open(rundir.stacks(rank), "w")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    store = join(backend, os.environ[ENV_STORE])
+    # Everything imported so far lives as long as the rank: the collector need not walk it again after each case.
+    gc.freeze()
+    todo = read_json(os.path.join(rundir.path, os.environ[ENV_TODO]))
+    if isinstance(todo, dict):
+        feed = fed(rundir, todo["feed_from"], rank)
+    else:
+        cases = [Case.from_json(c) for c in run["cases"]]
+        feed = ((i, cases[i]) for i in todo)
+    code = _profiled(lambda: run_world(rundir, feed, backend, store), rank)
+    if code == RankExit.DONE:
+        # The library's ring all-gathers are never waited on; without a barrier gloo's teardown can abort.
+        dist.barrier()
+        dist.destroy_process_group()
+    return int(code)
+
+
+def _profiled(run, rank: int):
+    """`run()`, under cProfile when PARACHECK_PROFILE names a folder (one `rank-R.prof` per rank there):
+    a developer's view of where a rank's time goes, with no profiler to install. It counts CPU time, not
+    wall time: four ranks on a shared machine mostly wait for a core, and that is not the code's cost."""
+    folder = os.environ.get(ENV_PROFILE)
+    if not folder:
+        return run()
+    import cProfile
+
+    profiler = cProfile.Profile(time.process_time)
+    try:
+        return profiler.runcall(run)
+    finally:
+        os.makedirs(folder, exist_ok=True)
+        profiler.dump_stats(os.path.join(folder, f"rank-{rank}.prof"))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,1 @@
+"""From rank results to a report: the judge pipeline, known failures, report, progress."""

@@ -1,0 +1,29 @@
+"""The end of `paracheck run`, launched or under torchrun: every case judged, the table, notes and
+summary printed, the reports written; returns the exit code."""
+
+from __future__ import annotations
+
+from paracheck.results import report
+from paracheck.cli.common import write_report
+from paracheck.results.verdict import judge
+
+
+def finish(args, cases, results, events, entries, meta: dict, seconds: float, extra: str) -> int:
+    """Verdicts from every case's rank results, then the table, notes, reports; returns the exit code."""
+    verdicts = judge(cases, results, entries)
+    base = [] if args.backend == "auto" else ["--backend", args.backend]
+    base += ["--nproc", str(args.nproc)] + (["--no-grads"] if args.no_grads else [])
+    replays = {v.id: report.replay_command(v, base) for v in verdicts}
+    print(report.table(verdicts))
+    text = report.notes(verdicts, replays)
+    if text:
+        print("\n" + text)
+    for event in events:
+        print(f"\nRUN BROKE ({event.kind}): {event.message}")
+    data = report.to_json(verdicts, meta, events)
+    print("\n" + report.counts_line(verdicts, seconds, meta.get("worlds", 1), extra))
+    if args.report_json:
+        write_report(args.report_json, data)
+    if args.junit:
+        write_report(args.junit, report.to_junit(verdicts))
+    return data["exit_code"]

@@ -1,0 +1,148 @@
+"""Known failures: upstream bugs declared in TOML, so a run stays green while the table still shows them.
+
+    [[known]]
+    model = "flux"              # fixture, spec or test-class name, or the diffusers class; glob patterns
+    layout = "r4"               # glob over layout names
+    check = "parity.grads"      # a check id, or "error" for a case that raises outside the checks
+    reason = "ring backward rotates gradient accumulators the wrong way for ring degree > 2"
+    upstream = "diffusers 0.42.1 attention_dispatch.TemplatedRingAttention.backward"
+
+Optional keys: `library` (whose models the entry is about: "diffusers" unless it says, e.g.
+"transformers"), `variant`, `dtype`, `route`, `cp_options` (globs, default "*"; `cp_options` is matched
+against the case's options written `name=value,...` in name order, e.g. "*ulysses_anything=True*"),
+`inputs`, what the case's inputs must carry (a list of "mask": an attention mask is given, "padded": it
+masks something out), so a bug in mask handling matches a user's own inputs whatever they are called,
+and `message`, a glob the failure's text (the error, or the failing check's detail) must match, for a bug
+that shares its check with others. A plain case that fails the named check becomes `xfail`; one that
+matches an entry and passes becomes `xpass`, so the entry can go.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import tomllib
+from dataclasses import dataclass, fields
+
+from paracheck.domain.case import options_text
+from paracheck.domain.records import CaseStatus, CheckId, Status
+
+SHIPPED = os.path.join(os.path.dirname(__file__), "known_failures.toml")
+_MATCHED = ("library", "model", "layout", "variant", "dtype", "route", "cp_options")
+#: What `inputs` may require (`reference.input_traits` finds them on the ranks).
+INPUT_TRAITS = ("mask", "padded")
+
+
+class KnownFailuresError(ValueError):
+    """A known-failures file that cannot be read or names something that does not exist."""
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    reason: str
+    model: str = "*"
+    layout: str = "*"
+    check: str = "*"
+    variant: str = "*"
+    dtype: str = "*"
+    route: str = "*"
+    cp_options: str = "*"
+    message: str = "*"
+    inputs: tuple[str, ...] = ()
+    upstream: str = ""
+    library: str = "diffusers"
+
+    def matches(self, verdict) -> bool:
+        """Whether the entry names this verdict's case (model or class, layout, variant, dtype, route, options)."""
+        c = verdict.case
+        values = {"model": (c.model, verdict.model_class or ""), "layout": (c.layout.name,),
+                  "variant": (c.variant,), "dtype": (c.dtype,), "route": (verdict.route.value,),
+                  "cp_options": (options_text(c.cp_options),), "library": (getattr(c, "library", "diffusers"),)}
+        return set(self.inputs) <= set(verdict.inputs) and \
+            all(any(fnmatch.fnmatchcase(v, getattr(self, key)) for v in values[key]) for key in _MATCHED)
+
+    def message_matches(self, verdict) -> bool:
+        """Whether `message` matches the case's reason or the named check's detail ("*" matches anything)."""
+        if self.message == "*":
+            return True
+        failing = verdict.check(CheckId(self.check)) if self.check not in ("*", "error") else None
+        texts = [verdict.reason] + ([failing.detail] if failing is not None else [])
+        return any(fnmatch.fnmatchcase(t, self.message) for t in texts if t)
+
+    def passes_in(self, verdict) -> bool:
+        """The failure this entry declares did not happen: its check ran on every rank and passed. An entry
+        that names a `message` declares a failure of some inputs only, so a pass says nothing about it."""
+        if self.message != "*":
+            return False
+        if self.check in ("*", "error"):
+            return verdict.status == CaseStatus.PASS
+        merged = verdict.check(CheckId(self.check))
+        return verdict.status == CaseStatus.PASS and merged is not None and merged.status == Status.PASS
+
+    @property
+    def text(self) -> str:
+        return self.reason + (f" [{self.upstream}]" if self.upstream else "")
+
+
+def load(path: str | None) -> list[KnownFailure]:
+    """The entries of `path`; None or "none" means no entries; the default is the shipped file."""
+    if path is None or path == "none":
+        return []
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as exc:
+        raise KnownFailuresError(f"--known-failures {path}: cannot read it ({exc.strerror})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise KnownFailuresError(f"--known-failures {path}: not valid TOML ({exc})") from exc
+    return [_entry(path, i, raw) for i, raw in enumerate(data.get("known", []))]
+
+
+def _entry(path: str, i: int, raw: dict) -> KnownFailure:
+    allowed = {f.name for f in fields(KnownFailure)}
+    where = f"--known-failures {path}: entry {i + 1}"
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise KnownFailuresError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    if not raw.get("reason"):
+        raise KnownFailuresError(f"{where}: needs a 'reason' naming the upstream bug")
+    check = raw.get("check", "*")
+    if check not in ("*", "error") and check not in {c.value for c in CheckId}:
+        raise KnownFailuresError(f"{where}: check {check!r} is not a check id, 'error' or '*'")
+    inputs = raw.get("inputs", [])
+    if not isinstance(inputs, list) or not set(inputs) <= set(INPUT_TRAITS):
+        raise KnownFailuresError(f"{where}: inputs {inputs!r} must be a list of {', '.join(INPUT_TRAITS)}")
+    return KnownFailure(**dict(raw, inputs=tuple(inputs)))
+
+
+def apply(verdicts: list, entries: list[KnownFailure]) -> None:
+    """Mark plain cases as `xfail` when declared entries explain every way they failed, and declared
+    failures that passed as `xpass`."""
+    for v in verdicts:
+        if v.case.control or v.status == CaseStatus.SKIP:
+            continue
+        matching = [e for e in entries if e.matches(v)]
+        if v.status in (CaseStatus.FAIL, CaseStatus.ERROR):
+            explaining = _explaining(v, matching)
+            if explaining:
+                v.status, v.known = CaseStatus.XFAIL, "; ".join(e.text for e in explaining)
+                v.reason = f"known upstream failure: {'; '.join(e.reason for e in explaining)} ({v.reason})"
+            continue
+        passed = next((e for e in matching if e.passes_in(v)), None)
+        if passed is not None:
+            v.status, v.known = CaseStatus.XPASS, passed.text
+            v.reason = f"declared as a known failure but passed; remove the entry: {passed.reason}"
+
+
+def _explaining(verdict, matching: list[KnownFailure]) -> list[KnownFailure]:
+    """The entries that together explain every failing check (or the raise); empty when one is unexplained."""
+    matching = [e for e in matching if e.message_matches(verdict)]
+    whole = [e for e in matching if e.check == "*" or (e.check == "error" and verdict.status == CaseStatus.ERROR)]
+    if whole:
+        return whole[:1]
+    by_check = {CheckId(e.check): e for e in matching if e.check not in ("*", "error")}
+    failing = verdict.failing_checks
+    if not failing or not failing <= set(by_check):
+        return []
+    return [by_check[c] for c in CheckId if c in failing]

@@ -1,0 +1,189 @@
+"""Reports from verdicts: the table a person reads, progress lines, JSON and JUnit. Torch-free."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from xml.sax.saxutils import escape, quoteattr
+
+from paracheck.launch.attribution import ranks_named, ranks_text
+from paracheck.domain.case import Case, cp_options_for, options_text
+from paracheck.domain.records import CaseStatus, CheckId, Status
+from paracheck.results.verdict import Verdict
+
+CELL = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.SKIP: "-", None: " "}
+SHOWN_CHECKS = [c for c in CheckId]
+_SUMMARY = (("passed", CaseStatus.PASS), ("failed", CaseStatus.FAIL), ("errors", CaseStatus.ERROR),
+            ("skipped", CaseStatus.SKIP), ("detected", CaseStatus.DETECTED), ("missed", CaseStatus.MISSED),
+            ("inconclusive", CaseStatus.INCONCLUSIVE), ("xfailed", CaseStatus.XFAIL), ("xpassed", CaseStatus.XPASS))
+
+
+def summarize(verdicts: list[Verdict]) -> dict:
+    return {key: sum(v.status == status for v in verdicts) for key, status in _SUMMARY}
+
+
+def exit_code(verdicts: list[Verdict], events: list) -> int:
+    from paracheck.launch.protocol import Exit
+
+    if events:
+        return Exit.BROKEN
+    return Exit.FAILED if any(v.status.failing for v in verdicts) else Exit.OK
+
+
+def replay_command(v: Verdict, argv_extra: list[str]) -> str:
+    c = v.case
+    args = ["paracheck", "run", "--layouts", c.layout.name, "--route", v.route.value, *argv_extra]
+    bundled = c.factory.startswith(("paracheck.fixtures:", "paracheck.adapters."))
+    args += ["--models", c.model] if bundled else ["--spec", c.factory]
+    return " ".join(shlex.quote(a) for a in args + case_options(c))
+
+
+def case_options(c: Case) -> list[str]:
+    """The `paracheck run` options that pick case `c` out of its model's cases, other than `--layouts`."""
+    args = ["--variants", c.variant]
+    if c.dtype != "fp32":
+        args += ["--dtype", c.dtype]
+    if c.attention_backend != "auto":
+        args += ["--attention-backend", c.attention_backend]
+    if c.control:
+        args += ["--controls", "--only-control", c.control]
+    if c.layout.order != "cp-fastest":
+        args += ["--order", c.layout.order]
+    if c.cp_options != cp_options_for(c.variant, c.layout):
+        args += ["--cp-options", options_text(c.cp_options)]
+    return args
+
+
+def _columns(verdicts: list[Verdict]) -> list[CheckId]:
+    """Check columns: the ones some case ran (structure.collectives only where it was measured)."""
+    ran = {m.id for v in verdicts for m in v.checks}
+    return [c for c in SHOWN_CHECKS if c in ran or c != CheckId.COLLECTIVES]
+
+
+def _label(v: Verdict) -> str:
+    c = v.case
+    extra = [x for x in (c.variant if c.variant != "base" else "", c.dtype if c.dtype != "fp32" else "") if x]
+    return f"{c.model} {c.layout.name} {v.route.value}" + (f" {'/'.join(extra)}" if extra else "") + \
+        (f" [{c.control}]" if c.control else "")
+
+
+def table(verdicts: list[Verdict]) -> str:
+    shown = [v for v in verdicts if v.status != CaseStatus.SKIP]
+    checks = _columns(shown)
+    optional = [("variant", lambda v: v.case.variant, any(v.case.variant != "base" for v in shown)),
+                ("dtype", lambda v: v.case.dtype, any(v.case.dtype != "fp32" for v in shown)),
+                ("control", lambda v: v.case.control or "", any(v.case.control for v in shown))]
+    optional = [(name, get) for name, get, wanted in optional if wanted]
+    head = ["model", "layout", "route", "attention"] + [n for n, _ in optional] + [c.short for c in checks] + \
+        ["max_abs", "max_rel", "failed ranks", "status"]
+    rows = [head]
+    for v in shown:
+        cells = {m.id: m.status for m in v.checks}
+        fwd = v.check(CheckId.FORWARD)
+        rows.append([v.case.model, v.case.layout.name, v.route.value, v.attention_backend or ""]
+                    + [get(v) for _, get in optional]
+                    + [CELL[cells.get(c)] for c in checks]
+                    + [_num(fwd and fwd.max_abs), _num(fwd and fwd.max_rel), ranks_text(v.failed_ranks),
+                       v.status.value.upper() if v.status.failing else v.status.value])
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def notes(verdicts: list[Verdict], replays: dict[str, str]) -> str:
+    out = []
+    for v in verdicts:
+        out.extend(_case_notes(v, replays.get(v.id, "")))
+    out.extend(_skip_groups(verdicts))
+    return "\n".join(out)
+
+
+def _case_notes(v: Verdict, replay: str) -> list[str]:
+    out, label = [], _label(v)
+    if v.status.failing:
+        out.append(f"{v.status.value.upper():5} {label}: {v.reason}")
+        if v.status != CaseStatus.MISSED:
+            for m in v.checks:
+                if m.status == Status.FAIL and m.detail:
+                    out.append(f"      {m.id.value} failed on {ranks_named(m.failed_ranks)}: "
+                               f"rank {m.detail_rank}: {m.detail}")
+        if v.traceback:
+            out.append("      " + v.traceback.strip().splitlines()[-1])
+        out.append(f"      replay: {replay}")
+    elif v.status in (CaseStatus.XFAIL, CaseStatus.XPASS, CaseStatus.INCONCLUSIVE):
+        out.append(f"{v.status.value:5} {label}: {v.reason}")
+    for f in ([] if v.case.control else v.findings):  # a control's inputs are its plain case's
+        out.append(f"note  {label}: input not split on {ranks_named(f.ranks)}: {f.message}")
+    return out
+
+
+def _skip_groups(verdicts: list[Verdict]) -> list[str]:
+    """One line per skip reason. Controls of a skipped case fold into it; a control skipped on its own is
+    listed by control and model; models that can never take a kind of layout are summarized once."""
+    plain_skipped = {v.case for v in verdicts if not v.case.control and v.status == CaseStatus.SKIP}
+    never: dict[tuple[str, str], list[str]] = {}
+    cases: dict[str, list[str]] = {}
+    controls: dict[str, dict[str, list[str]]] = {}
+    for v in verdicts:
+        if v.status != CaseStatus.SKIP or (v.case.control and v.case.plain in plain_skipped):
+            continue
+        if v.never:
+            layouts = never.setdefault((v.case.model, v.failure.missing_plan), [])
+            if v.case.layout.name not in layouts:  # once, whatever the variants
+                layouts.append(v.case.layout.name)
+        elif v.case.control:
+            models = controls.setdefault(v.reason, {}).setdefault(v.case.control, [])
+            if v.case.model not in models:
+                models.append(v.case.model)
+        else:
+            cases.setdefault(v.reason, []).append(_label(v))
+    out = [f"skip  {reason}\n      {', '.join(where)}" for reason, where in cases.items()]
+    out += [f"skip  {reason}\n      " + "; ".join(f"{c} on {', '.join(ms)}" for c, ms in by.items())
+            for reason, by in controls.items()]
+    models: dict[tuple[str, tuple], list[str]] = {}
+    for (model, plan), layouts in never.items():
+        models.setdefault((plan, tuple(layouts)), []).append(model)
+    out += [f"never {', '.join(ms)}: no {plan}, so {', '.join(layouts)} cannot run"
+            for (plan, layouts), ms in models.items()]
+    return out
+
+
+def _num(value) -> str:
+    return "" if value is None else f"{value:.1e}"
+
+
+def progress_line(v: Verdict, done: int, total: int) -> str:
+    fwd = v.check(CheckId.FORWARD)
+    figure = f" max_abs {fwd.max_abs:.1e}" if fwd and fwd.max_abs is not None else ""
+    return f"[{done}/{total}] {v.status.value:12} {_label(v)}{figure} ({v.seconds:.1f}s)"
+
+
+def counts_line(verdicts: list[Verdict], seconds: float, worlds: int, extra: str = "") -> str:
+    s = summarize(verdicts)
+    parts = [f"{s[k]} {k}" for k, _ in _SUMMARY if s[k] or k in ("passed", "failed", "errors", "skipped")]
+    return f"{', '.join(parts)} in {seconds:.1f}s ({worlds} world{'s' if worlds != 1 else ''}{extra})"
+
+
+def to_json(verdicts: list[Verdict], meta: dict, events: list) -> dict:
+    return dict(meta, cases=[v.to_json() for v in verdicts], summary=summarize(verdicts),
+                events=[e.to_json() for e in events], exit_code=int(exit_code(verdicts, events)))
+
+
+def to_junit(verdicts: list[Verdict]) -> str:
+    lines = []
+    for v in verdicts:
+        lines.append(f"  <testcase classname=\"paracheck\" name={quoteattr(v.id)} time=\"{v.seconds:.3f}\">")
+        if v.status in (CaseStatus.SKIP, CaseStatus.XFAIL, CaseStatus.INCONCLUSIVE):
+            lines.append(f"    <skipped message={quoteattr(v.status.value + ': ' + v.reason)}/>")
+        elif v.status in (CaseStatus.FAIL, CaseStatus.MISSED):
+            detail = json.dumps([m.to_json() for m in v.checks], indent=1)
+            lines.append(f"    <failure message={quoteattr(v.reason)}>{escape(detail)}</failure>")
+        elif v.status == CaseStatus.ERROR:
+            lines.append(f"    <error message={quoteattr(v.reason)}>{escape(v.traceback)}</error>")
+        lines.append("  </testcase>")
+    s = summarize(verdicts)
+    skipped = s["skipped"] + s["xfailed"] + s["inconclusive"]
+    head = (f"<testsuite name=\"paracheck\" tests=\"{len(verdicts)}\" failures=\"{s['failed'] + s['missed']}\" "
+            f"errors=\"{s['errors']}\" skipped=\"{skipped}\">")
+    return "\n".join(['<?xml version="1.0" encoding="utf-8"?>', head, *lines, "</testsuite>", ""])

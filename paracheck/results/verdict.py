@@ -1,0 +1,258 @@
+"""Verdicts: every rank's result for a case merged into one `Verdict`, judged in one pipeline (`judge`)
+used by `run`, its progress lines, torchrun, the pytest mixins and explore.
+
+Pure and torch-free. `judge` is the pipeline: `merge` names the failing ranks per check and decides a
+case's status on its own (a control by `Control.judge`, against what it must trip), `known.apply` turns
+declared upstream failures into xfail / xpass, and `judge_controls` marks a control inconclusive when its
+plain case already fails what the control must trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from paracheck.results import known
+from paracheck.launch.attribution import ranks_named
+from paracheck.domain.case import Case
+from paracheck.checks.controls import get_control
+from paracheck.domain.records import (CaseStatus, CheckId, Failure, FailureKind, Finding, MergedCheck, RankResult,
+                                      RankStatus, Route, Status)
+
+
+@dataclass
+class Verdict:
+    case: Case
+    status: CaseStatus
+    route: Route
+    reason: str = ""
+    checks: list[MergedCheck] = field(default_factory=list)
+    fit: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    cause_ranks: list[int] = field(default_factory=list)
+    secondary_ranks: list[int] = field(default_factory=list)
+    traceback: str = ""
+    stacks: dict[int, str] = field(default_factory=dict)
+    #: The known-failure entry that matched (its upstream reason), if any.
+    known: str | None = None
+    #: Why the case failed, raised or skipped, typed (see `records.Failure`); None when it passed.
+    failure: Failure | None = None
+    attention_backend: str | None = None
+    seconds: float = 0.0
+    model_class: str | None = None
+    #: What the inputs carry ("mask", "padded"; `reference.input_traits`).
+    inputs: list[str] = field(default_factory=list)
+    #: Seconds per phase, the slowest rank's.
+    timings: dict = field(default_factory=dict)
+    #: Every rank's peak resident memory (MiB) when the case ended.
+    peak_rss_mb: list[float] = field(default_factory=list)
+    #: Every rank's resident memory (MiB) and CPU seconds since it started, when the case ended.
+    rss_mb: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
+    #: Every rank's threads and process groups when the case ended.
+    threads: list[int] = field(default_factory=list)
+    process_groups: list[int] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.case.id_with(self.route)
+
+    def check(self, check_id: CheckId) -> MergedCheck | None:
+        return next((c for c in self.checks if c.id == check_id), None)
+
+    @property
+    def failing_checks(self) -> set:
+        return {c.id for c in self.checks if c.status == Status.FAIL}
+
+    @property
+    def never(self) -> bool:
+        """The skip says the model can never take this kind of layout (it has no plan for it)."""
+        return bool(self.failure and self.failure.missing_plan)
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        return sorted({r for c in self.checks for r in c.failed_ranks} | set(self.cause_ranks))
+
+    def to_json(self) -> dict:
+        c = self.case
+        data = {"id": self.id, "model": c.model, "layout": c.layout.name, "order": c.layout.order,
+                "route": self.route.value, "variant": c.variant, "dtype": c.dtype,
+                "cp_options": dict(c.cp_options), "inputs": self.inputs, "control": c.control,
+                "attention_backend": self.attention_backend, "status": self.status.value, "reason": self.reason,
+                "checks": [m.to_json() for m in self.checks], "fit": self.fit,
+                "findings": [f"input not split on {ranks_named(f.ranks)}: {f.message}" for f in self.findings],
+                "seconds": self.seconds, "timings": self.timings, "peak_rss_mb": self.peak_rss_mb,
+                "rss_mb": self.rss_mb, "cpu_seconds": self.cpu_seconds, "threads": self.threads,
+                "process_groups": self.process_groups}
+        if self.failure:
+            data["failure"] = self.failure.to_json()
+        if self.known:
+            data["known_failure"] = self.known
+        if self.status == CaseStatus.ERROR:
+            data.update(error_ranks=self.cause_ranks, secondary_ranks=self.secondary_ranks, traceback=self.traceback,
+                        stacks={str(k): v for k, v in self.stacks.items()})
+        return data
+
+
+def merge_checks(ranks: list[RankResult]) -> list[MergedCheck]:
+    merged = []
+    for check_id in CheckId:
+        per_rank = [(r.rank, c) for r in ranks for c in r.checks if c.id == check_id]
+        if not per_rank:
+            continue
+        failed = [rank for rank, c in per_rank if c.status == Status.FAIL]
+        statuses = {c.status for _, c in per_rank}
+        status = Status.FAIL if failed else (Status.PASS if Status.PASS in statuses else Status.SKIP)
+        secondary = {r.rank for r in ranks if r.secondary}
+        shown = next(((r, c) for r, c in per_rank if c.status == Status.FAIL and r not in secondary),
+                     None) or next(((r, c) for r, c in per_rank if c.status == Status.FAIL),
+                     next(((r, c) for r, c in per_rank if c.detail), per_rank[0]))
+        merged.append(MergedCheck(
+            check_id, status, failed, _worst(c.max_abs for _, c in per_rank),
+            _worst(c.max_rel for _, c in per_rank), per_rank[0][1].atol, per_rank[0][1].rtol,
+            shown[1].detail, shown[0] if shown[1].detail else None, _merge_data(per_rank), shown[1].failure))
+    return merged
+
+
+def _worst(values) -> float | None:
+    return max((v for v in values if v is not None), default=None)
+
+
+def _merge_data(per_rank) -> dict:
+    data = {str(rank): c.data for rank, c in per_rank if c.data}
+    return {"per_rank": data} if data else {}
+
+
+def _findings(ranks: list[RankResult]) -> list[Finding]:
+    by_message: dict[str, list[int]] = {}
+    for r in ranks:
+        for message in r.findings:
+            by_message.setdefault(message, []).append(r.rank)
+    return [Finding(m, sorted(rs)) for m, rs in by_message.items()]
+
+
+def merge(case: Case, ranks: list[RankResult]) -> Verdict:
+    """One verdict from every rank's result (controls judged alone; see `judge_controls`)."""
+    ranks = sorted(ranks, key=lambda r: r.rank)
+    first = ranks[0]
+    v = Verdict(case, CaseStatus.PASS, first.route or next((r.route for r in ranks if r.route), case.route),
+                fit=first.fit, findings=_findings(ranks), checks=merge_checks(ranks),
+                attention_backend=first.attention_backend, seconds=max(r.seconds for r in ranks),
+                model_class=first.model_class, inputs=first.inputs,
+                timings={k: max(r.timings.get(k, 0.0) for r in ranks) for r in ranks for k in r.timings},
+                peak_rss_mb=[r.peak_rss_mb for r in ranks], rss_mb=[r.rss_mb for r in ranks],
+                cpu_seconds=[r.cpu_seconds for r in ranks], threads=[r.threads for r in ranks],
+                process_groups=[r.process_groups for r in ranks])
+    statuses = {r.status for r in ranks}
+    if RankStatus.ERROR in statuses and not (case.control and _judgeable(v, ranks)):
+        return _error(v, ranks)
+    if statuses == {RankStatus.SKIP}:
+        v.status, v.reason, v.failure = CaseStatus.SKIP, first.reason, first.failure
+        return v
+    if RankStatus.SKIP in statuses:
+        v.status, v.reason = CaseStatus.ERROR, f"ranks disagree: {sorted(s.value for s in statuses)}"
+        v.failure = Failure(FailureKind.DISAGREE)
+        return v
+    failing = v.failing_checks
+    if case.control:
+        v.status, v.reason = get_control(case.control).judge(failing)
+    elif failing:
+        v.status, v.reason = CaseStatus.FAIL, f"failed: {', '.join(c.value for c in CheckId if c in failing)}"
+        v.failure = _first_failing(v)
+    return v
+
+
+def _first_failing(v: Verdict) -> Failure | None:
+    """The first failing check's identity (the first symptom names the bug)."""
+    first = next((m for m in v.checks if m.status == Status.FAIL), None)
+    return first and (first.failure or Failure(FailureKind.CHECK, first.id))
+
+
+def _judgeable(v: Verdict, ranks: list[RankResult]) -> bool:
+    """A control whose bug broke the world can still be judged where its must-trip checks failed."""
+    return bool(v.checks) and all(r.secondary for r in ranks if r.status == RankStatus.ERROR)
+
+
+def _error(v: Verdict, ranks: list[RankResult]) -> Verdict:
+    errors = [r for r in ranks if r.status == RankStatus.ERROR]
+    causes = [r for r in errors if not r.secondary] or errors
+    root = causes[0]
+    v.status = CaseStatus.ERROR
+    v.cause_ranks = [r.rank for r in causes]
+    v.secondary_ranks = [r.rank for r in errors if r.secondary]
+    v.reason = f"rank {root.rank}: {root.reason}"
+    if len(causes) > 1:
+        v.reason += f" (also {ranks_named(r.rank for r in causes[1:])})"
+    if v.secondary_ranks:
+        waited = "were" if len(v.secondary_ranks) > 1 else "was"
+        v.reason += f"; {ranks_named(v.secondary_ranks)} {waited} waiting on {'it' if len(causes) == 1 else 'them'}"
+    v.failure = _first_failing(v) or root.failure or Failure(FailureKind.EXIT)
+    v.traceback = root.traceback
+    v.stacks = {r.rank: r.stack for r in errors if r.stack}
+    return v
+
+
+def judge(cases: list[Case], results: list[list[RankResult]], entries, plain_so_far: dict | None = None) -> list[Verdict]:
+    """The one judging pipeline: one verdict per case from its ranks' results (`merge`), declared upstream
+    failures applied (`known.apply` with `entries`), then every control judged against its plain case.
+
+    A caller that judges cases one at a time passes the same `plain_so_far` dict each time: it holds the
+    plain verdicts judged so far (this call adds its own), so a later control still finds its plain case."""
+    verdicts = [merge(c, r) for c, r in zip(cases, results)]
+    known.apply(verdicts, entries)
+    plain = {} if plain_so_far is None else plain_so_far
+    plain.update({v.case.plain: v for v in verdicts if not v.case.control})
+    judge_controls(verdicts, plain)
+    return verdicts
+
+
+def judge_controls(verdicts: list[Verdict], plain: dict | None = None) -> None:
+    """A control cannot be judged where its plain case already fails what it must trip (or raised):
+    mark it inconclusive, never missed. `plain`: plain case -> its verdict (default: those in `verdicts`)."""
+    plain = {v.case.plain: v for v in verdicts if not v.case.control} if plain is None else plain
+    for v in verdicts:
+        if not v.case.control or v.status == CaseStatus.SKIP:
+            continue
+        base = plain.get(v.case.plain)
+        if base is not None and inconclusive_rule(base, get_control(v.case.control).must_trip):
+            v.status = CaseStatus.INCONCLUSIVE
+            v.reason = (f"its plain case is {base.status.value} and does not pass "
+                        f"{', '.join(c.value for c in _not_passing(base, get_control(v.case.control).must_trip))}, "
+                        "so the control cannot be judged")
+
+
+def _not_passing(plain: Verdict, must_trip) -> list:
+    return [c for c in must_trip if (plain.check(c) is None or plain.check(c).status != Status.PASS)]
+
+
+def inconclusive_rule(plain: Verdict, must_trip) -> bool:
+    """Whether a plain case leaves a control unjudgeable: it fails (or is known to) and one of the checks
+    the control must trip did not pass there (failed, or never ran because the case raised)."""
+    if plain.status not in (CaseStatus.FAIL, CaseStatus.ERROR, CaseStatus.XFAIL):
+        return False
+    return bool(_not_passing(plain, must_trip))
+
+
+def outcome_for_test(v: Verdict, check_ids) -> tuple[str, str]:
+    """What one pytest test reading `v` does: ("pass" | "fail" | "skip" | "xfail", why).
+
+    A plain test checks `check_ids` only; a control test (no ids) passes when the control was detected."""
+    if v.status == CaseStatus.SKIP:
+        return "skip", v.reason
+    if v.case.control:
+        if v.status == CaseStatus.DETECTED:
+            return "pass", v.reason
+        if v.status == CaseStatus.INCONCLUSIVE:
+            return "skip", f"inconclusive: {v.reason}"
+        return "fail", f"control {v.case.control} was {v.status.value}: {v.reason}"
+    if v.status in (CaseStatus.ERROR, CaseStatus.XFAIL) and not v.checks:
+        return ("xfail" if v.status == CaseStatus.XFAIL else "fail"), f"the case raised: {v.reason}"
+    merged = {m.id: m for m in v.checks}
+    missing = [c.value for c in check_ids if c not in merged]
+    if missing:
+        return "fail", f"{', '.join(missing)} never ran"
+    failing = [c.value for c in check_ids if merged[c].status == Status.FAIL]
+    if failing:
+        return ("xfail" if v.status == CaseStatus.XFAIL else "fail"), f"{', '.join(failing)} failed: {v.reason}"
+    if all(merged[c].status == Status.SKIP for c in check_ids):
+        return "skip", "; ".join(merged[c].detail for c in check_ids)
+    return "pass", ""

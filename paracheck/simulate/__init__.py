@@ -1,0 +1,1 @@
+"""`topology --simulate`: a layout's ranks on meta in one process."""
