@@ -208,7 +208,7 @@ def _failure(verdict, ranks, headline: str, replay: str) -> str:
     from paracheck.launch.attribution import ranks_named
     from paracheck.results.report import CELL
 
-    shown = list(CheckId)
+    shown = [c for c in CheckId if not c.simulated]
     c = verdict.case
     lines = [f"paracheck {c.model} {c.layout.name} route={verdict.route.value}"
              + (f" control={c.control}" if c.control else "") + f": {headline}",

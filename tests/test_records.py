@@ -78,3 +78,15 @@ def test_payload_round_trip(tmp_path):
     cls, init, back = load(str(tmp_path))
     assert cls is QwenImageTransformer2DModel and init == {"axes_dims_rope": (8, 4, 4), "num_layers": 2}
     assert torch.equal(back["x"], inputs["x"]) and back["img_shapes"] == [(1, 4, 4)] and back["nested"] == inputs["nested"]
+
+
+def test_rank_progress_and_todo_round_trip_and_a_torn_progress_file_reads_as_none():
+    from paracheck.launch.protocol import Phase, RankProgress, Todo
+
+    started = RankProgress(Phase.STARTED, 12.5, 7)
+    assert RankProgress.from_json(started.to_json()) == started and started.running
+    assert not RankProgress(Phase.WAITING, 1.0).running
+    assert RankProgress.from_json(None) is None
+    assert RankProgress.from_json({"index": 3, "started": 1.0}) is None  # another version's file
+    assert Todo.from_json(Todo((3, 1, 2)).to_json()) == Todo((3, 1, 2))
+    assert Todo.from_json(Todo(feed_from=5).to_json()).feed_from == 5

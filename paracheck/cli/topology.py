@@ -216,17 +216,14 @@ def heads_of(model_class: type, init_dict: dict):
 # -- the table ----------------------------------------------------------------------------------------
 
 
-def short_name(check: str) -> str:
-    """A simulated check's column: the kit's short name for its own ids; `groups` for backend.groups."""
+def short_name(check) -> str:
+    """A simulated check's column (the kit's short name); `simulate.apply` when the route itself raised."""
     from paracheck.domain.records import CheckId
-    from paracheck.simulate.engine import BACKEND_GROUPS
 
-    if check == BACKEND_GROUPS:
-        return "groups"
     try:
         return CheckId(check).short
     except ValueError:
-        return check  # simulate.apply: the route itself raised
+        return str(check)
 
 
 def short_reason(result) -> str:
@@ -236,8 +233,9 @@ def short_reason(result) -> str:
     return "; ".join(f"{short_name(c)} fails on {_ranks(f['ranks'])}" for c, f in result.failures.items())
 
 
-def _cell(result, check: str) -> str:
-    return "FAIL" if check in result.failures else "ok" if check in result.passed else "-"
+def _cell(result, check) -> str:
+    merged = result.checks.get(check)
+    return "-" if merged is None else {"fail": "FAIL", "pass": "ok"}.get(merged.status.value, "-")
 
 
 def _row(r) -> list[str]:

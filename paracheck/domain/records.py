@@ -24,10 +24,17 @@ class CheckId(str, enum.Enum):
     INFERENCE = "parity.inference"
     GRADS = "parity.grads"
     LOSS = "parity.loss"
+    #: A backend's rules on the process groups the library built; judged by `topology --simulate` only.
+    BACKEND_GROUPS = "backend.groups"
 
     @property
     def short(self) -> str:
         return _SHORT[self]
+
+    @property
+    def simulated(self) -> bool:
+        """Judged by a simulation only: no rank of a run reports it."""
+        return self is CheckId.BACKEND_GROUPS
 
     @property
     def structural(self) -> bool:
@@ -36,7 +43,8 @@ class CheckId(str, enum.Enum):
 
 _SHORT = {CheckId.MESH: "mesh", CheckId.CP_HOOKS: "hooks", CheckId.PROCESSOR_CONFIG: "procs",
           CheckId.TP_SHARDS: "shards", CheckId.COLLECTIVES: "colls", CheckId.FORWARD: "fwd", CheckId.INFERENCE: "infer",
-          CheckId.GRADS: "grads", CheckId.LOSS: "loss"}
+          CheckId.GRADS: "grads", CheckId.LOSS: "loss",
+          CheckId.BACKEND_GROUPS: "groups"}
 
 
 class Status(str, enum.Enum):

@@ -17,7 +17,8 @@ from typing import Callable
 
 from paracheck.launch.attribution import attribute
 from paracheck.domain.case import Case
-from paracheck.launch.protocol import FAIL_FAST_GRACE, EndKind, RunDir, read_json, write_json
+from paracheck.launch.protocol import (FAIL_FAST_GRACE, EndKind, Phase, RankProgress, RunDir, Todo, read_json,
+                                       write_json)
 from paracheck.domain.records import RankResult, RankStatus, RunEvent
 from paracheck.launch.supervisor import Supervisor
 
@@ -60,7 +61,7 @@ class Launcher:
             before = len(remaining)
             outcome.worlds += 1
             clock = _StartClock()  # before start: forking waits for the fork server's imports
-            self.supervisor.start(outcome.worlds, remaining)
+            self.supervisor.start(outcome.worlds, Todo(tuple(remaining)))
             end = self.supervisor.watch(outcome.worlds, tick=lambda: (clock.tick(self.supervisor),
                                                                       self._collect(rundir, remaining, outcome)))
             outcome.start_seconds += clock.seconds
@@ -138,7 +139,7 @@ class Feeder:
         write_json(self.rundir.feed(index), case.to_json())
         if not self.live:
             self.worlds += 1
-            self.supervisor.start(self.worlds, {"feed_from": index})
+            self.supervisor.start(self.worlds, Todo(feed_from=index))
             self.live = True
         end = self.supervisor.watch(self.worlds, until=lambda: self._written(index) == self.nproc)
         results = [_read_result(self.rundir, index, r) for r in range(self.nproc)]
@@ -167,7 +168,7 @@ class Feeder:
         deadline = time.time() + FAIL_FAST_GRACE + 5.0
         while time.time() < deadline and not self.supervisor.exited():
             progress = self.supervisor.progress()
-            if len(progress) == self.nproc and all(p.get("waiting") for p in progress.values()):
+            if len(progress) == self.nproc and all(p.phase is Phase.WAITING for p in progress.values()):
                 return
             time.sleep(0.05)
         self.live = False
@@ -195,8 +196,8 @@ class _StartClock:
             self.seconds = time.time() - self.started
 
 
-def _current(progress: dict[int, dict], remaining: list[int]) -> int | None:
-    live = [p.get("index") for p in progress.values() if p.get("index") in remaining]
+def _current(progress: dict[int, RankProgress], remaining: list[int]) -> int | None:
+    live = [p.index for p in progress.values() if p.running and p.index in remaining]
     return min(live) if live else None
 
 

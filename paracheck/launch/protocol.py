@@ -10,7 +10,9 @@ knows which case a stuck or dead rank was in. A rank that raised after collectiv
 seconds for its peers to reach the end of the case; if they do not, it exits with `RankExit.BROKEN` and
 the launcher replaces the world for the cases left. A *fed* world (`paracheck explore`) has no case list:
 its todo file says where to start, and each rank waits for the launcher to write the next case file
-(`feed/N.json`) until the launcher writes `stop`. Nothing in this module imports torch.
+(`feed/N.json`) until the launcher writes `stop`. Every file, store key and record of that exchange
+(`RunDir`, the `store_*` keys, `Todo`, `RankProgress`, `WorldEnd`) is spelled here only; nothing in this
+module imports torch.
 """
 
 from __future__ import annotations
@@ -51,6 +53,59 @@ STORE_BROKEN_KEY = "paracheck/broken"
 
 def store_done_key(index: int, rank: int) -> str:
     return f"paracheck/done/{index}/{rank}"
+
+
+def store_result_key(index: int, rank: int) -> str:
+    """Under torchrun there is no run directory: a rank's result travels through the c10d store."""
+    return f"paracheck/result/{index}/{rank}"
+
+
+#: Under torchrun, rank 0 sets the run's exit code here for every rank to exit with.
+STORE_EXIT_KEY = "paracheck/exit"
+
+
+class Phase(str, enum.Enum):
+    """Where a rank is, as its progress file says."""
+    STARTED = "started"    # running case `index` since `at`
+    WAITING = "waiting"    # a fed world: waiting for the next case file
+    DONE = "done"          # its todo is finished
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """One rank's progress file: written before each case and when it waits or is done."""
+    phase: Phase
+    at: float
+    index: int | None = None
+
+    def to_json(self) -> dict:
+        return {"phase": self.phase.value, "at": self.at, "index": self.index}
+
+    @classmethod
+    def from_json(cls, data) -> "RankProgress | None":
+        """None for anything that is not a progress record (a file from another version, a torn read)."""
+        try:
+            return cls(Phase(data["phase"]), float(data["at"]), data.get("index"))
+        except (TypeError, KeyError, ValueError):
+            return None
+
+    @property
+    def running(self) -> bool:
+        return self.phase is Phase.STARTED and self.index is not None
+
+
+@dataclass(frozen=True)
+class Todo:
+    """A world's todo file: the case indices to run in order, or (a fed world) the first case file to wait for."""
+    indices: tuple[int, ...] = ()
+    feed_from: int | None = None
+
+    def to_json(self) -> dict:
+        return {"indices": list(self.indices), "feed_from": self.feed_from}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Todo":
+        return cls(tuple(data["indices"]), data["feed_from"])
 
 
 class RunDir:
@@ -108,6 +163,16 @@ class RunDir:
         return self
 
 
+def reference_file(refs_dir: str, key: str) -> str:
+    """A reference's tensors, in a run directory's `refs` (or torchrun's own folder, which has no RunDir)."""
+    return os.path.join(refs_dir, f"{key}.safetensors")
+
+
+def reference_error_file(refs_dir: str, key: str) -> str:
+    """Written instead of the tensors when the model failed on one device."""
+    return os.path.join(refs_dir, f"{key}.error.json")
+
+
 def write_json(path: str, data) -> None:
     """Write whole or not at all: a rank killed mid-write leaves no half file behind."""
     write_text(path, json.dumps(data, default=str))
@@ -150,5 +215,5 @@ class WorldEnd:
     attempt: int
     codes: list[int | None]
     stacks: dict[int, str] = field(default_factory=dict)
-    progress: dict[int, dict] = field(default_factory=dict)
+    progress: dict[int, RankProgress] = field(default_factory=dict)
     logs: dict[int, str] = field(default_factory=dict)

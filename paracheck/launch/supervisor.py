@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 
-from paracheck.launch.protocol import (ENV_STORE, ENV_TODO, EndKind, RankExit, RunDir, WorldEnd, read_json,
-                                       write_json)
+from paracheck.launch.protocol import (ENV_STORE, ENV_TODO, EndKind, RankProgress, RankExit, RunDir, Todo, WorldEnd,
+                                       read_json, write_json)
 
 _POLL = 0.05
 #: Seconds for faulthandler (a C signal handler) to write every rank's stack after SIGUSR1.
@@ -108,12 +108,12 @@ class Supervisor:
         self.method = start_method(backend_name)
         self.ranks: list[_Rank] = []
 
-    def start(self, attempt: int, todo: list[int]) -> None:
+    def start(self, attempt: int, todo: Todo) -> None:
         for rank in range(self.nproc):
             for path in (self.rundir.progress(rank), self.rundir.stacks(rank)):
                 if os.path.exists(path):
                     os.remove(path)
-        write_json(self.rundir.todo(attempt), todo)
+        write_json(self.rundir.todo(attempt), todo.to_json())
         self.ranks = [_Rank(self.method, self.rundir, self._env(rank, attempt), self.rundir.log(attempt, rank))
                       for rank in range(self.nproc)]
 
@@ -142,8 +142,8 @@ class Supervisor:
             if any(c not in (None, 0) for c in codes):
                 return self._after_rank_exit(attempt, codes)
             progress = self.progress()
-            running = [p for p in progress.values() if p.get("index") is not None]
-            if running and time.time() - min(p["started"] for p in running) > self.timeout:
+            running = [p for p in progress.values() if p.running]
+            if running and time.time() - min(p.at for p in running) > self.timeout:
                 return self._stop_with_stacks(EndKind.HANG, attempt, progress)
             if not progress and time.time() - started > self.startup_timeout:
                 return self._stop_with_stacks(EndKind.START, attempt, progress)
@@ -160,7 +160,7 @@ class Supervisor:
             return self._end(EndKind.RANK_EXIT, attempt, [r.poll() for r in self.ranks])
         return self._stop_with_stacks(EndKind.RANK_EXIT, attempt, self.progress())
 
-    def _stop_with_stacks(self, kind: EndKind, attempt: int, progress: dict) -> WorldEnd:
+    def _stop_with_stacks(self, kind: EndKind, attempt: int, progress: dict[int, RankProgress]) -> WorldEnd:
         live = [i for i, r in enumerate(self.ranks) if r.poll() is None]
         for i in live:
             self.ranks[i].signal(signal.SIGUSR1)
@@ -178,12 +178,13 @@ class Supervisor:
         """Some rank process has ended (a world that lost a rank cannot run another case)."""
         return any(r.poll() is not None for r in self.ranks)
 
-    def progress(self) -> dict[int, dict]:
+    def progress(self) -> dict[int, RankProgress]:
+        """Each rank's progress file, by rank, where one has been written (and read whole)."""
         found = {}
         for rank in range(self.nproc):
-            data = read_json(self.rundir.progress(rank))
-            if data is not None:
-                found[rank] = data
+            progress = RankProgress.from_json(read_json(self.rundir.progress(rank)))
+            if progress is not None:
+                found[rank] = progress
         return found
 
     def stop(self) -> None:

@@ -25,6 +25,7 @@ from paracheck.domain.case import Case, FixtureUnavailable, call_factory
 from paracheck.adapters.diffusers.fitting import Unfittable, cp_split_problems, fit_init_dict
 from paracheck.domain.records import Failure, FailureKind, Route
 from paracheck.adapters.diffusers.routes import resolve_route
+from paracheck.launch.protocol import read_json, reference_error_file, reference_file, write_json
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -144,14 +145,6 @@ def forward(model, inputs: dict):
     return model(**dict(inputs), return_dict=False)[0]
 
 
-def _path(refs_dir: str, key: str) -> str:
-    return os.path.join(refs_dir, f"{key}.safetensors")
-
-
-def _error_path(refs_dir: str, key: str) -> str:
-    return os.path.join(refs_dir, f"{key}.error.json")
-
-
 def place(value, device: torch.device, dtype: torch.dtype | None = None):
     """Inputs on the rank's device: every tensor moved, floating ones also cast to the run's dtype."""
     if isinstance(value, torch.Tensor):
@@ -175,7 +168,6 @@ def _run(model, inputs: dict, weights: torch.Tensor | None, grads: bool):
 def compute(p: Plan, refs_dir: str, device: torch.device) -> None:
     """Run the fitted model on this rank's device alone, in fp32 and (if different) in the run's dtype,
     forward and backward, and write the result for every rank to read."""
-    from paracheck.launch.protocol import write_json
 
     dtype = torch_dtype(p.case.dtype)
     torch.manual_seed(0)
@@ -191,7 +183,7 @@ def compute(p: Plan, refs_dir: str, device: torch.device) -> None:
                 out, _ = _run(model, place(p.inputs, device, dtype), weights, p.case.grads)
     except Exception as exc:
         what = f"the fitted config ({', '.join(p.fit)})" if p.fit else "the model, unchanged,"
-        write_json(_error_path(refs_dir, p.key),
+        write_json(reference_error_file(refs_dir, p.key),
                    {"error": f"{what} failed on one device: {type(exc).__name__}: {exc}", "fitted": bool(p.fit)})
         return
     tensors = {f"state.{k}": v for k, v in model.state_dict().items()}
@@ -200,7 +192,7 @@ def compute(p: Plan, refs_dir: str, device: torch.device) -> None:
         tensors.update({f"grad32.{n}": q.grad for n, q in model32.named_parameters() if q.grad is not None})
         tensors["out32"] = out32
     tensors.update(out=out, weights=weights)
-    _save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, _path(refs_dir, p.key))
+    _save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, reference_file(refs_dir, p.key))
 
 
 def _save(tensors: dict, path: str) -> None:
@@ -224,7 +216,7 @@ class Owners:
 
 
 def exists(p: Plan, refs_dir: str) -> bool:
-    return os.path.exists(_path(refs_dir, p.key)) or os.path.exists(_error_path(refs_dir, p.key))
+    return os.path.exists(reference_file(refs_dir, p.key)) or os.path.exists(reference_error_file(refs_dir, p.key))
 
 
 @dataclass
@@ -243,11 +235,10 @@ def load(p: Plan, refs_dir: str, device: torch.device, wait: float = 3600.0) -> 
     """The reference for `p`, waiting for the rank that computes it; raises Unfittable if fitting failed."""
     from safetensors.torch import load_file
 
-    from paracheck.launch.protocol import read_json
 
     deadline = time.time() + wait
-    while not os.path.exists(_path(refs_dir, p.key)):
-        failed = read_json(_error_path(refs_dir, p.key))
+    while not os.path.exists(reference_file(refs_dir, p.key)):
+        failed = read_json(reference_error_file(refs_dir, p.key))
         if failed and failed["fitted"]:
             raise Unfittable(failed["error"])  # fitting could not make the model take the layout
         if failed:
@@ -255,7 +246,7 @@ def load(p: Plan, refs_dir: str, device: torch.device, wait: float = 3600.0) -> 
         if time.time() > deadline:
             raise TimeoutError(f"reference {p.key} never appeared")
         time.sleep(0.02)
-    tensors = {k: v.to(device) for k, v in load_file(_path(refs_dir, p.key)).items()}
+    tensors = {k: v.to(device) for k, v in load_file(reference_file(refs_dir, p.key)).items()}
     dtype = torch_dtype(p.case.dtype)
     torch.manual_seed(0)
     model = copy_of(p.model_class, p.init_dict, {k[6:]: v for k, v in tensors.items() if k.startswith("state.")},

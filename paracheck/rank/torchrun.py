@@ -19,7 +19,7 @@ import threading
 import time
 from datetime import timedelta
 
-from paracheck.launch.protocol import Exit
+from paracheck.launch.protocol import STORE_EXIT_KEY, Exit, store_result_key
 from paracheck.domain.records import RankResult
 
 
@@ -63,14 +63,14 @@ def run_as_rank(args, backend, cases, entries) -> int:
         result = plan_and_run(index, case, backend, sources, lambda key: True, refs_dir,
                               os.path.join(workdir, f"case-{index}"))
         _say(_rank_line(result, case))
-        store.set(f"paracheck/result/{index}/{rank}", json.dumps(result.to_json()))
+        store.set(store_result_key(index, rank), json.dumps(result.to_json()))
         if not case_ended(store, result, world):
             print(f"paracheck: rank {rank}: case {case.id} raised and its peers did not finish it; stopping "
                   f"this world ({result.reason})", file=sys.stderr, flush=True)
             shutil.rmtree(workdir, ignore_errors=True)
             os._exit(Exit.BROKEN)
         if rank == 0:
-            ranks = [RankResult.from_json(json.loads(store.get(f"paracheck/result/{index}/{r}"))) for r in range(world)]
+            ranks = [RankResult.from_json(json.loads(store.get(store_result_key(index, r)))) for r in range(world)]
             results.append(ranks)
             progress.case_done(index, ranks)
     watchdog.case = None
@@ -87,10 +87,10 @@ def _finish(args, backend, cases, results, entries, store, rank: int, started: f
 
         meta = dict(run_meta(backend, dist.get_world_size()), worlds=1, start_method="torchrun")
         code = finish(args, cases, results, [], entries, meta, time.time() - started, ", ranks torchrun")
-        store.set("paracheck/exit", str(int(code)))
+        store.set(STORE_EXIT_KEY, str(int(code)))
     else:
         store.wait(["paracheck/exit"], timedelta(seconds=args.timeout * max(len(cases), 1)))
-        code = int(store.get("paracheck/exit"))
+        code = int(store.get(STORE_EXIT_KEY))
     dist.barrier()
     dist.destroy_process_group()
     return code

@@ -32,7 +32,8 @@ from paracheck.checks.collectives import count_collectives
 from paracheck.checks.controls import get_control
 from paracheck.adapters.diffusers.fitting import Unfittable
 from paracheck.launch.protocol import (ENV_PG_TIMEOUT, ENV_PROFILE, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE,
-                                       STORE_BROKEN_KEY, RankExit, RunDir, read_json, store_done_key, write_json)
+                                       STORE_BROKEN_KEY, Phase, RankProgress, RankExit, RunDir, Todo, read_json,
+                                       store_done_key, write_json)
 from paracheck.domain.records import CheckId, Failure, FailureKind, RankResult, RankStatus, Status
 from paracheck.adapters.diffusers.routes import apply
 
@@ -223,13 +224,13 @@ def run_world(rundir: RunDir, todo, backend, store) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     sources, owners = reference.Sources(), reference.Owners(world)
     for index, case in todo:
-        write_json(rundir.progress(rank), {"index": index, "started": time.time()})
+        write_json(rundir.progress(rank), RankProgress(Phase.STARTED, time.time(), index).to_json())
         result = plan_and_run(index, case, backend, sources, lambda key: owners.owner(key) == rank,
                               rundir.refs_dir, rundir.case_dir(index))
         write_json(rundir.result(index, rank), result.to_json())
         if not case_ended(store, result, world):
             return RankExit.BROKEN
-    write_json(rundir.progress(rank), {"index": None, "done": time.time()})
+    write_json(rundir.progress(rank), RankProgress(Phase.DONE, time.time()).to_json())
     return RankExit.DONE
 
 
@@ -282,7 +283,7 @@ def fed(rundir: RunDir, start: int, rank: int, poll: float = 0.02):
     """The cases of a fed world, as the launcher writes them, until it writes `stop`."""
     index = start
     while True:
-        write_json(rundir.progress(rank), {"index": None, "waiting": time.time()})
+        write_json(rundir.progress(rank), RankProgress(Phase.WAITING, time.time()).to_json())
         while (data := read_json(rundir.feed(index))) is None:
             if os.path.exists(rundir.stop):
                 return
@@ -301,12 +302,12 @@ def main(rundir_path: str) -> int:
     store = join(backend, os.environ[ENV_STORE])
     # Everything imported so far lives as long as the rank: the collector need not walk it again after each case.
     gc.freeze()
-    todo = read_json(os.path.join(rundir.path, os.environ[ENV_TODO]))
-    if isinstance(todo, dict):
-        feed = fed(rundir, todo["feed_from"], rank)
+    todo = Todo.from_json(read_json(os.path.join(rundir.path, os.environ[ENV_TODO])))
+    if todo.feed_from is not None:
+        feed = fed(rundir, todo.feed_from, rank)
     else:
         cases = [Case.from_json(c) for c in run["cases"]]
-        feed = ((i, cases[i]) for i in todo)
+        feed = ((i, cases[i]) for i in todo.indices)
     code = _profiled(lambda: run_world(rundir, feed, backend, store), rank)
     if code == RankExit.DONE:
         # The library's ring all-gathers are never waited on; without a barrier gloo's teardown can abort.

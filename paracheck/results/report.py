@@ -12,7 +12,7 @@ from paracheck.domain.records import CaseStatus, CheckId, Status
 from paracheck.results.verdict import Verdict
 
 CELL = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.SKIP: "-", None: " "}
-SHOWN_CHECKS = [c for c in CheckId]
+SHOWN_CHECKS = [c for c in CheckId if not c.simulated]
 _SUMMARY = (("passed", CaseStatus.PASS), ("failed", CaseStatus.FAIL), ("errors", CaseStatus.ERROR),
             ("skipped", CaseStatus.SKIP), ("detected", CaseStatus.DETECTED), ("missed", CaseStatus.MISSED),
             ("inconclusive", CaseStatus.INCONCLUSIVE), ("xfailed", CaseStatus.XFAIL), ("xpassed", CaseStatus.XPASS))

@@ -15,8 +15,8 @@ from paracheck.results import known
 from paracheck.launch.attribution import ranks_named
 from paracheck.domain.case import Case
 from paracheck.checks.controls import get_control
-from paracheck.domain.records import (CaseStatus, CheckId, Failure, FailureKind, Finding, MergedCheck, RankResult,
-                                      RankStatus, Route, Status)
+from paracheck.domain.records import (CaseStatus, CheckId, CheckResult, Failure, FailureKind, Finding, MergedCheck,
+                                      RankResult, RankStatus, Route, Status)
 
 
 @dataclass
@@ -94,23 +94,28 @@ class Verdict:
 
 
 def merge_checks(ranks: list[RankResult]) -> list[MergedCheck]:
+    secondary = frozenset(r.rank for r in ranks if r.secondary)
     merged = []
     for check_id in CheckId:
         per_rank = [(r.rank, c) for r in ranks for c in r.checks if c.id == check_id]
-        if not per_rank:
-            continue
-        failed = [rank for rank, c in per_rank if c.status == Status.FAIL]
-        statuses = {c.status for _, c in per_rank}
-        status = Status.FAIL if failed else (Status.PASS if Status.PASS in statuses else Status.SKIP)
-        secondary = {r.rank for r in ranks if r.secondary}
-        shown = next(((r, c) for r, c in per_rank if c.status == Status.FAIL and r not in secondary),
-                     None) or next(((r, c) for r, c in per_rank if c.status == Status.FAIL),
-                     next(((r, c) for r, c in per_rank if c.detail), per_rank[0]))
-        merged.append(MergedCheck(
-            check_id, status, failed, _worst(c.max_abs for _, c in per_rank),
-            _worst(c.max_rel for _, c in per_rank), per_rank[0][1].atol, per_rank[0][1].rtol,
-            shown[1].detail, shown[0] if shown[1].detail else None, _merge_data(per_rank), shown[1].failure))
+        if per_rank:
+            merged.append(merge_check(check_id, per_rank, secondary))
     return merged
+
+
+def merge_check(check_id: CheckId, per_rank: list[tuple[int, CheckResult]], secondary=frozenset()) -> MergedCheck:
+    """One check over the ranks that ran it (rank, result): failed anywhere fails; the detail shown is
+    the first failing rank's that did not only wait on another (`secondary`). The simulation merges here too."""
+    failed = [rank for rank, c in per_rank if c.status == Status.FAIL]
+    statuses = {c.status for _, c in per_rank}
+    status = Status.FAIL if failed else (Status.PASS if Status.PASS in statuses else Status.SKIP)
+    shown = next(((r, c) for r, c in per_rank if c.status == Status.FAIL and r not in secondary),
+                 None) or next(((r, c) for r, c in per_rank if c.status == Status.FAIL),
+                 next(((r, c) for r, c in per_rank if c.detail), per_rank[0]))
+    return MergedCheck(
+        check_id, status, failed, _worst(c.max_abs for _, c in per_rank),
+        _worst(c.max_rel for _, c in per_rank), per_rank[0][1].atol, per_rank[0][1].rtol,
+        shown[1].detail, shown[0] if shown[1].detail else None, _merge_data(per_rank), shown[1].failure)
 
 
 def _worst(values) -> float | None:

@@ -36,18 +36,17 @@ from paracheck.checks.controls import Control, get_control
 from paracheck.simulate.fakeworld import build_meta, fake_world, meta_inputs, quiet
 from paracheck.adapters.diffusers.fitting import HEADS_KEY, Unfittable, cp_split_problems, fit_init_dict, init_value
 from paracheck.domain.layout import Layout, layouts_for
-from paracheck.domain.records import CheckId, CheckResult, Route, Status
+from paracheck.domain.records import CheckId, CheckResult, MergedCheck, Route, Status
+from paracheck.results.verdict import merge_check
 from paracheck.checks.shardledger import check_tp_shards_meta, shard_ledger
 
 MAX_WORLD = 128
 ROUTES = ("auto", "native", "composed")
-#: The simulation's own check id (no `CheckId`: only a simulation judges a backend's group rules).
-BACKEND_GROUPS = "backend.groups"
-#: Not a check: the route itself raised while parallelizing on meta.
+#: Not a check: the route itself raised while parallelizing on meta (the JSON's key for `LayoutResult.raised`).
 APPLY = "simulate.apply"
-#: Check ids a simulated rank reports, in table order.
-SIM_CHECKS = (CheckId.MESH.value, CheckId.CP_HOOKS.value, CheckId.PROCESSOR_CONFIG.value, CheckId.TP_SHARDS.value,
-              BACKEND_GROUPS, CheckId.COLLECTIVES.value)
+#: The checks a simulated rank reports, in table order.
+SIM_CHECKS = (CheckId.MESH, CheckId.CP_HOOKS, CheckId.PROCESSOR_CONFIG, CheckId.TP_SHARDS, CheckId.BACKEND_GROUPS,
+              CheckId.COLLECTIVES)
 #: The attention backend a ring layout's forward runs on meta (native attention returns no LSE).
 RING_META_BACKEND = "_native_flash"
 _PHASES = ("world", "build", "apply", "checks", "forward")
@@ -82,11 +81,12 @@ class LayoutResult:
     status: LayoutStatus
     reason: str = ""
     route: str = ""
-    #: check id -> {"ranks": [...], "detail": first failing rank's detail}
-    failures: dict = field(default_factory=dict)
-    #: check ids that ran (on at least one rank) and passed on every rank
-    passed: list = field(default_factory=list)
-    skipped: dict = field(default_factory=dict)
+    #: Every check that ran, merged over the simulated ranks as a run merges its ranks (`verdict.merge_check`).
+    checks: dict[CheckId, MergedCheck] = field(default_factory=dict)
+    #: Checks that did not run on any rank, and why (`--collectives` not asked, no inputs).
+    not_run: dict[CheckId, str] = field(default_factory=dict)
+    #: The route raised while parallelizing on meta: {"ranks": [...], "detail": first rank's error}.
+    raised: dict | None = None
     notes: list = field(default_factory=list)
     ranks: int = 0
     seconds: float = 0.0
@@ -109,8 +109,28 @@ class LayoutResult:
         return self.cpu_seconds / self.ranks if self.ranks else 0.0
 
     @property
+    def failures(self) -> dict[str, dict]:
+        """check id (and `simulate.apply`) -> {"ranks": the failing ranks, "detail": "rank R: the first one's"}."""
+        out = {c.value: {"ranks": m.failed_ranks, "detail": f"rank {m.detail_rank}: {m.detail}"}
+               for c, m in self.checks.items() if m.status is Status.FAIL}
+        if self.raised:
+            out[APPLY] = self.raised
+        return out
+
+    @property
+    def passed(self) -> list[str]:
+        """Check ids that ran on some rank and passed on every rank that ran them."""
+        return [c.value for c, m in self.checks.items() if m.status is Status.PASS]
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        out = {c.value: reason for c, reason in self.not_run.items()}
+        out.update({c.value: m.detail for c, m in self.checks.items() if m.status is Status.SKIP})
+        return out
+
+    @property
     def structure_failed(self) -> bool:
-        return any(check.startswith("structure.") or check == APPLY for check in self.failures)
+        return self.raised is not None or any(c.structural for c in self.checks if c.value in self.failures)
 
     def to_json(self) -> dict:
         return {
@@ -142,7 +162,8 @@ def alltoall_groups(applied, counts=None) -> list[list[int]]:
 def check_backend_groups(backend: Backend, applied, counts=None) -> CheckResult:
     """backend.groups: the backend's rules on the process groups the library built for this rank."""
     problems = [p for group in alltoall_groups(applied, counts) for p in backend.group_problems(group)]
-    return CheckResult(BACKEND_GROUPS, Status.FAIL if problems else Status.PASS, "; ".join(dict.fromkeys(problems)))
+    return CheckResult(CheckId.BACKEND_GROUPS, Status.FAIL if problems else Status.PASS,
+                       "; ".join(dict.fromkeys(problems)))
 
 
 # -- one rank ---------------------------------------------------------------------------------------
@@ -184,7 +205,7 @@ def _simulate_rank(s: _Setup):
                 # The meshes are CPU meshes whatever the backend judged: build them with gloo's shims.
                 model, applied = apply(s.route, model, s.layout, get_backend("gloo"), s.control, s.template, None)
     except Exception as exc:
-        return [CheckResult(APPLY, Status.FAIL, f"{type(exc).__name__}: {exc}")], None, None
+        return f"{type(exc).__name__}: {exc}", None, None
     with _timed(s.timings, "checks"):
         ctx = CheckContext(model, s.template, applied, ref_out=None, weights=None, atol=0.0, rtol=0.0)
         checks = [check_mesh(ctx), check_cp_hooks(ctx), check_processor_config(ctx),
@@ -301,36 +322,40 @@ def _control_skip(planted: Control | None, layout: Layout, route: Route) -> str 
         return None
     reason = planted.skip_reason(layout, route)
     if reason is None and planted.attention_fault:
-        reason = f"{planted.name} bends paracheck's CPU attention op, which a meta forward does not run"
+        reason = f"{planted.name} bends an attention backend's collectives, which a meta forward (no values, no real groups) cannot show"
     return reason
 
 
 def _forward_inputs(model_class, inputs, layout: Layout, collectives: bool, result: LayoutResult):
     if not collectives:
-        result.skipped[CheckId.COLLECTIVES.value] = "not asked for (--collectives)"
+        result.not_run[CheckId.COLLECTIVES] = "not asked for (--collectives)"
         return None
     if not inputs:
-        result.skipped[CheckId.COLLECTIVES.value] = "the model spec gives no inputs, so no forward can run"
+        result.not_run[CheckId.COLLECTIVES] = "the model spec gives no inputs, so no forward can run"
         return None
     problems = cp_split_problems(model_class, inputs, layout)
     if problems:
-        result.skipped[CheckId.COLLECTIVES.value] = "; ".join(problems)
+        result.not_run[CheckId.COLLECTIVES] = "; ".join(problems)
         return None
     return meta_inputs(inputs)
 
 
 def _run_ranks(setup: _Setup, ranks: list[int], backends, shared: LayoutResult):
-    """Every rank in its own fake world: the tallies of the shared checks and of each backend's."""
-    per_check: dict[str, dict] = {}
-    per_backend: list[dict[str, dict]] = [{} for _ in backends]
+    """Every rank in its own fake world: (rank, result) per shared check, and per check of each backend."""
+    per_check: dict[CheckId, list] = {}
+    per_backend: list[dict[CheckId, list]] = [{} for _ in backends]
     with quiet():
         for rank in ranks:
             checks, counts, judged = _in_world(setup, rank, backends)
             if counts is not None:
                 shared.counts[rank] = counts.to_json()
-            _tally(per_check, checks, rank)
+            if isinstance(checks, str):  # the route raised on this rank
+                shared.raised = shared.raised or {"ranks": [], "detail": f"rank {rank}: {checks}"}
+                shared.raised["ranks"].append(rank)
+                continue
+            _collect(per_check, checks, rank)
             for table, own in zip(per_backend, judged):
-                _tally(table, own, rank)
+                _collect(table, own, rank)
     return per_check, per_backend
 
 
@@ -347,17 +372,9 @@ def _in_world(setup: _Setup, rank: int, backends):
     return checks, counts, judged
 
 
-def _tally(table: dict, checks, rank: int) -> None:
+def _collect(table: dict[CheckId, list], checks: list[CheckResult], rank: int) -> None:
     for check in checks:
-        entry = table.setdefault(getattr(check.id, "value", check.id), {"fail": [], "pass": 0, "skip": "", "detail": ""})
-        if check.status == Status.FAIL:
-            if not entry["fail"]:
-                entry["detail"] = f"rank {rank}: {check.detail}"
-            entry["fail"].append(rank)
-        elif check.status == Status.SKIP:
-            entry["skip"] = check.detail
-        else:
-            entry["pass"] += 1
+        table.setdefault(check.id, []).append((rank, check))
 
 
 def _judge(shared: LayoutResult, backend: Backend, per_check: dict, own: dict, planted, cpu: float,
@@ -366,15 +383,13 @@ def _judge(shared: LayoutResult, backend: Backend, per_check: dict, own: dict, p
     from paracheck.launch.attribution import ranks_named
 
     result = copy.deepcopy(shared)
-    for check_id, entry in list(per_check.items()) + list(own.items()):
-        if entry["fail"]:
-            result.failures[check_id] = {"ranks": entry["fail"], "detail": entry["detail"]}
-        elif entry["pass"]:
-            result.passed.append(check_id)
-        else:
-            result.skipped[check_id] = entry["skip"]
+    for check_id in SIM_CHECKS:
+        per_rank = per_check.get(check_id) or own.get(check_id)
+        if per_rank:
+            result.checks[check_id] = merge_check(check_id, per_rank)
     if backend.name == "neuron":
-        rule, derived = backend.problems(result.layout), BACKEND_GROUPS in result.failures
+        groups = result.checks.get(CheckId.BACKEND_GROUPS)
+        rule, derived = backend.problems(result.layout), groups is not None and groups.status is Status.FAIL
         if bool(rule) != derived:
             result.notes.append(f"backend rule table says {'no' if rule else 'ok'}, the library's groups "
                                 f"say {'no' if derived else 'ok'}")
