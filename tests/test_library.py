@@ -85,12 +85,12 @@ def test_an_unservable_diffusers_exits_2_in_one_line(monkeypatch, capsys):
 def test_a_fixture_whose_class_is_missing_is_a_skip():
     from paracheck.domain.backends import get_backend
     from paracheck.domain.case import Case
-    from paracheck.rank.reference import Sources, plan
+    from paracheck.rank.plan import Sources, plan
     from tests.support import SPECS
 
     case = Case("gone", f"{SPECS}:class_not_in_this_diffusers", Layout.parse("u4"))
     p = plan(case, get_backend("gloo"), Sources())
-    assert p.error is None and "cannot provide its model class" in p.skip
+    assert p.stop.status == "skip" and "cannot provide its model class" in p.stop.reason
 
 
 def test_cp_hook_names_match_the_library():

@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from paracheck.rank import reference
-from paracheck.rank.reference import LastReference, Plan, Reference, copy_of
+from paracheck.rank.plan import Plan
+from paracheck.rank.reference import LastReference, Reference
+from paracheck.rank.weights import copy_of
 
 
 class Tiny(torch.nn.Module):

@@ -11,7 +11,7 @@ import torch.distributed.tensor  # noqa: F401
 
 from paracheck.checks import registry as checks
 from paracheck.checks import controls
-from paracheck.rank import reference
+from paracheck.rank import plan, reference  # noqa: F401
 from paracheck.adapters.diffusers import routes
 from paracheck.rank import worker
 from paracheck.domain.fixtures_index import FIXTURE_CLASSES

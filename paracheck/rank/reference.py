@@ -1,7 +1,6 @@
-"""Single-device references: planned once per distinct model, fit, inputs and dtype, computed once per run.
+"""Single-device references: computed once per run per plan key, shared through the run directory.
 
-A case's *plan* (fit, route, skip reason, reference key) is pure arithmetic every rank repeats. The
-reference itself (weights, output, loss weights, gradients) is computed by one rank, when the first
+A case's plan (`rank.plan`) names its reference by key. The reference itself (weights, output, loss weights, gradients) is computed by one rank, when the first
 case that needs it comes up, and written to the run directory as safetensors; every rank that needs it
 reads it. Owners are dealt out round-robin over the keys, so the work spreads over the ranks (the
 others wait for the file meanwhile). Each rank keeps the one reference it read last, for the next case
@@ -10,9 +9,6 @@ others wait for the file meanwhile). Each rank keeps the one reference it read l
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,125 +16,16 @@ from dataclasses import dataclass, field
 import torch
 
 from paracheck.adapters.diffusers import attention
-from paracheck.adapters.diffusers import library
-from paracheck.domain.case import Case, FixtureUnavailable, call_factory
-from paracheck.adapters.diffusers.fitting import Unfittable, cp_split_problems, fit_init_dict
-from paracheck.domain.records import Failure, FailureKind, Route
-from paracheck.adapters.diffusers.routes import resolve_route
+from paracheck.adapters.diffusers.fitting import Unfittable
 from paracheck.launch.protocol import read_json, reference_error_file, reference_file, write_json
+from paracheck.rank.plan import Plan
+from paracheck.rank.weights import copy_of
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
-
-
-@dataclass
-class Plan:
-    """What every rank decides about a case before any collective, identically."""
-    case: Case
-    model_class: type | None = None
-    init_dict: dict = field(default_factory=dict)
-    inputs: dict = field(default_factory=dict)
-    fit: list[str] = field(default_factory=list)
-    route: Route | None = None
-    skip: str | None = None
-    #: The attention backend the case runs (`attention.choose`).
-    attention: str | None = None
-    #: The source or fitting raised (not a misfit): the case errors on every rank.
-    error: str | None = None
-    #: The skip's or the error's identity.
-    failure: Failure | None = None
-    key: str | None = None
-    #: What the inputs carry that known failures can be keyed on (`input_traits`).
-    traits: list[str] = field(default_factory=list)
-
-
-def input_traits(inputs: dict) -> list[str]:
-    """"mask" when an attention-mask input is given, "padded" when it also masks something out: what an
-    upstream bug that lives in mask handling needs, whatever the variant or test class is called."""
-    masks = [v for k, v in inputs.items() if "mask" in k and isinstance(v, torch.Tensor)]
-    traits = ["mask"] if masks else []
-    if any(bool((m == 0).any()) for m in masks):
-        traits.append("padded")
-    return traits
-
-
-class Sources:
-    """What a rank keeps between cases: each factory or payload, loaded once per process, and the
-    reference it read last (`LastReference`)."""
-
-    KEEP = 32
-
-    def __init__(self):
-        self._loaded: dict[tuple, tuple] = {}
-        self.last_reference = LastReference()
-
-    def get(self, case: Case):
-        name = (case.payload or case.factory, case.variant, case.shape)
-        if name not in self._loaded:
-            if case.payload:
-                from paracheck.pytest.payload import load
-
-                self._loaded[name] = load(os.path.join(case.payload, case.variant))
-            else:
-                self._loaded[name] = call_factory(case.factory, case.variant, case.shape)
-            if len(self._loaded) > self.KEEP:  # explore draws a new shape per case: keep the recent ones
-                del self._loaded[next(iter(self._loaded))]
-        return self._loaded[name]
-
-
-def plan(case: Case, backend, sources: Sources) -> Plan:
-    """Load the case's source, fit it, resolve its route; the same on every rank, no collective."""
-    try:
-        model_class, init_dict, inputs = sources.get(case)
-    except FixtureUnavailable as exc:
-        return Plan(case, skip=str(exc), failure=Failure(FailureKind.SKIP, exception=type(exc).__name__))
-    except Exception as exc:
-        return Plan(case, error=f"loading the model source raised {type(exc).__name__}: {exc}",
-                    failure=Failure.raised(exc))
-    p = Plan(case, model_class, inputs=inputs, traits=input_traits(inputs))
-    try:
-        options = dict(case.cp_options)
-        refused = library.cp_options_refused(case.layout, case.cp_options)
-        if refused:
-            raise Unfittable(refused)
-        fit = fit_init_dict(model_class, init_dict, case.layout, any_heads=bool(options.get("ulysses_anything")))
-        p.init_dict, p.fit = fit.init_dict, fit.changes
-        uneven_ok = options.get("ulysses_anything") or options.get("ring_anything")
-        problems = backend.problems(case.layout) + ([] if uneven_ok else
-                                                    cp_split_problems(model_class, inputs, case.layout))
-        if problems:
-            raise Unfittable("; ".join(problems))
-        p.route = resolve_route(case.route, case.layout)
-        p.attention, refused = attention.choose(case.attention_backend, backend.device_type, case.layout)
-        if refused:
-            raise Unfittable(refused)
-        if case.control:
-            _control_fits(case, p)
-    except Unfittable as exc:
-        p.skip, p.failure = str(exc), exc.failure
-        return p
-    p.key = _key(case, model_class, p.init_dict, p.attention)
-    return p
-
-
-def _control_fits(case: Case, p: Plan) -> None:
-    from paracheck.checks.controls import get_control
-
-    control = get_control(case.control)
-    reason = control.skip_reason(case.layout, p.route)
-    if reason:
-        raise Unfittable(reason)
-
-
-def _key(case: Case, model_class: type, init_dict: dict, attention: str) -> str:
-    source = case.payload or case.factory
-    shape = case.shape.to_json() if case.shape else None
-    text = json.dumps([source, f"{model_class.__module__}.{model_class.__qualname__}", init_dict, case.variant,
-                       shape, case.dtype, case.grads, attention], sort_keys=True, default=str)
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def forward(model, inputs: dict):
@@ -273,48 +160,3 @@ class LastReference:
             self._ref = load(p, refs_dir, device)
             self._key = p.key
         return self._ref
-
-
-#: torch.nn.init's random initializers. A module's __init__ draws its weights with them; a copy of a model
-#: whose weights we hold has them overwritten in full right after, so it need not draw them first.
-_RANDOM_INITS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
-                 "xavier_normal_", "orthogonal_", "sparse_")
-
-
-def copy_of(model_class: type, init_dict: dict, state: dict, device: torch.device, dtype: torch.dtype):
-    """`model_class(**init_dict)` in eval mode on `device` in `dtype`, holding `state` (load_state_dict is
-    strict: every parameter and persistent buffer comes from `state`). The same model as constructing
-    and loading gives, without drawing random weights only to overwrite them: buffers outside the state
-    (rotary tables) are computed in __init__ as always, and deterministic initializers still run."""
-    with _undrawn():
-        model = model_class(**init_dict).eval()
-    if not _placed(model, device, dtype):
-        model = model.to(device, dtype)
-    model.load_state_dict(state)
-    return model
-
-
-def _placed(model, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether `model.to(device, dtype)` would change nothing: it casts floating and complex tensors
-    only. Skipping it spares a walk over every module and diffusers' warning about fp32 modules."""
-    return all(t.device == device and (t.dtype == dtype or not (t.is_floating_point() or t.is_complex()))
-               for t in (*model.parameters(), *model.buffers()))
-
-
-@contextlib.contextmanager
-def _undrawn():
-    """Inside: torch.nn.init's random initializers leave their tensor as it is; restored on exit, also on error."""
-    from torch.nn import init
-
-    saved = {name: getattr(init, name) for name in _RANDOM_INITS if hasattr(init, name)}
-    for name in saved:
-        setattr(init, name, _unchanged)
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(init, name, fn)
-
-
-def _unchanged(tensor, *args, **kwargs):
-    return tensor

@@ -46,21 +46,20 @@ class _Watchdog:
 def run_as_rank(args, backend, cases, entries) -> int:
     import torch.distributed as dist
 
-    from paracheck.rank import reference
-    from paracheck.rank.worker import case_ended, join, plan_and_run
+    from paracheck.rank.worker import Kept, case_ended, join, plan_and_run
 
     store = join(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     workdir = tempfile.mkdtemp(prefix=f"paracheck-torchrun-{rank}-")
     refs_dir = os.path.join(workdir, "refs")
     os.makedirs(refs_dir)
-    watchdog, sources = _Watchdog(args.timeout), reference.Sources()
+    watchdog, kept = _Watchdog(args.timeout), Kept()
     results, started = [], time.time()
     progress = _progress(args, cases, entries) if rank == 0 else None
     for index, case in enumerate(cases):
         watchdog.begin(case.id)
         # Nodes share no run directory, so every rank computes the references it needs itself.
-        result = plan_and_run(index, case, backend, sources, lambda key: True, refs_dir,
+        result = plan_and_run(index, case, backend, kept, lambda key: True, refs_dir,
                               os.path.join(workdir, f"case-{index}"))
         _say(_rank_line(result, case))
         store.set(store_result_key(index, rank), json.dumps(result.to_json()))

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -24,6 +25,8 @@ from paracheck.adapters.diffusers import attention
 from paracheck.adapters.diffusers import library
 from paracheck.rank import meshes
 from paracheck.rank import reference
+from paracheck.rank.plan import Plan, Sources, plan
+from paracheck.rank.weights import copy_of
 from paracheck.launch.attribution import lost_peer
 from paracheck.domain.backends import get_backend
 from paracheck.domain.case import Case
@@ -67,15 +70,14 @@ def local_device(backend) -> torch.device:
 # -- one case ------------------------------------------------------------------------------------
 
 
-def run_case(index: int, p: reference.Plan, backend, workdir: str, refs_dir: str,
+def run_case(index: int, p: Plan, backend, workdir: str, refs_dir: str,
              last: reference.LastReference | None = None) -> RankResult:
     started = time.time()
     result = RankResult(index, dist.get_rank(), RankStatus.OK, route=p.route, fit=p.fit,
                         model_class=p.model_class.__name__ if p.model_class else None, attention_backend=p.attention,
                         inputs=p.traits)
-    if p.skip or p.error:  # decided while planning, identically on every rank
-        result.status = RankStatus.SKIP if p.skip else RankStatus.ERROR
-        result.reason, result.failure = p.skip or f"RuntimeError: {p.error}", p.failure
+    if p.stop:  # decided while planning, identically on every rank
+        result.status, result.reason, result.failure = p.stop.status, p.stop.reason, p.stop.failure
         return result
     try:
         with _phase(result, "reference"):
@@ -143,7 +145,7 @@ def _rss_mb() -> float:
         return 0.0
 
 
-def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir: str, result: RankResult) -> None:
+def _run_parallel(p: Plan, ref: reference.Reference, backend, workdir: str, result: RankResult) -> None:
     case = p.case
     control = get_control(case.control) if case.control else None
     atol, rtol = tolerance(ref.out.dtype, backend.device_type)
@@ -152,7 +154,7 @@ def _run_parallel(p: reference.Plan, ref: reference.Reference, backend, workdir:
     with library.Findings() as findings, attention.scope(p.attention, fault), \
             library.parallel_shims(backend.device_type):
         with parallel:
-            model = reference.copy_of(p.model_class, p.init_dict, ref.model.state_dict(), ref.out.device, ref.out.dtype)
+            model = copy_of(p.model_class, p.init_dict, ref.model.state_dict(), ref.out.device, ref.out.dtype)
             result.raised_in_parallel = True  # from here on, a raise may leave peers inside a collective
             model, applied = apply(p.route, model, case.layout, backend, control, ref.model, workdir, case.cp_options)
         ctx = CheckContext(model, ref.model, applied, ref.out, ref.weights,
@@ -222,10 +224,10 @@ def run_world(rundir: RunDir, todo, backend, store) -> int:
     """Run the cases `todo` yields as (index, case), in order; each reference is computed by one rank and
     read by the others."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    sources, owners = reference.Sources(), reference.Owners(world)
+    kept, owners = Kept(), reference.Owners(world)
     for index, case in todo:
         write_json(rundir.progress(rank), RankProgress(Phase.STARTED, time.time(), index).to_json())
-        result = plan_and_run(index, case, backend, sources, lambda key: owners.owner(key) == rank,
+        result = plan_and_run(index, case, backend, kept, lambda key: owners.owner(key) == rank,
                               rundir.refs_dir, rundir.case_dir(index))
         write_json(rundir.result(index, rank), result.to_json())
         if not case_ended(store, result, world):
@@ -234,7 +236,14 @@ def run_world(rundir: RunDir, todo, backend, store) -> int:
     return RankExit.DONE
 
 
-def plan_and_run(index: int, case: Case, backend, sources, computes, refs_dir: str, workdir: str) -> RankResult:
+@dataclass
+class Kept:
+    """What a rank keeps between cases: the model sources it loaded, and the reference it read last."""
+    sources: Sources = field(default_factory=Sources)
+    last_reference: reference.LastReference = field(default_factory=reference.LastReference)
+
+
+def plan_and_run(index: int, case: Case, backend, kept: Kept, computes, refs_dir: str, workdir: str) -> RankResult:
     """Plan the case, compute its reference where `computes(key)` says this rank does, and run it."""
     if case.library != "diffusers":  # another library's adapter runs the whole case, its reference included
         from paracheck.adapters import rank_entry
@@ -243,14 +252,14 @@ def plan_and_run(index: int, case: Case, backend, sources, computes, refs_dir: s
         result = rank_entry(case.library)(index, case, backend, workdir)
         _measure(result)
         return result
-    p = reference.plan(case, backend, sources)
+    p = plan(case, backend, kept.sources)
     wall, cpu = time.perf_counter(), time.process_time()
     if p.key and computes(p.key) and not reference.exists(p, refs_dir):
         reference.compute(p, refs_dir, local_device(backend))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     os.makedirs(workdir, exist_ok=True)
     groups = meshes.group_names()
-    result = run_case(index, p, backend, workdir, refs_dir, sources.last_reference)
+    result = run_case(index, p, backend, workdir, refs_dir, kept.last_reference)
     meshes.for_world().settle(groups)
     _add_time(result, "reference", wall, cpu)
     _measure(result)

@@ -322,7 +322,8 @@ def _control_skip(planted: Control | None, layout: Layout, route: Route) -> str 
         return None
     reason = planted.skip_reason(layout, route)
     if reason is None and planted.attention_fault:
-        reason = f"{planted.name} bends an attention backend's collectives, which a meta forward (no values, no real groups) cannot show"
+        reason = (f"{planted.name} bends an attention backend's collectives, which a meta forward (no values, "
+                  "no real groups) cannot show")
     return reason
 
 

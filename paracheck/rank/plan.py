@@ -1,0 +1,132 @@
+"""A case's plan: what every rank decides before any collective, identically (fit, route, backend, key).
+
+Planning is pure arithmetic every rank repeats, so no rank needs to tell another whether a case runs. The
+model sources (fixture factories, payloads) are loaded once per process (`Sources`), and the plan's key
+names the single-device reference the case shares with every case that ends with the same fitted model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from paracheck.adapters.diffusers import attention
+from paracheck.adapters.diffusers import library
+from paracheck.adapters.diffusers.fitting import Unfittable, cp_split_problems, fit_init_dict
+from paracheck.adapters.diffusers.routes import resolve_route
+from paracheck.domain.case import Case, FixtureUnavailable, call_factory
+from paracheck.domain.records import Failure, FailureKind, RankStatus, Route
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why planning ended a case before any collective: a skip, or an error raised by its source."""
+    status: RankStatus
+    reason: str
+    failure: Failure
+
+
+@dataclass
+class Plan:
+    """What every rank decides about a case before any collective, identically."""
+    case: Case
+    model_class: type | None = None
+    init_dict: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)
+    fit: list[str] = field(default_factory=list)
+    route: Route | None = None
+    #: The attention backend the case runs (`attention.choose`).
+    attention: str | None = None
+    #: Set when planning ends the case on every rank alike: a skip (it cannot run here) or an error.
+    stop: Stop | None = None
+    key: str | None = None
+    #: What the inputs carry that known failures can be keyed on (`input_traits`).
+    traits: list[str] = field(default_factory=list)
+
+
+def input_traits(inputs: dict) -> list[str]:
+    """"mask" when an attention-mask input is given, "padded" when it also masks something out: what an
+    upstream bug that lives in mask handling needs, whatever the variant or test class is called."""
+    masks = [v for k, v in inputs.items() if "mask" in k and isinstance(v, torch.Tensor)]
+    traits = ["mask"] if masks else []
+    if any(bool((m == 0).any()) for m in masks):
+        traits.append("padded")
+    return traits
+
+
+class Sources:
+    """Each factory or payload a rank runs, loaded once per process (the recent ones kept)."""
+
+    KEEP = 32
+
+    def __init__(self):
+        self._loaded: dict[tuple, tuple] = {}
+
+    def get(self, case: Case):
+        name = (case.payload or case.factory, case.variant, case.shape)
+        if name not in self._loaded:
+            if case.payload:
+                from paracheck.pytest.payload import load
+
+                self._loaded[name] = load(os.path.join(case.payload, case.variant))
+            else:
+                self._loaded[name] = call_factory(case.factory, case.variant, case.shape)
+            if len(self._loaded) > self.KEEP:  # explore draws a new shape per case: keep the recent ones
+                del self._loaded[next(iter(self._loaded))]
+        return self._loaded[name]
+
+
+def plan(case: Case, backend, sources: Sources) -> Plan:
+    """Load the case's source, fit it, resolve its route; the same on every rank, no collective."""
+    try:
+        model_class, init_dict, inputs = sources.get(case)
+    except FixtureUnavailable as exc:
+        return Plan(case, stop=Stop(RankStatus.SKIP, str(exc), Failure(FailureKind.SKIP, exception=type(exc).__name__)))
+    except Exception as exc:
+        reason = f"RuntimeError: loading the model source raised {type(exc).__name__}: {exc}"
+        return Plan(case, stop=Stop(RankStatus.ERROR, reason, Failure.raised(exc)))
+    p = Plan(case, model_class, inputs=inputs, traits=input_traits(inputs))
+    try:
+        options = dict(case.cp_options)
+        refused = library.cp_options_refused(case.layout, case.cp_options)
+        if refused:
+            raise Unfittable(refused)
+        fit = fit_init_dict(model_class, init_dict, case.layout, any_heads=bool(options.get("ulysses_anything")))
+        p.init_dict, p.fit = fit.init_dict, fit.changes
+        uneven_ok = options.get("ulysses_anything") or options.get("ring_anything")
+        problems = backend.problems(case.layout) + ([] if uneven_ok else
+                                                    cp_split_problems(model_class, inputs, case.layout))
+        if problems:
+            raise Unfittable("; ".join(problems))
+        p.route = resolve_route(case.route, case.layout)
+        p.attention, refused = attention.choose(case.attention_backend, backend.device_type, case.layout)
+        if refused:
+            raise Unfittable(refused)
+        if case.control:
+            _control_fits(case, p)
+    except Unfittable as exc:
+        p.stop = Stop(RankStatus.SKIP, str(exc), exc.failure)
+        return p
+    p.key = _key(case, model_class, p.init_dict, p.attention)
+    return p
+
+
+def _control_fits(case: Case, p: Plan) -> None:
+    from paracheck.checks.controls import get_control
+
+    control = get_control(case.control)
+    reason = control.skip_reason(case.layout, p.route)
+    if reason:
+        raise Unfittable(reason)
+
+
+def _key(case: Case, model_class: type, init_dict: dict, attention: str) -> str:
+    source = case.payload or case.factory
+    shape = case.shape.to_json() if case.shape else None
+    text = json.dumps([source, f"{model_class.__module__}.{model_class.__qualname__}", init_dict, case.variant,
+                       shape, case.dtype, case.grads, attention], sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
