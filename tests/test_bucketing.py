@@ -4,7 +4,7 @@
 import torch
 from hypothesis import given, strategies as st
 
-from paracheck.checks.registry import dtype_buckets, flatten, gather_each, reduce_each, unflatten
+from paracheck.checks.buckets import dtype_buckets, flatten, gather_each, reduce_each, unflatten
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 

@@ -41,7 +41,7 @@ def test_each_backend_puts_a_rank_on_its_own_device(monkeypatch):
 
 
 def test_comparisons_happen_on_the_cpu_in_float64():
-    from paracheck.checks.registry import compare
+    from paracheck.checks.compare import compare
     from paracheck.domain.records import CheckId, Status
 
     a = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import given, strategies as st
 
-from paracheck.checks.registry import assemble, local_slice
+from paracheck.checks.shards import assemble, local_slice
 
 
 @dataclass

@@ -4,7 +4,7 @@ BOUND_FACTOR times the single-device error at the run's dtype, plus a floor; fp3
 import torch
 from hypothesis import given, strategies as st
 
-from paracheck.checks.registry import BOUND_FACTOR, FLOOR, compare
+from paracheck.checks.compare import BOUND_FACTOR, FLOOR, compare
 from paracheck.domain.records import CheckId, Status
 
 REF32 = torch.linspace(-1.0, 1.0, 64, dtype=torch.float64)

@@ -67,7 +67,7 @@ def _tp_processor_config(model, applied, _):
 def _global_rank_shard_index(model, applied, reference_state):
     import torch
 
-    from paracheck.checks.registry import local_slice
+    from paracheck.checks.shards import local_slice
 
     wrong_index = applied.rank % applied.layout.tp
     params = dict(model.named_parameters())

@@ -9,7 +9,6 @@ collectives, counted during the forward, are judged after it, then the forward, 
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -17,29 +16,10 @@ import torch
 import torch.distributed as dist
 
 from paracheck.adapters.diffusers import library
-from paracheck.domain.layout import tp_shard
-from paracheck.domain.records import CheckId, CheckResult, Failure, Status
-
-# (atol, rtol) by dtype and device type. fp32 on CPU agrees to ~1e-7 on the fixtures (measured), so
-# these leave two orders of magnitude of headroom and still fail a 3e-2 shift by three.
-_TOLERANCES = {
-    (torch.float32, "cpu"): (1e-5, 1e-5),
-    (torch.float32, "cuda"): (1e-4, 1e-4),
-    (torch.float32, "neuron"): (2e-4, 2e-4),
-    (torch.bfloat16, None): (2e-2, 2e-2),
-    (torch.float16, None): (2e-3, 2e-3),
-}
-
-
-@dataclass(frozen=True)
-class Raised:
-    """A step of the parallel model raised: the message for the report, and the typed identity."""
-    message: str
-    failure: Failure
-
-    def __str__(self) -> str:
-        return self.message
-
+from paracheck.checks.buckets import gather_each, reduce_each
+from paracheck.checks.compare import compare, problems_text
+from paracheck.checks.shards import assemble, group_ranks, local_slice
+from paracheck.domain.records import CheckId, CheckResult, Raised, Status
 
 @dataclass
 class CheckContext:
@@ -91,86 +71,6 @@ def run_checks(ids, ctx: CheckContext) -> list[CheckResult]:
 
 def _result(check_id: CheckId, problems: list[str]) -> CheckResult:
     return CheckResult(check_id, Status.FAIL if problems else Status.PASS, problems_text(problems))
-
-
-def tolerance(dtype: torch.dtype, device_type: str) -> tuple[float, float]:
-    for key in ((dtype, device_type), (dtype, None)):
-        if key in _TOLERANCES:
-            return _TOLERANCES[key]
-    return _TOLERANCES[(torch.float32, "cuda")]
-
-
-#: Reduced precision: the parallel result's error against the fp32 reference may be at most this many
-#: times the single-device run's own error at that dtype, plus a floor x max |fp32 reference|: FLOOR for
-#: outputs; for gradients one unit of the dtype's precision, since a parallel gradient is summed over
-#: ranks in another order than the single-device one (measured: a bf16 bias gradient 6e-3 off, clean).
-BOUND_FACTOR = 2.0
-FLOOR = 1e-3
-
-
-def compare(check_id: CheckId, actual, expected, atol: float, rtol: float, what: str = "output",
-            expected32=None, floor: float = FLOOR) -> CheckResult:
-    """Shape, finiteness, then the tolerance rule; all on the CPU in float64.
-
-    fp32: |a - b| <= atol + rtol * |b| elementwise, max_rel relative to max |b|. Reduced precision
-    (`expected32` given): max |a - ref32| <= BOUND_FACTOR * max |b - ref32| + FLOOR * max |ref32|, where b is
-    the single-device run at the same dtype; both errors are reported."""
-    if tuple(actual.shape) != tuple(expected.shape):
-        return CheckResult(check_id, Status.FAIL, f"{what} shape {tuple(actual.shape)} != reference {tuple(expected.shape)}")
-    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
-    if not torch.isfinite(actual).all():
-        return CheckResult(check_id, Status.FAIL, f"{what} has non-finite values", atol=atol, rtol=rtol)
-    if expected32 is not None:
-        return _compare_reduced(check_id, actual, expected, expected32.detach().double().cpu(), what, floor)
-    diff = (actual - expected).abs()
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    max_rel = max_abs / max(float(expected.abs().max()) if expected.numel() else 0.0, 1e-12)
-    ok = bool((diff <= atol + rtol * expected.abs()).all())
-    detail = "" if ok else f"{what} differs from the single-device reference"
-    return CheckResult(check_id, Status.PASS if ok else Status.FAIL, detail, max_abs, max_rel, atol, rtol)
-
-
-def _compare_reduced(check_id: CheckId, actual, expected, expected32, what: str, floor: float) -> CheckResult:
-    scale = float(expected32.abs().max()) if expected32.numel() else 0.0
-    error = float((actual - expected32).abs().max()) if actual.numel() else 0.0
-    own = float((expected - expected32).abs().max()) if actual.numel() else 0.0
-    bound = BOUND_FACTOR * own + floor * scale
-    ok = error <= bound
-    detail = "" if ok else (f"{what}: error vs fp32 {error:.2e} > bound {bound:.2e} "
-                            f"({BOUND_FACTOR:g} x single-device error {own:.2e} + {floor:g} x {scale:.2e})")
-    return CheckResult(check_id, Status.PASS if ok else Status.FAIL, detail, error, error / max(scale, 1e-12),
-                       data={"single_device_error": own, "bound": bound, "ratio": error / max(bound, 1e-30)})
-
-
-# -- helpers shared with routes and controls ---------------------------------------------------
-
-
-def local_slice(full: torch.Tensor, spec, index: int, tp: int) -> torch.Tensor:
-    """Shard `index` of `tp` of a planned parameter: each block of `spec.dim` is split on its own."""
-    if spec.dim is None:
-        return full
-    return torch.cat([full.narrow(spec.dim, start, length) for start, length in tp_shard(spec.block_sizes, index, tp)],
-                     dim=spec.dim)
-
-
-def assemble(pieces: list[torch.Tensor], spec) -> torch.Tensor:
-    """Inverse of `local_slice`: the full tensor from every TP rank's shard, in TP-coordinate order."""
-    blocks, offset = [], 0
-    for _, length in tp_shard(spec.block_sizes, 0, len(pieces)):  # each piece holds the same lengths
-        blocks.extend(p.narrow(spec.dim, offset, length) for p in pieces)
-        offset += length
-    return torch.cat(blocks, dim=spec.dim)
-
-
-def group_ranks(mesh, dim: str | None = None) -> list[int]:
-    group = mesh.get_group(dim) if dim else mesh.get_group()
-    return sorted(dist.get_process_group_ranks(group))
-
-
-def problems_text(items: list[str], limit: int = 3) -> str:
-    """The first `limit` problems, joined, and how many more there are."""
-    more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
-    return "; ".join(items[:limit]) + more
 
 
 # -- structure ---------------------------------------------------------------------------------
@@ -479,44 +379,3 @@ def _all_gather(tensor: torch.Tensor, group) -> list[torch.Tensor]:
     return pieces
 
 
-# -- one collective for many tensors ---------------------------------------------------------------
-
-
-def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """One new 1-D buffer holding `tensors` (one dtype) back to back."""
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
-def unflatten(flat: torch.Tensor, shapes: list) -> list[torch.Tensor]:
-    """Inverse of `flatten`: views of `flat` in `shapes`."""
-    sizes = [math.prod(shape) for shape in shapes]
-    return [piece.view(shape) for piece, shape in zip(flat.split(sizes), shapes)]
-
-
-def dtype_buckets(tensors: dict) -> list[list[str]]:
-    """The names grouped by dtype (a buffer has one), buckets in an order every rank agrees on."""
-    buckets: dict[str, list[str]] = {}
-    for name, tensor in tensors.items():
-        buckets.setdefault(str(tensor.dtype), []).append(name)
-    return [buckets[key] for key in sorted(buckets)]
-
-
-def gather_each(tensors: dict, all_gather: Callable) -> dict:
-    """name -> every rank's copy of that tensor, from one `all_gather(flat) -> [flat per rank]` per dtype."""
-    out = {}
-    for names in dtype_buckets(tensors):
-        shapes = [tensors[n].shape for n in names]
-        per_rank = [unflatten(flat, shapes) for flat in all_gather(flatten([tensors[n] for n in names]))]
-        out.update({name: [pieces[i] for pieces in per_rank] for i, name in enumerate(names)})
-    return out
-
-
-def reduce_each(tensors: dict, all_reduce: Callable) -> dict:
-    """name -> that tensor reduced over the group, from one in-place `all_reduce(flat)` per dtype (as
-    torch's own coalesced all-reduce does); the inputs are left as they were."""
-    out = {}
-    for names in dtype_buckets(tensors):
-        flat = flatten([tensors[n] for n in names])
-        all_reduce(flat)
-        out.update(zip(names, unflatten(flat, [tensors[n].shape for n in names])))
-    return out

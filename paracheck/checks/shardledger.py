@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from paracheck.checks.registry import problems_text
+from paracheck.checks.compare import problems_text
 from paracheck.domain.layout import tp_shard
 from paracheck.domain.records import CheckId, CheckResult, Status
 

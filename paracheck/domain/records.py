@@ -286,3 +286,13 @@ class RunEvent:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Raised:
+    """A step of the parallel model raised: the message for the report, and the typed identity."""
+    message: str
+    failure: Failure
+
+    def __str__(self) -> str:
+        return self.message

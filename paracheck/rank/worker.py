@@ -30,14 +30,15 @@ from paracheck.rank.weights import copy_of
 from paracheck.launch.attribution import lost_peer
 from paracheck.domain.backends import get_backend
 from paracheck.domain.case import Case
-from paracheck.checks.registry import STRUCTURE, CheckContext, Raised, grads_skip_reason, run_checks, tolerance
+from paracheck.checks.compare import tolerance
+from paracheck.checks.registry import STRUCTURE, CheckContext, grads_skip_reason, run_checks
 from paracheck.checks.collectives import count_collectives
 from paracheck.checks.controls import get_control
 from paracheck.adapters.diffusers.fitting import Unfittable
 from paracheck.launch.protocol import (ENV_PG_TIMEOUT, ENV_PROFILE, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE,
                                        STORE_BROKEN_KEY, Phase, RankProgress, RankExit, RunDir, Todo, read_json,
                                        store_done_key, write_json)
-from paracheck.domain.records import CheckId, Failure, FailureKind, RankResult, RankStatus, Status
+from paracheck.domain.records import CheckId, Failure, FailureKind, Raised, RankResult, RankStatus, Status
 from paracheck.adapters.diffusers.routes import apply
 
 

@@ -16,7 +16,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from paracheck.checks.registry import compare, problems_text, tolerance
+from paracheck.checks.compare import compare, problems_text, tolerance
 from paracheck.domain.records import CheckId, CheckResult, RankResult, RankStatus, Route, Status
 from paracheck.adapters.transformers import fixtures, inputs, structure
 from paracheck.adapters.transformers.controls import CONTROLS, NO_PLANT, PLANTS

@@ -11,7 +11,7 @@ import re
 
 import torch.distributed as dist
 
-from paracheck.checks.registry import problems_text
+from paracheck.checks.compare import problems_text
 from paracheck.domain.records import CheckId, CheckResult, Status
 
 #: TP style -> (placement type, dim from the end: -2 the output dim, -1 the input dim; None: not sharded on tp)
