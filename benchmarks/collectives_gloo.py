@@ -40,7 +40,7 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]
     from paracheck.adapters.diffusers.attention import cpu_lse_attention
     from paracheck.domain.backends import get_backend
     from paracheck.checks.collectives import check_counts, count_collectives
-    from paracheck.checks.controls import get_control
+    from paracheck.adapters import get_control
     from paracheck.fixtures import flux
     from paracheck.domain.layout import Layout
     from paracheck.domain.records import Route

@@ -24,7 +24,7 @@ import pytest
 
 from paracheck.domain.backends import missing_devices, resolve
 from paracheck.domain.case import expand
-from paracheck.checks.controls import applicable
+from paracheck.adapters.diffusers.controls import applicable
 from paracheck.domain.layout import Layout
 from paracheck.domain.records import CheckId
 

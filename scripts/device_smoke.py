@@ -21,9 +21,9 @@ import time
 def references(device) -> list[dict]:
     import torch
 
-    from paracheck.rank import reference
+    from paracheck.adapters.diffusers import reference
     from paracheck.domain.case import call_factory
-    from paracheck.domain.fixtures_index import FIXTURES
+    from paracheck.adapters.diffusers.fixtures_index import FIXTURES
 
     rows = []
     for name, factory in FIXTURES.items():

@@ -2,7 +2,8 @@
 
 from hypothesis import given, strategies as st
 
-from paracheck.checks.controls import CONTROLS, applicable, get_control
+from paracheck.adapters import get_control
+from paracheck.adapters.diffusers.controls import CONTROLS, applicable
 from tests import strategies
 from paracheck.domain.layout import Layout
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from paracheck.domain.case import Case, load_factory, parse_cp_options
 from paracheck.explore.engine import Target, draws, signature
-from paracheck.domain.fixtures_index import FIXTURE_SPACES, FIXTURE_VARIANTS
+from paracheck.adapters.diffusers.fixtures_index import FIXTURE_SPACES, FIXTURE_VARIANTS
 from paracheck.explore.found import Found, read, write
 from paracheck.domain.layout import Layout
 from paracheck.domain.records import CaseStatus, CheckId, Failure, FailureKind, MergedCheck, Route, Status

@@ -249,6 +249,6 @@ def test_fitted_helios_runs_on_one_device():
 
 
 def test_fork_server_preloads_every_fixture_class():
-    from paracheck.domain.fixtures_index import FIXTURE_CLASSES
+    from paracheck.adapters.diffusers.fixtures_index import FIXTURE_CLASSES
 
     assert _fixture_classes() == set(FIXTURE_CLASSES)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from paracheck.domain.fixtures_index import FIXTURE_VARIANTS, FIXTURES, VARIANTS
+from paracheck.adapters.diffusers.fixtures_index import FIXTURE_VARIANTS, FIXTURES, VARIANTS
 
 
 def _load_fixtures():

@@ -85,7 +85,7 @@ def test_an_unservable_diffusers_exits_2_in_one_line(monkeypatch, capsys):
 def test_a_fixture_whose_class_is_missing_is_a_skip():
     from paracheck.domain.backends import get_backend
     from paracheck.domain.case import Case
-    from paracheck.rank.plan import Sources, plan
+    from paracheck.adapters.diffusers.plan import Sources, plan
     from tests.support import SPECS
 
     case = Case("gone", f"{SPECS}:class_not_in_this_diffusers", Layout.parse("u4"))

@@ -1,10 +1,10 @@
-"""Where a rank's tensors live: one rule (`reference.place` for inputs, `worker.local_device` for the rank),
+"""Where a rank's tensors live: one rule (`reference.place` for inputs, `rank.site.local_device` for the rank),
 the same path on gloo as on devices; results are compared on the CPU in float64 (`checks.compare`)."""
 
 import torch
 
 from paracheck.domain.backends import get_backend
-from paracheck.rank.reference import place
+from paracheck.adapters.diffusers.reference import place
 
 
 def _tensors(tree):
@@ -30,7 +30,7 @@ def test_place_moves_every_tensor_and_casts_only_floating_ones():
 
 
 def test_each_backend_puts_a_rank_on_its_own_device(monkeypatch):
-    from paracheck.rank.worker import local_device
+    from paracheck.rank.site import local_device
 
     assert get_backend("gloo").device_for(3) == "cpu"
     assert get_backend("nccl").device_for(3) == "cuda:3"

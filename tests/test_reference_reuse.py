@@ -4,10 +4,10 @@ for the next case) and `copy_of` (a model holding given weights, built without d
 import pytest
 import torch
 
-from paracheck.rank import reference
-from paracheck.rank.plan import Plan
-from paracheck.rank.reference import LastReference, Reference
-from paracheck.rank.weights import copy_of
+from paracheck.adapters.diffusers import reference
+from paracheck.adapters.diffusers.plan import Plan
+from paracheck.adapters.diffusers.reference import LastReference, Reference
+from paracheck.adapters.diffusers.weights import copy_of
 
 
 class Tiny(torch.nn.Module):

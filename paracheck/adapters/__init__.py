@@ -1,7 +1,8 @@
-"""Library adapters beside diffusers: which libraries a case may name, and each one's rank-side entry point.
+"""Library adapters: which libraries a case may name, each one's layout grammar and rank-side entry point.
 
-The diffusers path is the kit's own modules (`routes`, `library`, `reference`); another library's cases are
-handed whole to its adapter's `run_case(index, case, backend, workdir) -> RankResult` by `worker.plan_and_run`.
+`rank.worker.plan_and_run` hands every case whole to its library's `run_case(case, backend, site) -> RankResult`
+(`site`: a `rank.site.CaseSite`); everything library-specific (plans, routes, hooks, fitting, fixtures,
+references, the library's checks) sits behind that call.
 """
 
 from __future__ import annotations
@@ -10,17 +11,40 @@ import importlib
 
 DEFAULT = "diffusers"
 #: library name -> "module:function" of its rank-side entry point.
-RANK_ENTRIES = {"transformers": "paracheck.adapters.transformers.rank:run_case"}
-LIBRARIES = (DEFAULT, *RANK_ENTRIES)
+RANK_ENTRIES = {"diffusers": "paracheck.adapters.diffusers.rank:run_case",
+                "transformers": "paracheck.adapters.transformers.rank:run_case"}
+LIBRARIES = tuple(RANK_ENTRIES)
+#: library name -> "module:attribute" of its negative controls (name -> `domain.control.Control`), torch-free.
+CONTROL_TABLES = {"diffusers": "paracheck.adapters.diffusers.controls:CONTROLS",
+                  "transformers": "paracheck.adapters.transformers.controls:CONTROLS"}
+
+
+def controls(library: str | None = None) -> dict:
+    """Every adapter's controls by name (or `library`'s): what a run plants and the results judge by."""
+    out = {}
+    for name in [library] if library else CONTROL_TABLES:
+        out.update(_load(CONTROL_TABLES[name]))
+    return out
+
+
+def get_control(name: str):
+    """A control by name, whichever adapter plants it; ValueError names them all."""
+    registry = controls()
+    if name not in registry:
+        raise ValueError(f"control {name!r}: must be one of {', '.join(registry)}")
+    return registry[name]
+
+
+def _load(path: str):
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def rank_entry(library: str):
     """The rank-side entry point of `library`'s adapter; ValueError names the libraries there are."""
     if library not in RANK_ENTRIES:
-        raise ValueError(f"library {library!r}: adapters exist for {', '.join(RANK_ENTRIES)} "
-                         f"({DEFAULT} runs through the kit's own routes)")
-    module, _, function = RANK_ENTRIES[library].partition(":")
-    return getattr(importlib.import_module(module), function)
+        raise ValueError(f"library {library!r}: adapters exist for {', '.join(RANK_ENTRIES)}")
+    return _load(RANK_ENTRIES[library])
 
 
 def parse_layout(library: str, name: str, order: str = "cp-fastest"):

@@ -77,7 +77,7 @@ def _targets(args) -> list:
 
     layouts = parse_layouts(args.layouts, args.nproc, args.order)
     named = named_models(args)
-    from paracheck.domain.fixtures_index import library_of
+    from paracheck.adapters.fixtures import library_of
 
     adapted = [n for n, f in named if library_of(f) != "diffusers"]
     if adapted and args.models != "all":

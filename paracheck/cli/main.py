@@ -17,7 +17,8 @@ from paracheck.domain.case import (ROUTES, Case, FixtureUnavailable, SpecError, 
                                    parse_cp_options)
 from paracheck.cli.common import (UsageError, add_order, add_timeout, check_choice, check_dtypes, check_order,
                                   check_timeout, check_writable, named_models, raise_interrupt, run_meta)
-from paracheck.checks.controls import CONTROLS, adapter_controls
+from paracheck.adapters import controls as adapter_controls
+from paracheck.adapters.diffusers.controls import CONTROLS
 from paracheck.domain.layout import Layout, LayoutError, layouts_for, parse_layouts
 from paracheck.launch.protocol import Exit
 
@@ -111,7 +112,7 @@ def _check_options(args, backend, diffusers: bool = True) -> list[Layout]:
         args.cp_options = parse_cp_options(args.cp_options)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    every_control = {**CONTROLS, **adapter_controls()}
+    every_control = adapter_controls()
     if args.only_control and args.only_control not in every_control:
         raise UsageError(f"--only-control {args.only_control!r}: must be one of {', '.join(every_control)}")
     if args.only_control and not args.controls:
@@ -138,7 +139,7 @@ def _check_attention_backend(name: str) -> None:
 
 
 def build_cases(args, backend) -> list[Case]:
-    from paracheck.domain.fixtures_index import library_of
+    from paracheck.adapters.fixtures import library_of
 
     models = named_models(args)
     adapted = [(m, f) for m, f in models if library_of(f) != "diffusers"]
@@ -172,7 +173,7 @@ def _transformers_cases(args, models, wanted) -> list[Case]:
 
 def _wanted_variants(text: str) -> list[str]:
     from paracheck.adapters.transformers.fixtures import VARIANTS as TRANSFORMERS_VARIANTS
-    from paracheck.domain.fixtures_index import VARIANTS as DIFFUSERS_VARIANTS
+    from paracheck.adapters.diffusers.fixtures_index import VARIANTS as DIFFUSERS_VARIANTS
 
     VARIANTS = (*DIFFUSERS_VARIANTS, *(v for v in TRANSFORMERS_VARIANTS if v not in DIFFUSERS_VARIANTS))
     if text.strip() == "all":
@@ -187,7 +188,7 @@ def _wanted_variants(text: str) -> list[str]:
 
 def _offered(model: str, factory: str) -> tuple[str, ...]:
     from paracheck.domain.case import factory_variants
-    from paracheck.domain.fixtures_index import FIXTURE_VARIANTS, FIXTURES
+    from paracheck.adapters.diffusers.fixtures_index import FIXTURE_VARIANTS, FIXTURES
 
     if FIXTURES.get(model) == factory:
         return FIXTURE_VARIANTS.get(model, ("base",))

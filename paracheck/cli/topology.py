@@ -42,7 +42,7 @@ def reject_simulate_only(args) -> None:
 def models_from(args) -> list[tuple[str, type, dict, dict]]:
     """(name, model_class, init_dict, inputs) per model asked for, heads overridden by --heads."""
     from paracheck.domain.case import call_factory
-    from paracheck.domain.fixtures_index import FIXTURES
+    from paracheck.adapters.diffusers.fixtures_index import FIXTURES
     from paracheck.simulate.engine import SimulationError
 
     if args.spec and args.models:
@@ -102,7 +102,7 @@ def topology_simulate(args) -> int:
 def _validated(args):
     """(the backends, the route) the options name; a usage error names the bad option and its rule."""
     from paracheck.domain.backends import get_backend
-    from paracheck.checks.controls import CONTROLS
+    from paracheck.adapters.diffusers.controls import CONTROLS
     from paracheck.simulate.engine import MAX_WORLD, ROUTES
 
     names = [b.strip() for b in args.backend.split(",") if b.strip()]

@@ -9,12 +9,12 @@ import torch  # noqa: F401
 import torch.distributed  # noqa: F401
 import torch.distributed.tensor  # noqa: F401
 
-from paracheck.checks import registry as checks
-from paracheck.checks import controls
-from paracheck.rank import plan, reference  # noqa: F401
+from paracheck.adapters.diffusers import checks
+from paracheck.adapters.diffusers import controls
+from paracheck.adapters.diffusers import plan, reference  # noqa: F401
 from paracheck.adapters.diffusers import routes
 from paracheck.rank import worker
-from paracheck.domain.fixtures_index import FIXTURE_CLASSES
+from paracheck.adapters.diffusers.fixtures_index import FIXTURE_CLASSES
 
 for _name in FIXTURE_CLASSES:
     getattr(diffusers, _name, None)

@@ -1,6 +1,6 @@
 """`paracheck run` as one rank of a world torchrun made (RANK and WORLD_SIZE set), across nodes too.
 
-Every rank runs the same cases with the same `worker.run_case` as launcher-started ranks, and hands
+Every rank runs the same cases with the same `worker.plan_and_run` as launcher-started ranks, and hands
 each `RankResult` to rank 0 through torchrun's c10d store; rank 0 prints progress, the table and the
 reports, then publishes the exit code, which every rank returns. References are computed by each rank
 for itself (nodes share no run directory). A case past `--timeout` dumps this rank's stack and exits
@@ -46,20 +46,20 @@ class _Watchdog:
 def run_as_rank(args, backend, cases, entries) -> int:
     import torch.distributed as dist
 
-    from paracheck.rank.worker import Kept, case_ended, join, plan_and_run
+    from paracheck.rank.worker import case_ended, join, plan_and_run
 
     store = join(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     workdir = tempfile.mkdtemp(prefix=f"paracheck-torchrun-{rank}-")
     refs_dir = os.path.join(workdir, "refs")
     os.makedirs(refs_dir)
-    watchdog, kept = _Watchdog(args.timeout), Kept()
+    watchdog = _Watchdog(args.timeout)
     results, started = [], time.time()
     progress = _progress(args, cases, entries) if rank == 0 else None
     for index, case in enumerate(cases):
         watchdog.begin(case.id)
         # Nodes share no run directory, so every rank computes the references it needs itself.
-        result = plan_and_run(index, case, backend, kept, lambda key: True, refs_dir,
+        result = plan_and_run(index, case, backend, lambda key: True, refs_dir,
                               os.path.join(workdir, f"case-{index}"))
         _say(_rank_line(result, case))
         store.set(store_result_key(index, rank), json.dumps(result.to_json()))

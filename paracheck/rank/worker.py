@@ -1,8 +1,9 @@
 """The rank side: join a world, run many cases in it, and leave one `RankResult` per case.
 
-Entered through `rank_entry` (forked from the launcher's prepared parent, or spawned fresh), through
+Entered through `launch.rankstart` (forked from the launcher's prepared parent, or spawned fresh), through
 `paracheck run` under torchrun (`paracheck.rank.torchrun`), or through `workers/spec_worker.py`. All three
-share `join` (the rank setup) and `run_case`. See `protocol` for how ranks and launcher talk.
+share `join` (the rank setup) and `plan_and_run`, which hands each case to its library's adapter
+(`adapters.rank_entry`): this loop knows no library. See `launch.protocol` for how ranks and launcher talk.
 """
 
 from __future__ import annotations
@@ -14,32 +15,20 @@ import resource
 import signal
 import sys
 import time
-import traceback
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from paracheck.adapters.diffusers import attention
-from paracheck.adapters.diffusers import library
-from paracheck.rank import meshes
-from paracheck.rank import reference
-from paracheck.rank.plan import Plan, Sources, plan
-from paracheck.rank.weights import copy_of
-from paracheck.launch.attribution import lost_peer
+from paracheck.adapters import rank_entry
 from paracheck.domain.backends import get_backend
 from paracheck.domain.case import Case
-from paracheck.checks.compare import tolerance
-from paracheck.checks.registry import STRUCTURE, CheckContext, grads_skip_reason, run_checks
-from paracheck.checks.collectives import count_collectives
-from paracheck.checks.controls import get_control
-from paracheck.adapters.diffusers.fitting import Unfittable
+from paracheck.domain.records import RankResult
 from paracheck.launch.protocol import (ENV_PG_TIMEOUT, ENV_PROFILE, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE,
-                                       STORE_BROKEN_KEY, Phase, RankProgress, RankExit, RunDir, Todo, read_json,
+                                       STORE_BROKEN_KEY, Phase, RankExit, RankProgress, RunDir, Todo, read_json,
                                        store_done_key, write_json)
-from paracheck.domain.records import CheckId, Failure, FailureKind, Raised, RankResult, RankStatus, Status
-from paracheck.adapters.diffusers.routes import apply
+from paracheck.rank import meshes
+from paracheck.rank.site import CaseSite, Owners, local_device
 
 
 def join(backend, store_path: str | None = None):
@@ -62,37 +51,6 @@ def join(backend, store_path: str | None = None):
         return store
     dist.init_process_group(backend.dist_backend, timeout=timeout)
     return dist.distributed_c10d._get_default_store()
-
-
-def local_device(backend) -> torch.device:
-    return torch.device(backend.device_for(int(os.environ.get("LOCAL_RANK", 0))))
-
-
-# -- one case ------------------------------------------------------------------------------------
-
-
-def run_case(index: int, p: Plan, backend, workdir: str, refs_dir: str,
-             last: reference.LastReference | None = None) -> RankResult:
-    started = time.time()
-    result = RankResult(index, dist.get_rank(), RankStatus.OK, route=p.route, fit=p.fit,
-                        model_class=p.model_class.__name__ if p.model_class else None, attention_backend=p.attention,
-                        inputs=p.traits)
-    if p.stop:  # decided while planning, identically on every rank
-        result.status, result.reason, result.failure = p.stop.status, p.stop.reason, p.stop.failure
-        return result
-    try:
-        with _phase(result, "reference"):
-            ref = (last or reference.LastReference()).get(p, refs_dir, local_device(backend))
-        _run_parallel(p, ref, backend, workdir, result)
-    except Unfittable as exc:
-        result.status, result.reason, result.failure = RankStatus.SKIP, str(exc), exc.failure
-    except Exception as exc:
-        result.status, result.reason = RankStatus.ERROR, f"{type(exc).__name__}: {exc}"
-        result.traceback, result.failure = traceback.format_exc(), Failure.raised(exc)
-    # A rank whose collective broke because a peer went away did not cause the failure: it says so.
-    result.secondary = result.raised_in_parallel and lost_peer(result.traceback + result.reason)
-    result.seconds = round(time.time() - started, 3)
-    return result
 
 
 def _measure(result: RankResult) -> None:
@@ -146,78 +104,6 @@ def _rss_mb() -> float:
         return 0.0
 
 
-def _run_parallel(p: Plan, ref: reference.Reference, backend, workdir: str, result: RankResult) -> None:
-    case = p.case
-    control = get_control(case.control) if case.control else None
-    atol, rtol = tolerance(ref.out.dtype, backend.device_type)
-    parallel, checking = _phase(result, "parallel"), _phase(result, "checks")
-    fault = control.attention_fault if control else None
-    with library.Findings() as findings, attention.scope(p.attention, fault), \
-            library.parallel_shims(backend.device_type):
-        with parallel:
-            model = copy_of(p.model_class, p.init_dict, ref.model.state_dict(), ref.out.device, ref.out.dtype)
-            result.raised_in_parallel = True  # from here on, a raise may leave peers inside a collective
-            model, applied = apply(p.route, model, case.layout, backend, control, ref.model, workdir, case.cp_options)
-        ctx = CheckContext(model, ref.model, applied, ref.out, ref.weights,
-                           atol if case.atol is None else case.atol, rtol if case.rtol is None else case.rtol,
-                           grads_requested=case.grads, ref_out32=ref.out32, ref_grads32=ref.grads32)
-        with checking:
-            checks = run_checks(STRUCTURE, ctx)
-        # Inference first, as a pipeline calls the model; then the training pass, whose graph the backward needs.
-        with parallel, torch.no_grad(), count_collectives(result.rank) as ctx.inference_collectives:
-            ctx.inference_out, ctx.inference_error = _attempt(lambda: reference.forward(model, ref.inputs), result,
-                                                              CheckId.INFERENCE)
-        with parallel, count_collectives(result.rank) as ctx.collectives:
-            ctx.out, ctx.forward_error = _attempt(lambda: reference.forward(model, ref.inputs), result, CheckId.FORWARD)
-        with checking:
-            checks += run_checks([CheckId.COLLECTIVES, CheckId.FORWARD, CheckId.INFERENCE], ctx)
-        if grads_skip_reason(ctx) is None:
-            with parallel:
-                _, ctx.backward_error = _attempt(lambda: (ctx.out * ref.weights).sum().backward(), result,
-                                                 CheckId.GRADS)
-        with checking:
-            checks += run_checks([CheckId.GRADS], ctx)
-    raised = ctx.inference_error or ctx.forward_error or ctx.backward_error
-    result.raised_in_parallel = bool(raised)
-    result.findings = findings.messages
-    result.checks = checks
-    failing = next((c for c in checks if c.status == Status.FAIL), None)
-    result.failure = failing and (failing.failure or Failure(FailureKind.CHECK, failing.id))
-    if raised and not case.control:
-        # A control may raise once its bug is planted; its checks still decide detection.
-        result.status, result.reason = RankStatus.ERROR, str(raised)
-
-
-class _phase:
-    """Adds the wall and CPU seconds spent inside each `with` to `result.timings[name]` and
-    `[name_cpu]` (re-enterable). CPU seconds are what a machine shared with other jobs does not blur."""
-
-    def __init__(self, result: RankResult, name: str):
-        self.result, self.name = result, name
-
-    def __enter__(self):
-        self.started, self.cpu = time.perf_counter(), time.process_time()
-
-    def __exit__(self, *exc):
-        _add_time(self.result, self.name, time.perf_counter() - self.started, time.process_time() - self.cpu)
-
-
-def _add_time(result: RankResult, name: str, wall: float, cpu: float) -> None:
-    for key, spent in ((name, wall), (f"{name}_cpu", cpu)):
-        result.timings[key] = round(result.timings.get(key, 0.0) + spent, 4)
-
-
-def _attempt(step, result: RankResult, check_id: CheckId):
-    """Run one step of the parallel model; a raise becomes a failed check `check_id`, with this rank's
-    traceback and the raise's identity."""
-    try:
-        return step(), None
-    except Exception as exc:
-        # The first raise is the case's reason (the inference pass runs first): keep its traceback with it.
-        result.traceback = result.traceback or traceback.format_exc()
-        return None, Raised(f"{type(exc).__name__}: {exc}", Failure.raised(exc, check_id))
-
-
 # -- many cases in one world -----------------------------------------------------------------------
 
 
@@ -225,10 +111,10 @@ def run_world(rundir: RunDir, todo, backend, store) -> int:
     """Run the cases `todo` yields as (index, case), in order; each reference is computed by one rank and
     read by the others."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    kept, owners = Kept(), reference.Owners(world)
+    owners = Owners(world)
     for index, case in todo:
         write_json(rundir.progress(rank), RankProgress(Phase.STARTED, time.time(), index).to_json())
-        result = plan_and_run(index, case, backend, kept, lambda key: owners.owner(key) == rank,
+        result = plan_and_run(index, case, backend, lambda key: owners.owner(key) == rank,
                               rundir.refs_dir, rundir.case_dir(index))
         write_json(rundir.result(index, rank), result.to_json())
         if not case_ended(store, result, world):
@@ -237,32 +123,11 @@ def run_world(rundir: RunDir, todo, backend, store) -> int:
     return RankExit.DONE
 
 
-@dataclass
-class Kept:
-    """What a rank keeps between cases: the model sources it loaded, and the reference it read last."""
-    sources: Sources = field(default_factory=Sources)
-    last_reference: reference.LastReference = field(default_factory=reference.LastReference)
-
-
-def plan_and_run(index: int, case: Case, backend, kept: Kept, computes, refs_dir: str, workdir: str) -> RankResult:
-    """Plan the case, compute its reference where `computes(key)` says this rank does, and run it."""
-    if case.library != "diffusers":  # another library's adapter runs the whole case, its reference included
-        from paracheck.adapters import rank_entry
-
-        os.makedirs(workdir, exist_ok=True)
-        result = rank_entry(case.library)(index, case, backend, workdir)
-        _measure(result)
-        return result
-    p = plan(case, backend, kept.sources)
-    wall, cpu = time.perf_counter(), time.process_time()
-    if p.key and computes(p.key) and not reference.exists(p, refs_dir):
-        reference.compute(p, refs_dir, local_device(backend))
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+def plan_and_run(index: int, case: Case, backend, computes, refs_dir: str, workdir: str) -> RankResult:
+    """Hand the case to its library's adapter (which plans it, computes its reference where `computes(key)`
+    says this rank does, and runs it), then measure what the rank holds after it."""
     os.makedirs(workdir, exist_ok=True)
-    groups = meshes.group_names()
-    result = run_case(index, p, backend, workdir, refs_dir, kept.last_reference)
-    meshes.for_world().settle(groups)
-    _add_time(result, "reference", wall, cpu)
+    result = rank_entry(case.library)(case, backend, CaseSite(index, workdir, refs_dir, computes))
     _measure(result)
     return result
 

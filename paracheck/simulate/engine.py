@@ -31,8 +31,9 @@ import torch.distributed as dist
 
 from paracheck.adapters.diffusers import library
 from paracheck.domain.backends import Backend, get_backend
-from paracheck.checks.registry import CheckContext, check_cp_hooks, check_mesh, check_processor_config
-from paracheck.checks.controls import Control, get_control
+from paracheck.adapters.diffusers.checks import CheckContext, check_cp_hooks, check_mesh, check_processor_config
+from paracheck.adapters import get_control
+from paracheck.domain.control import Control
 from paracheck.simulate.fakeworld import build_meta, fake_world, meta_inputs, quiet
 from paracheck.adapters.diffusers.fitting import HEADS_KEY, Unfittable, cp_split_problems, fit_init_dict, init_value
 from paracheck.domain.layout import Layout, layouts_for

@@ -26,12 +26,12 @@ class Refused(Exception):
     """transformers (or the case's control) cannot run this case: a skip, in the refuser's words."""
 
 
-def run_case(index: int, case, backend, workdir: str) -> RankResult:
-    """The kit's rank-side entry point for a transformers case; never raises."""
+def run_case(case, backend, site) -> RankResult:
+    """The kit's rank-side entry point for a transformers case (`site`: a `rank.site.CaseSite`); never raises."""
     started = time.time()
-    result = RankResult(index, dist.get_rank(), RankStatus.OK, route=Route.SHARDED_LOAD)
+    result = RankResult(site.index, dist.get_rank(), RankStatus.OK, route=Route.SHARDED_LOAD)
     try:
-        _run(case, workdir, result)
+        _run(case, site.workdir, result)
     except Refused as exc:
         result.status, result.reason, result.raised_in_parallel = RankStatus.SKIP, str(exc), False
     except Exception as exc:

@@ -1,4 +1,5 @@
-"""Negative controls: each known bug, how and when it is planted, where it applies, what must catch it.
+"""The diffusers adapter's negative controls: each known bug, how and when it is planted, where it applies,
+what must catch it (`adapters.get_control` finds every adapter's by name).
 
 A control proves a check can fail. It is planted on the one model a case just parallelized (never by
 patching diffusers globally), so the rest of the run is untouched. Everything about a control lives in
@@ -147,16 +148,3 @@ def applicable(layout: Layout) -> list[str]:
     return [name for name, control in CONTROLS.items() if control.applies(layout) is None]
 
 
-def get_control(name: str) -> Control:
-    """A control by name: the kit's, else an adapter's (`adapter_controls`)."""
-    registry = {**CONTROLS, **adapter_controls()}
-    if name not in registry:
-        raise ValueError(f"control {name!r}: must be one of {', '.join(registry)}")
-    return registry[name]
-
-
-def adapter_controls(library: str | None = None) -> dict[str, Control]:
-    """The controls the library adapters plant (all of them, or `library`'s); torch-free."""
-    from paracheck.adapters.transformers.controls import CONTROLS as TRANSFORMERS
-
-    return {} if library not in (None, "transformers") else dict(TRANSFORMERS)

@@ -116,7 +116,7 @@ def plan(case: Case, backend, sources: Sources) -> Plan:
 
 
 def _control_fits(case: Case, p: Plan) -> None:
-    from paracheck.checks.controls import get_control
+    from paracheck.adapters import get_control
 
     control = get_control(case.control)
     reason = control.skip_reason(case.layout, p.route)

@@ -18,8 +18,8 @@ import torch
 from paracheck.adapters.diffusers import attention
 from paracheck.adapters.diffusers.fitting import Unfittable
 from paracheck.launch.protocol import read_json, reference_error_file, reference_file, write_json
-from paracheck.rank.plan import Plan
-from paracheck.rank.weights import copy_of
+from paracheck.adapters.diffusers.plan import Plan
+from paracheck.adapters.diffusers.weights import copy_of
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -88,18 +88,6 @@ def _save(tensors: dict, path: str) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     save_file(tensors, tmp)
     os.replace(tmp, path)
-
-
-class Owners:
-    """Which rank computes each reference: keys dealt out round-robin in the order cases need them
-    (every rank sees the same order, so they agree without talking)."""
-
-    def __init__(self, world: int):
-        self.world, self._order = world, {}
-
-    def owner(self, key: str) -> int:
-        self._order.setdefault(key, len(self._order))
-        return self._order[key] % self.world
 
 
 def exists(p: Plan, refs_dir: str) -> bool:
