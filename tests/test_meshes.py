@@ -3,7 +3,7 @@
 import pytest
 import torch.distributed as dist
 
-from paracheck.rank import meshes
+from paracheck.world import meshes
 from paracheck.domain.layout import Layout
 
 

@@ -1,4 +1,4 @@
-"""Where a rank's tensors live: one rule (`reference.place` for inputs, `rank.site.local_device` for the rank),
+"""Where a rank's tensors live: one rule (`reference.place` for inputs, `world.site.local_device` for the rank),
 the same path on gloo as on devices; results are compared on the CPU in float64 (`checks.compare`)."""
 
 import torch
@@ -30,7 +30,7 @@ def test_place_moves_every_tensor_and_casts_only_floating_ones():
 
 
 def test_each_backend_puts_a_rank_on_its_own_device(monkeypatch):
-    from paracheck.rank.site import local_device
+    from paracheck.world.site import local_device
 
     assert get_backend("gloo").device_for(3) == "cpu"
     assert get_backend("nccl").device_for(3) == "cuda:3"

@@ -15,6 +15,7 @@ from paracheck.adapters.transformers.controls import CONTROLS  # noqa: E402
 from paracheck.adapters.transformers.fixtures import FIXTURES, MOE, VARIANTS  # noqa: E402
 from paracheck.adapters.transformers.layout import (DENSE, TOKENS, TfLayout, TfLayoutError, cp_supported,  # noqa: E402
                                                     layouts_for, parse_layouts, refusals)
+from paracheck.adapters import parse_layout  # noqa: E402
 from paracheck.domain.case import Case  # noqa: E402
 from tests.support import run_paracheck  # noqa: E402
 
@@ -126,7 +127,7 @@ def test_padded_variants_mask_and_ignore_the_padding():
 
 def test_cases_round_trip_through_json_with_their_library_and_layout():
     case = tf_cases.expand("qwen3_moe", "tp2xfsdp2xep2", 4, ["packed"], controls=True)[1]
-    back = Case.from_json(case.to_json())
+    back = Case.from_json(case.to_json(), parse_layout)
     assert back == case and back.library == "transformers" and isinstance(back.layout, TfLayout)
 
 

@@ -1,7 +1,7 @@
 """Library adapters: which libraries a case may name, each one's layout grammar and rank-side entry point.
 
 `rank.worker.plan_and_run` hands every case whole to its library's `run_case(case, backend, site) -> RankResult`
-(`site`: a `rank.site.CaseSite`); everything library-specific (plans, routes, hooks, fitting, fixtures,
+(`site`: a `world.site.CaseSite`); everything library-specific (plans, routes, hooks, fitting, fixtures,
 references, the library's checks) sits behind that call.
 """
 

@@ -1,1 +1,1 @@
-"""The checks: registry and comparison rules, structure, collectives, TP shards, negative controls."""
+"""What every adapter's checks share: comparison rules, collective counting, TP shard values and ledgers."""

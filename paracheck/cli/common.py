@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import os
 
-from paracheck import __version__
 from paracheck.domain.case import DTYPES
 from paracheck.domain.layout import ORDERS
-from paracheck.launch.protocol import write_text
 
 
 class UsageError(Exception):
@@ -92,31 +90,6 @@ def spec_names(specs: list[str]) -> list[tuple[str, str]]:
 # -- output ------------------------------------------------------------------------------------------
 
 
-def write_report(path: str, data) -> None:
-    """Write a report whole or not at all (JSON for a dict or list, else the text as is): a run stopped
-    mid-write leaves the previous report, never half of a new one."""
-    import json
-
-    write_text(path, data if isinstance(data, str) else json.dumps(data, indent=1))
-
-
 def raise_interrupt(signum, frame):
     """A SIGTERM handler: stop the way Ctrl-C does, so every rank is stopped on the way out."""
     raise KeyboardInterrupt
-
-
-def run_meta(backend, nproc: int, outcome=None) -> dict:
-    """What a report says about the run: versions, backend, ranks, and how the worlds started."""
-    from importlib.metadata import version
-
-    versions = {}
-    for package in ("torch", "diffusers", "transformers"):
-        try:
-            versions[package] = version(package)
-        except Exception:
-            versions[package] = None
-    meta = {"paracheck": __version__, "backend": backend.name, "nproc": nproc, "versions": versions}
-    if outcome is not None:
-        meta.update(worlds=outcome.worlds, start_method=outcome.start_method, references=outcome.references,
-                    start_seconds=round(outcome.start_seconds, 3))
-    return meta

@@ -12,7 +12,9 @@ import time
 
 from paracheck.domain.case import SpecError, load_factory
 from paracheck.cli.common import (UsageError, add_order, add_timeout, check_dtypes, check_order, check_timeout,
-                                  check_writable, named_models, raise_interrupt, run_meta, write_report)
+                                  check_writable, named_models, raise_interrupt)
+from paracheck.results.report import run_meta
+from paracheck.results.report import write_report
 from paracheck.domain.layout import parse_layouts
 from paracheck.launch.protocol import Exit
 

@@ -16,7 +16,8 @@ from paracheck.domain.backends import BackendError, get_backend, missing_devices
 from paracheck.domain.case import (ROUTES, Case, FixtureUnavailable, SpecError, call_factory, expand,
                                    parse_cp_options)
 from paracheck.cli.common import (UsageError, add_order, add_timeout, check_choice, check_dtypes, check_order,
-                                  check_timeout, check_writable, named_models, raise_interrupt, run_meta)
+                                  check_timeout, check_writable, named_models, raise_interrupt)
+from paracheck.results.report import run_meta
 from paracheck.adapters import controls as adapter_controls
 from paracheck.adapters.diffusers.controls import CONTROLS
 from paracheck.domain.layout import Layout, LayoutError, layouts_for, parse_layouts

@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 import time
 
-from paracheck.cli.common import UsageError, check_order, check_writable, write_report
+from paracheck.cli.common import UsageError, check_order, check_writable
+from paracheck.results.report import write_report
 
 #: Options that only mean something with --simulate (dest -> flag).
 SIMULATE_ONLY = {"models": "--models", "spec": "--spec", "route": "--route", "control": "--control",

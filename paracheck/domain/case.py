@@ -87,12 +87,16 @@ class Case:
         return data
 
     @classmethod
-    def from_json(cls, data: dict) -> "Case":
+    def from_json(cls, data: dict, parse_layout=None) -> "Case":
+        """`parse_layout(library, name, order)` reads the layout in its library's grammar (the adapters'
+        registry, `adapters.parse_layout`); without one, only a diffusers case can be read."""
         data = dict(data)
-        layout = data.pop("layout")
-        from paracheck.adapters import parse_layout
-
-        return cls(layout=parse_layout(data.get("library", "diffusers"), layout["name"], layout["order"]), **data)
+        layout, library = data.pop("layout"), data.get("library", "diffusers")
+        if parse_layout is None:
+            if library != "diffusers":
+                raise ValueError(f"a {library} case needs its adapter's layout grammar: pass parse_layout")
+            return cls(layout=Layout.parse(layout["name"], layout["order"]), **data)
+        return cls(layout=parse_layout(library, layout["name"], layout["order"]), **data)
 
 
 def expand(model: str, factory: str, layouts, controls, plain: bool = True, variants=("base",),

@@ -14,6 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from paracheck.adapters import parse_layout
 from paracheck.domain.case import Case, options_text
 from paracheck.launch.protocol import write_json
 
@@ -32,7 +33,7 @@ class Found:
 
     @classmethod
     def from_json(cls, data: dict) -> "Found":
-        return cls(Case.from_json(data["case"]), data["signature"], data["detail"])
+        return cls(Case.from_json(data["case"], parse_layout), data["signature"], data["detail"])
 
     @property
     def stem(self) -> str:

@@ -1,1 +1,1 @@
-"""The rank side: planning, references and the steps of one case on one rank."""
+"""The rank loop, which knows no library: join a world, hand each case to its adapter, report, fail fast."""

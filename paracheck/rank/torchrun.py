@@ -81,7 +81,7 @@ def _finish(args, backend, cases, results, entries, store, rank: int, started: f
     import torch.distributed as dist
 
     if rank == 0:
-        from paracheck.cli.common import run_meta
+        from paracheck.results.report import run_meta
         from paracheck.results.finish import finish
 
         meta = dict(run_meta(backend, dist.get_world_size()), worlds=1, start_method="torchrun")

@@ -20,15 +20,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from paracheck.adapters import rank_entry
+from paracheck.adapters import parse_layout, rank_entry
 from paracheck.domain.backends import get_backend
 from paracheck.domain.case import Case
 from paracheck.domain.records import RankResult
 from paracheck.launch.protocol import (ENV_PG_TIMEOUT, ENV_PROFILE, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE,
                                        STORE_BROKEN_KEY, Phase, RankExit, RankProgress, RunDir, Todo, read_json,
                                        store_done_key, write_json)
-from paracheck.rank import meshes
-from paracheck.rank.site import CaseSite, Owners, local_device
+from paracheck.world import meshes
+from paracheck.world.site import CaseSite, Owners, local_device
 
 
 def join(backend, store_path: str | None = None):
@@ -163,7 +163,7 @@ def fed(rundir: RunDir, start: int, rank: int, poll: float = 0.02):
             if os.path.exists(rundir.stop):
                 return
             time.sleep(poll)
-        yield index, Case.from_json(data)
+        yield index, Case.from_json(data, parse_layout)
         index += 1
 
 
@@ -181,7 +181,7 @@ def main(rundir_path: str) -> int:
     if todo.feed_from is not None:
         feed = fed(rundir, todo.feed_from, rank)
     else:
-        cases = [Case.from_json(c) for c in run["cases"]]
+        cases = [Case.from_json(c, parse_layout) for c in run["cases"]]
         feed = ((i, cases[i]) for i in todo.indices)
     code = _profiled(lambda: run_world(rundir, feed, backend, store), rank)
     if code == RankExit.DONE:

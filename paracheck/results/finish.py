@@ -4,7 +4,6 @@ summary printed, the reports written; returns the exit code."""
 from __future__ import annotations
 
 from paracheck.results import report
-from paracheck.cli.common import write_report
 from paracheck.results.verdict import judge
 
 
@@ -23,7 +22,7 @@ def finish(args, cases, results, events, entries, meta: dict, seconds: float, ex
     data = report.to_json(verdicts, meta, events)
     print("\n" + report.counts_line(verdicts, seconds, meta.get("worlds", 1), extra))
     if args.report_json:
-        write_report(args.report_json, data)
+        report.write_report(args.report_json, data)
     if args.junit:
-        write_report(args.junit, report.to_junit(verdicts))
+        report.write_report(args.junit, report.to_junit(verdicts))
     return data["exit_code"]

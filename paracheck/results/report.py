@@ -7,6 +7,8 @@ import shlex
 from xml.sax.saxutils import escape, quoteattr
 
 from paracheck.launch.attribution import ranks_named, ranks_text
+from paracheck import __version__
+from paracheck.launch.protocol import write_text
 from paracheck.domain.case import Case, cp_options_for, options_text
 from paracheck.domain.records import CaseStatus, CheckId, Status
 from paracheck.results.verdict import Verdict
@@ -187,3 +189,28 @@ def to_junit(verdicts: list[Verdict]) -> str:
     head = (f"<testsuite name=\"paracheck\" tests=\"{len(verdicts)}\" failures=\"{s['failed'] + s['missed']}\" "
             f"errors=\"{s['errors']}\" skipped=\"{skipped}\">")
     return "\n".join(['<?xml version="1.0" encoding="utf-8"?>', head, *lines, "</testsuite>", ""])
+
+
+def write_report(path: str, data) -> None:
+    """Write a report whole or not at all (JSON for a dict or list, else the text as is): a run stopped
+    mid-write leaves the previous report, never half of a new one."""
+    import json
+
+    write_text(path, data if isinstance(data, str) else json.dumps(data, indent=1))
+
+
+def run_meta(backend, nproc: int, outcome=None) -> dict:
+    """What a report says about the run: versions, backend, ranks, and how the worlds started."""
+    from importlib.metadata import version
+
+    versions = {}
+    for package in ("torch", "diffusers", "transformers"):
+        try:
+            versions[package] = version(package)
+        except Exception:
+            versions[package] = None
+    meta = {"paracheck": __version__, "backend": backend.name, "nproc": nproc, "versions": versions}
+    if outcome is not None:
+        meta.update(worlds=outcome.worlds, start_method=outcome.start_method, references=outcome.references,
+                    start_seconds=round(outcome.start_seconds, 3))
+    return meta

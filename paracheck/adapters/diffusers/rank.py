@@ -28,8 +28,8 @@ from paracheck.adapters import get_control
 from paracheck.domain.case import Case
 from paracheck.domain.records import CheckId, Failure, FailureKind, Raised, RankResult, RankStatus, Status
 from paracheck.launch.attribution import lost_peer
-from paracheck.rank import meshes
-from paracheck.rank.site import CaseSite, local_device
+from paracheck.world import meshes
+from paracheck.world.site import CaseSite, local_device
 
 
 @dataclass

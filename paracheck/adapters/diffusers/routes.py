@@ -19,7 +19,7 @@ import torch.distributed as dist
 from paracheck.adapters.diffusers import library
 from paracheck.adapters.diffusers.fitting import Unfittable
 from paracheck.domain.layout import Layout
-from paracheck.rank.meshes import for_world
+from paracheck.world.meshes import for_world
 from paracheck.domain.records import Route
 
 REFUSES_BOTH = (

@@ -27,7 +27,7 @@ class Refused(Exception):
 
 
 def run_case(case, backend, site) -> RankResult:
-    """The kit's rank-side entry point for a transformers case (`site`: a `rank.site.CaseSite`); never raises."""
+    """The kit's rank-side entry point for a transformers case (`site`: a `world.site.CaseSite`); never raises."""
     started = time.time()
     result = RankResult(site.index, dist.get_rank(), RankStatus.OK, route=Route.SHARDED_LOAD)
     try:
