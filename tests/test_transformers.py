@@ -230,6 +230,26 @@ def test_cli_runs_the_transformers_fixtures(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_world_running_transformers_cases_keeps_its_groups_and_threads_flat():
+    """from_pretrained is handed the world's meshes, over one group per rank set: the first case makes them,
+    and every later case ends with the counts the first ended with. Before, each load built 6-7 new groups
+    (3 gloo threads each) that stayed: 8, 15, 22 groups after three cases."""
+    from paracheck.domain.backends import get_backend
+    from paracheck.launch.launcher import Launcher
+    from paracheck.results.verdict import merge
+
+    cases = [tf_cases.expand("llama", "tp2xfsdp2", 4, [v])[0] for v in ("base", "left_pad", "packed")]
+    outcome = Launcher(get_backend("gloo"), 4, 600).run(cases)
+    assert not outcome.events, outcome.events
+    verdicts = [merge(c, outcome.results[i]) for i, c in enumerate(cases)]
+    assert [v.status.value for v in verdicts] == ["pass"] * 3, [v.reason for v in verdicts]
+    counts = [list(zip(v.threads, v.process_groups)) for v in verdicts]
+    assert counts[0] == counts[1] == counts[2], counts
+    # A rank of a 4-rank world is in 4 rank sets a mesh dimension spans: itself, two pairs, the whole world.
+    assert max(v.process_groups[0] for v in verdicts) <= 4, counts
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("model,variant", [("llama", "base"), ("gemma3", "left_pad")])
 def test_pipeline_loss_is_declared_missing_and_its_logits_checked(gloo_verdicts, model, variant):
     v = gloo_verdicts[(model, "pp4", variant, None)]
