@@ -142,6 +142,20 @@ def test_cli_builds_transformers_cases_with_their_grammar_and_controls():
     assert all(c.library == "transformers" for c in cases)
 
 
+def test_world_meshes_replaces_transformers_mesh_builder_only_inside_and_only_where_it_exists(monkeypatch):
+    from transformers.distributed import mixin
+
+    from paracheck.adapters.transformers import library
+
+    original = mixin.initialize_distributed_mesh
+    with library.world_meshes(object(), "cpu", "cpu") as replaced:
+        assert replaced and mixin.initialize_distributed_mesh is not original
+    assert mixin.initialize_distributed_mesh is original
+    monkeypatch.delattr(mixin, "initialize_distributed_mesh")
+    with library.world_meshes(object(), "cpu", "cpu") as replaced:
+        assert replaced is False and not hasattr(mixin, "initialize_distributed_mesh")
+
+
 # -- real gloo worlds ---------------------------------------------------------------------------------
 
 #: (model, layout, variant): every 4-rank kind the issue names, each variant on a data-parallel layout.
