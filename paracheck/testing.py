@@ -12,6 +12,9 @@ and every test reads its own verdict; one fork server serves every launch of the
 class attributes: `paracheck_layouts`, `paracheck_backend`, `paracheck_atol`, `paracheck_rtol`,
 `paracheck_timeout`, `paracheck_controls`, `paracheck_dtype`, `paracheck_variants`,
 `paracheck_known_failures`, `paracheck_attention_backend`.
+
+`CausalLMParallelTesterMixin` does the same for a transformers causal LM given by its tester's tiny config
+(`get_config()`), over the `DistributedConfig` layouts its plans allow (see `paracheck.pytest.causal_lm`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import tempfile
 
 import pytest
 
+from paracheck.adapters.transformers.controls import applicable as tf_applicable
+from paracheck.adapters.transformers.layout import TfLayout
 from paracheck.domain.backends import missing_devices, resolve
 from paracheck.domain.case import expand
 from paracheck.adapters.diffusers.controls import applicable
@@ -49,9 +54,39 @@ class _ParallelTesterMixin:
     #: "auto" or a diffusers attention backend name (see `paracheck.adapters.diffusers.attention.choose`).
     paracheck_attention_backend: str = "auto"
 
+    #: The structure checks a case of this mixin runs (its structure test reads these).
+    paracheck_structure_ids = STRUCTURE_IDS
+
+    # What differs between the libraries' mixins: layouts, controls, and the cases one launch runs.
+    @classmethod
+    def _paracheck_layouts(cls) -> list:
+        return [Layout.parse(name) for name in cls.paracheck_layouts]
+
+    @classmethod
+    def _paracheck_layout(cls, name: str):
+        return Layout.parse(name)
+
+    @classmethod
+    def _paracheck_applicable(cls, layout) -> list[str]:
+        return applicable(layout)
+
+    def _paracheck_cases(self, layouts, folder: str) -> list:
+        """This class's cases on `layouts`, their models and inputs written under `folder` for the ranks."""
+        from paracheck.adapters.diffusers.library import unsupported
+
+        problem = unsupported()
+        if problem:
+            pytest.fail(f"paracheck: {problem}", pytrace=False)
+        cls = type(self)
+        variants = [v for v in cls.paracheck_variants if _dump_variant(self, folder, v)]
+        controls = applicable if cls.paracheck_controls else (lambda layout: [])
+        return expand(cls.__name__, "payload", layouts, controls, variants=variants, payload=folder,
+                      atol=cls.paracheck_atol, rtol=cls.paracheck_rtol, dtype=cls.paracheck_dtype,
+                      attention_backend=cls.paracheck_attention_backend)
+
     @pytest.mark.paracheck
     def test_paracheck_structure(self, paracheck_case, request):
-        _expect(self, request, paracheck_case, STRUCTURE_IDS)
+        _expect(self, request, paracheck_case, type(self).paracheck_structure_ids)
 
     @pytest.mark.paracheck
     def test_paracheck_forward(self, paracheck_case, request):
@@ -83,6 +118,46 @@ class ContextParallelTesterMixin(_ParallelTesterMixin):
     paracheck_layouts = ("u2", "u4", "r2", "r4")
 
 
+class CausalLMParallelTesterMixin(_ParallelTesterMixin):
+    """A transformers causal LM from its tester's tiny config: `get_config()` returns the `PretrainedConfig`,
+    `model_class` (optional) the class to build; loaded with `from_pretrained(distributed_config=...)` on
+    every layout of `paracheck_world` ranks its plans allow (`paracheck_layouts = None`), or those named."""
+    paracheck_layouts: tuple[str, ...] | None = None
+    paracheck_world: int = 4
+    model_class = None
+    paracheck_structure_ids = (CheckId.MESH, CheckId.TP_SHARDS)
+
+    @classmethod
+    def _paracheck_layouts(cls) -> list:
+        from paracheck.pytest.causal_lm import plan_layouts
+
+        if cls.paracheck_layouts is None:
+            return plan_layouts(cls().get_config(), cls.paracheck_world)
+        return [TfLayout.parse(name) for name in cls.paracheck_layouts]
+
+    @classmethod
+    def _paracheck_layout(cls, name: str):
+        return TfLayout.parse(name)
+
+    @classmethod
+    def _paracheck_applicable(cls, layout) -> list[str]:
+        return tf_applicable(layout)
+
+    def _paracheck_cases(self, layouts, folder: str) -> list:
+        from paracheck.pytest.causal_lm import cases, check_variants, write_checkpoint
+
+        cls = type(self)
+        if cls.paracheck_dtype != "fp32":
+            raise ValueError(f"paracheck_dtype {cls.paracheck_dtype!r}: the transformers adapter runs fp32 only")
+        path = write_checkpoint(self.get_config(), cls.model_class, folder)
+        return cases(cls.__name__, path, layouts, check_variants(cls.paracheck_variants), cls.paracheck_controls,
+                     cls.paracheck_atol, cls.paracheck_rtol)
+
+    @pytest.mark.paracheck
+    def test_paracheck_loss(self, paracheck_case, request):
+        _expect(self, request, paracheck_case, (CheckId.LOSS,))
+
+
 # -- collection ---------------------------------------------------------------------------------
 
 
@@ -91,11 +166,12 @@ def generate(metafunc) -> None:
     cls = metafunc.cls
     if cls is None or not issubclass(cls, _ParallelTesterMixin):
         return
-    layouts = [Layout.parse(name) for name in cls.paracheck_layouts]
+    layouts = {layout.name: layout for layout in cls._paracheck_layouts()}
     variants = list(cls.paracheck_variants)
-    plain = [(l.name, v, None) for l in layouts for v in variants]
+    plain = [(name, v, None) for name in layouts for v in variants]
     if "paracheck_control_case" in metafunc.fixturenames:
-        cases = [(l, v, c) for l, v, _ in plain for c in (applicable(Layout.parse(l)) if cls.paracheck_controls else [])]
+        cases = [(l, v, c) for l, v, _ in plain
+                 for c in (cls._paracheck_applicable(layouts[l]) if cls.paracheck_controls else [])]
         params = cases or [pytest.param(None, marks=pytest.mark.skip(reason="no negative control applies here"))]
         metafunc.parametrize("paracheck_control_case", params, ids=[_id(c, variants) for c in cases] or ["no-control"])
     elif "paracheck_case" in metafunc.fixturenames:
@@ -118,7 +194,7 @@ def _expect(test, request, case: tuple, check_ids) -> None:
     from paracheck.results.verdict import outcome_for_test
 
     layout_name, variant, control = case
-    layout = Layout.parse(layout_name)
+    layout = type(test)._paracheck_layout(layout_name)
     backend = resolve(_backend_name(test, request))
     missing = missing_devices(backend, layout.world)
     if missing:
@@ -153,20 +229,11 @@ def _launch(test, backend, world: int) -> dict:
     from paracheck.launch.launcher import Launcher
     from paracheck.results.verdict import judge
 
-    from paracheck.adapters.diffusers.library import unsupported
-
-    problem = unsupported()
-    if problem:
-        pytest.fail(f"paracheck: {problem}", pytrace=False)
     cls = type(test)
-    layouts = [Layout.parse(n) for n in cls.paracheck_layouts if Layout.parse(n).world == world]
+    layouts = [layout for layout in cls._paracheck_layouts() if layout.world == world]
     folder = tempfile.mkdtemp(prefix="paracheck-mixin-")
     try:
-        variants = [v for v in cls.paracheck_variants if _dump_variant(test, folder, v)]
-        controls = applicable if cls.paracheck_controls else (lambda layout: [])
-        cases = expand(cls.__name__, "payload", layouts, controls, variants=variants, payload=folder,
-                       atol=cls.paracheck_atol, rtol=cls.paracheck_rtol, dtype=cls.paracheck_dtype,
-                       attention_backend=cls.paracheck_attention_backend)
+        cases = test._paracheck_cases(layouts, folder)
         outcome = Launcher(backend, world, cls.paracheck_timeout).run(cases)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

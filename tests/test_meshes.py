@@ -57,6 +57,17 @@ def test_a_new_world_starts_with_no_meshes(tmp_path):
     assert seen[0] is not seen[1] and len(seen[1].built) == 1
 
 
+def test_meshes_from_groups_share_one_group_per_rank_set(world):
+    """transformers' dense and expert meshes, as `from_groups` makes them: one per key, and no new group where
+    every dimension spans a rank set there already is a group for (here, the one-rank world's default group)."""
+    before = meshes.group_names()
+    dense = world.from_groups(meshes.MeshKey("cpu", (1, 1, 1, 1), ("pp", "dp_replicate", "fsdp", "tp")))
+    expert = world.from_groups(meshes.MeshKey("cpu", (1, 1, 1, 1), ("pp", "dp_replicate", "efsdp", "ep")))
+    assert world.from_groups(meshes.MeshKey("cpu", (1, 1, 1, 1), ("pp", "dp_replicate", "fsdp", "tp"))) is dense
+    assert dense is not expert and expert["ep"].get_group() is dense["tp"].get_group() is world.world
+    assert meshes.group_names() == before and world.settle(before) == []
+
+
 def test_a_mesh_key_names_one_size_per_dimension():
     with pytest.raises(ValueError, match=r"mesh shape \(2, 2\) and dims \('tp',\): must have one size"):
         meshes.MeshKey("cpu", (2, 2), ("tp",))

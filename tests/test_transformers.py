@@ -143,6 +143,20 @@ def test_cli_builds_transformers_cases_with_their_grammar_and_controls():
     assert all(c.library == "transformers" for c in cases)
 
 
+def test_world_meshes_replaces_transformers_mesh_builder_only_inside_and_only_where_it_exists(monkeypatch):
+    from transformers.distributed import mixin
+
+    from paracheck.adapters.transformers import library
+
+    original = mixin.initialize_distributed_mesh
+    with library.world_meshes(object(), "cpu", "cpu") as replaced:
+        assert replaced and mixin.initialize_distributed_mesh is not original
+    assert mixin.initialize_distributed_mesh is original
+    monkeypatch.delattr(mixin, "initialize_distributed_mesh")
+    with library.world_meshes(object(), "cpu", "cpu") as replaced:
+        assert replaced is False and not hasattr(mixin, "initialize_distributed_mesh")
+
+
 # -- real gloo worlds ---------------------------------------------------------------------------------
 
 #: (model, layout, variant): every 4-rank kind the issue names, each variant on a data-parallel layout.
@@ -228,6 +242,26 @@ def test_cli_runs_the_transformers_fixtures(tmp_path):
     assert statuses[("tp2xfsdp2xep2", "tf-norm-replicate")] == "detected"
     assert statuses[("dpr2xfsdp2", "tf-skip-dp-reduce")] == "detected"
     assert "loss" in run.out and "infer" in run.out
+
+
+@pytest.mark.slow
+def test_a_world_running_transformers_cases_keeps_its_groups_and_threads_flat():
+    """from_pretrained is handed the world's meshes, over one group per rank set: the first case makes them,
+    and every later case ends with the counts the first ended with. Before, each load built 6-7 new groups
+    (3 gloo threads each) that stayed: 8, 15, 22 groups after three cases."""
+    from paracheck.domain.backends import get_backend
+    from paracheck.launch.launcher import Launcher
+    from paracheck.results.verdict import merge
+
+    cases = [tf_cases.expand("llama", "tp2xfsdp2", 4, [v])[0] for v in ("base", "left_pad", "packed")]
+    outcome = Launcher(get_backend("gloo"), 4, 600).run(cases)
+    assert not outcome.events, outcome.events
+    verdicts = [merge(c, outcome.results[i]) for i, c in enumerate(cases)]
+    assert [v.status.value for v in verdicts] == ["pass"] * 3, [v.reason for v in verdicts]
+    counts = [list(zip(v.threads, v.process_groups)) for v in verdicts]
+    assert counts[0] == counts[1] == counts[2], counts
+    # A rank of a 4-rank world is in 4 rank sets a mesh dimension spans: itself, two pairs, the whole world.
+    assert max(v.process_groups[0] for v in verdicts) <= 4, counts
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ from paracheck.domain.records import CaseStatus, CheckId, Status
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "known_failures.toml")
 _MATCHED = ("library", "model", "layout", "variant", "dtype", "route", "cp_options")
-#: What `inputs` may require (`rank.plan.input_traits` finds them on the ranks).
+#: What `inputs` may require (`adapters.diffusers.plan.input_traits` finds them on the ranks).
 INPUT_TRAITS = ("mask", "padded")
 
 

@@ -7,6 +7,11 @@ a TCP loop per group). A mesh per case therefore grew each rank by a few threads
 its CP and TP configs), so its own setup (the CP config's flattened ring x ulysses mesh, cached by torch on
 the root mesh) adds groups only the first time too.
 
+A library that builds its meshes from a mesh's shape alone (transformers' `initialize_distributed_mesh`) is
+handed meshes made by `from_groups`: one process group per distinct set of ranks, shared by every mesh that
+has a dimension over that set (`DeviceMesh.from_group`), so a 4-rank world holds the same few groups whatever
+the shapes asked for.
+
 After each case `settle` compares the process groups with those before it: groups the case's first use of a
 new mesh made are held with the mesh; any other new group belongs to nobody, and is destroyed (the safety net
 for a library that builds a mesh of its own). Destroying is local to a rank, never a collective, so ranks that
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 from paracheck.domain.layout import Layout
@@ -44,6 +50,8 @@ class Meshes:
     held: set[str] = field(default_factory=set)
     #: A mesh was built since the last `settle`: groups new since then are its own.
     fresh: bool = False
+    #: ranks (sorted) -> this rank's process group over them (None where this rank is not one of them).
+    groups: dict[tuple[int, ...], object] = field(default_factory=dict)
 
     def mesh(self, key: MeshKey):
         if key not in self.built:
@@ -52,6 +60,38 @@ class Meshes:
             self.built[key] = init_device_mesh(key.device_type, key.shape, mesh_dim_names=key.dims)
             self.fresh = True
         return self.built[key]
+
+    def from_groups(self, key: MeshKey):
+        """The mesh of `key` over the world's shared groups: one per distinct rank set, made on first ask."""
+        if key not in self.built:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            ranks = torch.arange(dist.get_world_size()).reshape(key.shape)
+            dims = [self._group_along(ranks, d) for d in range(len(key.shape))]
+            self.built[key] = DeviceMesh.from_group(dims, key.device_type, mesh=ranks, mesh_dim_names=key.dims)
+            self.fresh = True  # what the library derives from it in this case (flattened meshes) is its own
+        return self.built[key]
+
+    def _group_along(self, ranks, dim: int):
+        """This rank's group along dimension `dim` of the rank grid; makes the groups of that dimension that do
+        not exist yet. Every rank makes them in the same order (`new_group` is collective over the world)."""
+        mine = None
+        for members in ranks.movedim(dim, -1).reshape(-1, ranks.shape[dim]).tolist():
+            members = tuple(sorted(members))
+            if members not in self.groups:
+                self.groups[members] = self._new_group(members)
+            if dist.get_rank() in members:
+                mine = self.groups[members]
+        return mine
+
+    def _new_group(self, members: tuple[int, ...]):
+        if len(members) == dist.get_world_size():
+            return self.world  # the whole world: the default group, as torch's own meshes reuse it
+        group = dist.new_group(list(members), group_desc=f"paracheck_{'_'.join(map(str, members))}")
+        if dist.get_rank() in members:
+            self.held.add(group.group_name)
+            return group
+        return None
 
     def shared(self, layout: Layout, device_type: str, order: str | None = None):
         """The composed route's one mesh of `layout`, dimensions in `order` (the layout's own unless a
@@ -77,6 +117,8 @@ class Meshes:
         for group, name in list(_groups().items()):
             if name in new:
                 dist.destroy_process_group(group)
+        if new:
+            _forget_destroyed_meshes()
         return sorted(new)
 
 
@@ -91,6 +133,17 @@ def for_world() -> Meshes:
     if _current is None or _current.world is not world:
         _current = Meshes(world)
     return _current
+
+
+def _forget_destroyed_meshes() -> None:
+    """Empty DTensor's sharding propagation caches. They key on meshes by equality and keep the output specs of
+    the first call, whose mesh names that call's groups: after those groups are destroyed, a later equal mesh
+    would be handed specs that name them ("Could not resolve the process group registered under the name")."""
+    from torch.distributed.tensor import debug
+
+    clear = getattr(debug, "_clear_sharding_prop_cache", None)  # torch's own helper (debug module)
+    if clear is not None:
+        clear()
 
 
 def group_names() -> set[str]:

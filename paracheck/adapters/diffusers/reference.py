@@ -1,8 +1,8 @@
 """Single-device references: computed once per run per plan key, shared through the run directory.
 
-A case's plan (`rank.plan`) names its reference by key. The reference itself (weights, output, loss weights, gradients) is computed by one rank, when the first
-case that needs it comes up, and written to the run directory as safetensors; every rank that needs it
-reads it. Owners are dealt out round-robin over the keys, so the work spreads over the ranks (the
+A case's plan (`plan.Plan`) names its reference by key. The reference itself (weights, output, loss
+weights, gradients) is computed by one rank, when the first case that needs it comes up, and written to the
+run directory as safetensors; every rank that needs it reads it. Owners are dealt out round-robin over the keys, so the work spreads over the ranks (the
 others wait for the file meanwhile). Each rank keeps the one reference it read last, for the next case
 (often its control) to share; memory stays flat in the number of cases.
 """

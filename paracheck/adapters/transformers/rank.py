@@ -1,7 +1,7 @@
 """One transformers case on one rank: load the checkpoint with and without `distributed_config`, run both, check.
 
-The world is already up (the kit's worker, or a test, called `init_process_group`); transformers builds its
-meshes on the default group. Every rank computes its own single-process reference from the same checkpoint
+The world is already up (the kit's worker, or a test, called `init_process_group`); transformers is handed
+this world's meshes (`library.world_meshes`), so a world running many cases builds each shape's mesh once. Every rank computes its own single-process reference from the same checkpoint
 (the fixtures are tiny), so no reference crosses ranks. Order on the parallel model: structure, the
 inference forward (no_grad; the rowwise local path only runs there), gradients cleared the optimizer's way,
 the training forward and backward, then loss, logits and every gradient (DTensors gathered).
@@ -9,6 +9,7 @@ the training forward and backward, then loss, logits and every gradient (DTensor
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import traceback
@@ -18,7 +19,8 @@ import torch.distributed as dist
 
 from paracheck.checks.compare import compare, problems_text, tolerance
 from paracheck.domain.records import CheckId, CheckResult, RankResult, RankStatus, Route, Status
-from paracheck.adapters.transformers import fixtures, inputs, structure
+from paracheck.adapters.transformers import fixtures, inputs, library, structure
+from paracheck.world import meshes
 from paracheck.adapters.transformers.controls import CONTROLS, NO_PLANT, PLANTS
 
 
@@ -27,29 +29,37 @@ class Refused(Exception):
 
 
 def run_case(case, backend, site) -> RankResult:
-    """The kit's rank-side entry point for a transformers case (`site`: a `world.site.CaseSite`); never raises."""
+    """The kit's rank-side entry point for a transformers case (`site`: a `world.site.CaseSite`); never raises.
+    Afterwards destroys any process group no mesh holds (`Meshes.settle`), as the diffusers adapter does."""
     started = time.time()
     result = RankResult(site.index, dist.get_rank(), RankStatus.OK, route=Route.SHARDED_LOAD)
+    groups = meshes.group_names()
     try:
-        _run(case, site.workdir, result)
+        _run(case, backend, site.workdir, result)
     except Refused as exc:
         result.status, result.reason, result.raised_in_parallel = RankStatus.SKIP, str(exc), False
     except Exception as exc:
         result.status, result.reason = RankStatus.ERROR, f"{type(exc).__name__}: {exc}"
         result.traceback = traceback.format_exc()
+    gc.collect()  # the case's model first (its hooks make cycles): a group it still held would outlive destruction
+    meshes.for_world().settle(groups)
     result.seconds = round(time.time() - started, 3)
     return result
 
 
-def checkpoint(name: str, folder: str) -> str:
-    """Rank 0 writes the fixture's checkpoint into `folder` (once per run); every rank waits for it."""
+def checkpoint(case, folder: str) -> str:
+    """The case's checkpoint: the folder a pytest mixin wrote (`case.payload`), else the bundled fixture's,
+    which rank 0 writes into `folder` (once per run) while every rank waits for it."""
+    if case.payload:
+        return case.payload
+    name = case.model
     if dist.get_rank() == 0:
         fixtures.save(name, folder)
     dist.barrier()
     return os.path.join(folder, f"transformers-{name}")
 
 
-def _run(case, workdir: str, result: RankResult) -> None:
+def _run(case, backend, workdir: str, result: RankResult) -> None:
     from transformers import AutoModelForCausalLM
 
     layout, rank = case.layout, dist.get_rank()
@@ -57,7 +67,7 @@ def _run(case, workdir: str, result: RankResult) -> None:
     plant = PLANTS[case.control] if case.control else NO_PLANT
     if control and (reason := control.skip_reason(layout)):
         raise Refused(reason)
-    path = checkpoint(case.model, os.path.dirname(os.path.abspath(workdir)))
+    path = checkpoint(case, os.path.dirname(os.path.abspath(workdir)))
     atol, rtol = tolerance(torch.float32, "cpu")
     atol, rtol = case.atol or atol, case.rtol or rtol
     with _phase(result, "reference"):
@@ -72,7 +82,7 @@ def _run(case, workdir: str, result: RankResult) -> None:
         expected = _reference(ref, batch)
     result.raised_in_parallel = True  # from here on a raise may leave peers inside a collective (a refusal resets it)
     with _phase(result, "parallel"):
-        model = _load_parallel(path, layout, plant)
+        model = _load_parallel(path, layout, plant, backend)
     if plant.after_load:
         plant.after_load(model, layout)
     with _phase(result, "checks"):
@@ -85,7 +95,7 @@ def _run(case, workdir: str, result: RankResult) -> None:
     result.raised_in_parallel = False
 
 
-def _load_parallel(path: str, layout, plant):
+def _load_parallel(path: str, layout, plant, backend):
     from transformers import AutoModelForCausalLM
     from transformers.distributed import DistributedConfig
 
@@ -96,8 +106,10 @@ def _load_parallel(path: str, layout, plant):
         config = DistributedConfig(**kwargs)
     except (ValueError, TypeError) as exc:
         raise Refused(f"transformers refuses DistributedConfig({_kw(kwargs)}): {exc}") from exc
+    device = torch.device(backend.device_for(int(os.environ.get("LOCAL_RANK", 0))))
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, distributed_config=config)
+        with library.world_meshes(meshes.for_world(), backend.device_type, device):
+            return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, distributed_config=config)
     except (ValueError, NotImplementedError) as exc:
         # Plan and size rules transformers checks while loading; every rank raises the same.
         raise Refused(f"transformers refuses {_kw(kwargs)} for this model: {exc}") from exc

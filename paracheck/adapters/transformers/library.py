@@ -1,0 +1,64 @@
+"""The one place that reaches into transformers' loading path: handing `from_pretrained` the world's meshes.
+
+`from_pretrained(distributed_config=...)` takes no mesh: its `device_mesh` argument is overwritten when a
+`DistributedConfig` is given, and `initialize_distributed_mesh` (called from
+`transformers.distributed.mixin`) builds a dense `(pp, dp_replicate, fsdp, tp)` and an expert
+`(pp, dp_replicate, efsdp, ep)` mesh with `init_device_mesh` on every call: six to eight new process groups
+per load, three gloo threads each. They cannot simply be destroyed after a case: DTensor's sharding
+propagation caches (Python and C++) key on meshes by equality and keep the first case's output specs, whose
+mesh names the first case's groups, so the next load of an equal layout resolves destroyed groups
+("Could not resolve the process group registered under the name 9"); and clearing those caches still left
+the destroyed groups' threads alive (measured: +12 threads per load).
+
+So within `world_meshes` that one function is replaced by one that returns the world's meshes
+(`paracheck.world.meshes.Meshes.from_groups`): one per shape, over one process group per distinct rank set.
+Where the seam is missing (another transformers release) nothing is replaced and transformers builds its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch.distributed as dist
+
+from paracheck.world.meshes import MeshKey
+
+#: The module whose global `from_pretrained` calls (through `prepare_distribute_model`) to build its meshes.
+SEAM_MODULE = "transformers.distributed.mixin"
+SEAM = "initialize_distributed_mesh"
+DENSE_DIMS = ("pp", "dp_replicate", "fsdp", "tp")
+EXPERT_DIMS = ("pp", "dp_replicate", "efsdp", "ep")
+
+
+@contextlib.contextmanager
+def world_meshes(meshes, device_type: str, device):
+    """Within: every `from_pretrained(distributed_config=...)` gets its dense and expert meshes from `meshes`
+    (a `Meshes`), on `device_type`, and `device` as its device map, instead of building new ones."""
+    import importlib
+
+    module = importlib.import_module(SEAM_MODULE)
+    original = getattr(module, SEAM, None)
+    if not callable(original):
+        yield False
+        return
+    setattr(module, SEAM, _initialize(meshes, device_type, device, original))
+    try:
+        yield True
+    finally:
+        setattr(module, SEAM, original)
+
+
+def _initialize(meshes, device_type: str, device, original):
+    from transformers.distributed.utils import TransformersDeviceMesh
+
+    def initialize(config):
+        dense = (config.pp_size, config.dp_replicate_size, config.fsdp_size, config.tp_size)
+        if dense == (1, 1, 1, 1) or math.prod(dense) != dist.get_world_size():
+            return original(config)  # transformers' own answer: no mesh, or its error naming the sizes
+        expert = (config.pp_size, config.dp_replicate_size, config.efsdp_size, config.ep_size)
+        manager = TransformersDeviceMesh(meshes.from_groups(MeshKey(device_type, dense, DENSE_DIMS)),
+                                         meshes.from_groups(MeshKey(device_type, expert, EXPERT_DIMS)))
+        return device, manager
+
+    return initialize

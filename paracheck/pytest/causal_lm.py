@@ -1,0 +1,62 @@
+"""The transformers side of the pytest mixins: the layouts a causal LM's plans allow, its checkpoint, its cases.
+
+A tester config gives a tiny `PretrainedConfig` (`get_config()`) and optionally the model class. The pytest
+process builds the model from it with a fixed seed and writes it with `save_pretrained` into a folder the
+case names (`Case.payload`); every rank loads that folder with and without `distributed_config`, as it
+loads the bundled fixtures. Nothing here imports torch or transformers at import time.
+"""
+
+from __future__ import annotations
+
+import os
+
+from paracheck.adapters.transformers import LIBRARY
+from paracheck.adapters.transformers.controls import applicable
+from paracheck.adapters.transformers.fixtures import SEED, VARIANTS
+from paracheck.adapters.transformers.layout import TfLayout, cp_supported, layouts_for
+from paracheck.domain.case import Case
+from paracheck.domain.records import Route
+
+FACTORY = "payload"
+
+
+def plan_layouts(config, world: int) -> list[TfLayout]:
+    """Every layout of `world` ranks the config's plans allow: TP only with a `base_model_tp_plan`, EP only
+    with a `base_model_ep_plan`, pipeline only with a `base_model_pp_plan`; FSDP and HSDP always."""
+    has = {name: bool(getattr(config, f"base_model_{name}_plan", None)) for name in ("tp", "ep", "pp")}
+    found = layouts_for(world, moe=has["ep"], cp_field=cp_supported(), pp=has["pp"])
+    return [layout for layout in found if layout.tp == 1 or has["tp"]]
+
+
+def check_variants(variants) -> list[str]:
+    """The mixin's `paracheck_variants`, each one the adapter makes inputs for; ValueError names the bad one."""
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"paracheck_variants {unknown}: a causal LM's variants are {', '.join(VARIANTS)}")
+    return list(variants)
+
+
+def write_checkpoint(config, model_class, folder: str) -> str:
+    """The model of `config` (as `model_class`, else the causal LM class transformers maps it to), seeded,
+    written with `save_pretrained` into `folder/checkpoint`; returns that path."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = os.path.join(folder, "checkpoint")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model = model_class(config) if model_class else AutoModelForCausalLM.from_config(config)
+    model.to(torch.float32).save_pretrained(path)
+    return path
+
+
+def cases(name: str, checkpoint: str, layouts, variants, controls: bool, atol=None, rtol=None) -> list[Case]:
+    """Per layout and variant: the plain case, then each control that applies to the layout."""
+    out = []
+    for layout in layouts:
+        for variant in variants:
+            fields = dict(layout=layout, route=Route.SHARDED_LOAD, variant=variant, library=LIBRARY,
+                          payload=checkpoint, atol=atol, rtol=rtol)
+            out.append(Case(name, FACTORY, **fields))
+            out += [Case(name, FACTORY, **dict(fields, control=c)) for c in (applicable(layout) if controls else [])]
+    return out
