@@ -4,17 +4,16 @@ from paracheck.adapters.diffusers.fixtures_index import FIXTURES
 
 
 def select(models: str) -> list[tuple[str, str]]:
-    """`--models` text -> (name, factory path) pairs in the order given: "all" (the diffusers fixtures),
-    "transformers" (every transformers fixture), or names, comma separated. The transformers fixtures are
-    opt-in for now: each of their loads builds process groups torch keeps, so a default run with them grew
-    to over a thousand threads per rank and ten times the time (see docs/transformers.md).
-    ValueError names the unknown ones and the fixtures there are."""
+    """`--models` text -> (name, factory path) pairs in the order given: "all" (every library's fixtures,
+    the transformers ones where transformers is installed), "diffusers", "transformers", or names, comma
+    separated. ValueError names the unknown ones and the fixtures there are."""
     known = {**FIXTURES, **TRANSFORMERS_FIXTURES}
-    groups = {"all": list(FIXTURES), "transformers": list(TRANSFORMERS_FIXTURES)}
+    every = list(FIXTURES) + (list(TRANSFORMERS_FIXTURES) if transformers_installed() else [])
+    groups = {"all": every, "diffusers": list(FIXTURES), "transformers": list(TRANSFORMERS_FIXTURES)}
     names = [n for m in models.split(",") for n in groups.get(m.strip(), [m.strip()])]
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"{','.join(unknown)}: unknown; fixtures are {', '.join(known)} (or all, transformers)")
+        raise ValueError(f"{','.join(unknown)}: unknown; fixtures are {', '.join(known)} (or all, diffusers, transformers)")
     if any(n in TRANSFORMERS_FIXTURES for n in names) and not transformers_installed():
         raise ValueError(f"{models}: the transformers fixtures need transformers (pip install 'paracheck[transformers]')")
     return [(n, known[n]) for n in names]

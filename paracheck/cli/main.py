@@ -33,8 +33,8 @@ def _parser() -> argparse.ArgumentParser:
                      "Neuron devices, else gloo)")
     run.add_argument("--nproc", type=int, default=None, help="ranks in the world (default 4; under torchrun "
                      "its WORLD_SIZE)")
-    run.add_argument("--models", default="all", help="fixture names, comma separated; all (the diffusers "
-                     "fixtures) or transformers (the transformers ones)")
+    run.add_argument("--models", default="all", help="fixture names, comma separated; all (every library's, "
+                     "the transformers ones where transformers is installed), diffusers or transformers")
     run.add_argument("--layouts", default="all", help="layouts like tp4,u4,tp2xu2, or all for --nproc")
     run.add_argument("--route", default="auto", help="auto|native|composed|sharded-load")
     add_order(run)
@@ -47,8 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--attention-backend", default="auto", help="auto (CPU: paracheck's attention op, which "
                      "returns the log-sum-exp ring needs; GPUs: native, or for ring the first usable of _native_cudnn, "
                      "_native_flash, flash, sage) or a diffusers attention backend name")
-    run.add_argument("--variants", default="all", help="input variants: all, or some of base,batch2,masked,uneven "
-                     "(each model runs the ones it offers)")
+    run.add_argument("--variants", default=None, help="input variants: all, or some of base,batch2,masked,uneven,"
+                     "left_pad,right_pad,packed,embeds (each model runs the ones it offers); unset: every variant "
+                     "of the diffusers fixtures, base inputs of the transformers ones")
     run.add_argument("--cp-options", default="", help="the library's context-parallel options for every CP "
                      "layout, name=value comma separated: ulysses_anything, ring_anything (true|false), "
                      "rotate_method (allgather|alltoall), convert_to_fp32 (true|false)")
@@ -154,7 +155,9 @@ def build_cases(args, backend) -> list[Case]:
     controls = [args.only_control] if args.only_control else (list(CONTROLS) if args.controls else [])
     controls = [c for c in controls if c in CONTROLS]  # an adapter's controls go to its own models only
     wanted = _wanted_variants(args.variants)
-    return _transformers_cases(args, adapted, wanted) + [case for model, factory in models
+    # Unset --variants: the transformers fixtures' base inputs (their other variants on --variants all or by name).
+    tf_wanted = ["base"] if args.variants is None else wanted
+    return _transformers_cases(args, adapted, tf_wanted) + [case for model, factory in models
             for case in expand(model, factory, layouts, lambda layout: controls, plain=not args.only_control,
                                variants=[v for v in _offered(model, factory) if v in wanted],
                                route=args.route, grads=not args.no_grads, dtype=args.dtype, cp_options=args.cp_options,
@@ -172,12 +175,12 @@ def _transformers_cases(args, models, wanted) -> list[Case]:
         raise UsageError(str(exc)) from exc
 
 
-def _wanted_variants(text: str) -> list[str]:
+def _wanted_variants(text: str | None) -> list[str]:
     from paracheck.adapters.transformers.fixtures import VARIANTS as TRANSFORMERS_VARIANTS
     from paracheck.adapters.diffusers.fixtures_index import VARIANTS as DIFFUSERS_VARIANTS
 
     VARIANTS = (*DIFFUSERS_VARIANTS, *(v for v in TRANSFORMERS_VARIANTS if v not in DIFFUSERS_VARIANTS))
-    if text.strip() == "all":
+    if text is None or text.strip() == "all":
         return list(VARIANTS)
     names = [v.strip() for v in text.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANTS]
