@@ -45,9 +45,9 @@ def test_usage_errors_exit_2(argv, fragment, capsys):
 def test_named_models_cross_named_layouts():
     """flux on tp2xu2 and wan on u4 from one command: the misfit pairs are cases too, skipped on the ranks."""
     from paracheck.domain.backends import get_backend
-    from paracheck.cli.main import _parser, build_cases
+    from paracheck.cli.main import parser, build_cases
 
-    args = _parser().parse_args(["run", "--models", "flux,wan", "--layouts", "tp2xu2,u4", "--variants", "base"])
+    args = parser().parse_args(["run", "--models", "flux,wan", "--layouts", "tp2xu2,u4", "--variants", "base"])
     pairs = {(c.model, c.layout.name) for c in build_cases(args, get_backend("gloo"))}
     assert pairs == {("flux", "tp2xu2"), ("flux", "u4"), ("wan", "tp2xu2"), ("wan", "u4")}
 
@@ -65,3 +65,25 @@ def test_topology_lists_reasons(capsys):
     assert "ulysses degree 2" in out  # tp4xu2: Neuron's all-to-all group sizes
     assert main(["topology", "--backend", "gloo", "--world", "4", "--heads", "6", "--layout", "tp2xu2"]) == 1
     assert "nearest fit: 8" in capsys.readouterr().out
+
+
+def test_all_is_every_librarys_fixtures_and_the_groups_split_them():
+    from paracheck.adapters.fixtures import TRANSFORMERS_FIXTURES, select
+    from paracheck.adapters.diffusers.fixtures_index import FIXTURES
+
+    every = [name for name, _ in select("all")]
+    assert every == list(FIXTURES) + list(TRANSFORMERS_FIXTURES)  # transformers is in the test extra
+    assert [name for name, _ in select("diffusers")] == list(FIXTURES)
+    assert [name for name, _ in select("transformers")] == list(TRANSFORMERS_FIXTURES)
+
+
+def test_unset_variants_give_the_transformers_fixtures_their_base_inputs_only():
+    from paracheck.cli.main import build_cases, parser
+    from paracheck.domain.backends import get_backend
+
+    args = parser().parse_args(["run", "--models", "llama,flux", "--layouts", "all"])
+    cases = build_cases(args, get_backend("gloo"))
+    assert {c.variant for c in cases if c.library == "transformers"} == {"base"}
+    assert {c.variant for c in cases if c.library == "diffusers"} == {"base", "batch2", "uneven"}
+    args = parser().parse_args(["run", "--models", "llama", "--variants", "all"])
+    assert len({c.variant for c in build_cases(args, get_backend("gloo"))}) > 1

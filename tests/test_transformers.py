@@ -132,10 +132,10 @@ def test_cases_round_trip_through_json_with_their_library_and_layout():
 
 
 def test_cli_builds_transformers_cases_with_their_grammar_and_controls():
-    from paracheck.cli.main import _parser, build_cases
+    from paracheck.cli.main import parser, build_cases
     from paracheck.domain.backends import get_backend
 
-    args = _parser().parse_args(["run", "--models", "llama,qwen3_moe", "--variants", "base", "--controls"])
+    args = parser().parse_args(["run", "--models", "llama,qwen3_moe", "--variants", "base", "--controls"])
     cases = build_cases(args, get_backend("gloo"))
     layouts = {(c.model, c.layout.name) for c in cases}
     assert ("qwen3_moe", "fsdp4xep4") in layouts and ("llama", "fsdp4xep4") not in layouts

@@ -24,8 +24,9 @@ from paracheck.domain.layout import Layout, LayoutError, layouts_for, parse_layo
 from paracheck.launch.protocol import Exit
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="paracheck", description="Parallel-inference correctness checks for diffusers.")
+def parser() -> argparse.ArgumentParser:
+    """The command line of every command (public for tests that build cases in process)."""
+    parser = argparse.ArgumentParser(prog="paracheck", description="Parallel correctness checks for diffusers and transformers models.")
     parser.add_argument("--version", action="version", version=f"paracheck {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run models over layouts and check every rank against one device")
@@ -77,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     from paracheck.results.known import KnownFailuresError
 
     try:
