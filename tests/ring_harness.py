@@ -35,7 +35,7 @@ def _worker(rank, world, cases, tmp):
     if rank == 0:
         with open(os.path.join(tmp, "results.json"), "w") as handle:
             json.dump(results, handle)
-    # Diffusers' ring all-gathers are never explicitly waited; a barrier keeps gloo teardown orderly.
+    # A barrier keeps gloo teardown orderly (no rank leaves while a peer is still in a collective).
     dist.barrier()
     dist.destroy_process_group()
 
@@ -83,17 +83,24 @@ def _case(rank, world, ring=1, ulysses=1, fault=None, fixed=False, mask=False):
     local_mask = None if key_mask is None else key_mask.chunk(world, dim=-1)[rank]
     leaves = [x.clone().requires_grad_() for x in local[:3]]
     report = dict(ring=ring, ulysses=ulysses, fault=fault, fixed=fixed, mask=mask)
+    pending = _pending_collectives()
     try:
         with cpu_lse_attention(fault=fault), (reversed_ring_rotation() if fixed else contextlib.nullcontext()):
             out = dispatch_attention_fn(*leaves, attn_mask=local_mask, parallel_config=config)
             out.backward(local[3])
     except Exception as exc:  # every rank meets the same shapes, so all raise together
         return dict(report, raised=f"{type(exc).__name__}: {exc}")
+    # Functional collectives issued and never waited for (torch keeps each, with its buffers, for good).
+    report["unwaited"] = _pending_collectives() - pending
     got = [_gather(x, world) for x in [out.detach()] + [x.grad for x in leaves]]
     want = reference(q, k, v, grad, key_mask)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
         report[name] = float((a.double() - b).abs().max())
     return report
+
+
+def _pending_collectives() -> int:
+    return torch._C._distributed_c10d._get_work_registry_size()
 
 
 def _gather(x, world):

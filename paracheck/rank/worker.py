@@ -185,7 +185,8 @@ def main(rundir_path: str) -> int:
         feed = ((i, cases[i]) for i in todo.indices)
     code = _profiled(lambda: run_world(rundir, feed, backend, store), rank)
     if code == RankExit.DONE:
-        # The library's ring all-gathers are never waited on; without a barrier gloo's teardown can abort.
+        # No rank tears gloo down while a peer is still in a collective. (A case that raised inside the
+        # library's ring attention, after it issued its KV all-gather, leaves that gather never waited.)
         dist.barrier()
         dist.destroy_process_group()
     return int(code)

@@ -152,12 +152,27 @@ def _drop_ring_merge(forward, backward):
 
 
 def _stale_kv_backward(forward, backward):
-    """The backward ignores the visiting chunk the ring hands it and reuses the saved (local) one."""
+    """The backward ignores the visiting chunk the ring hands it and reuses the saved (local) one.
+
+    The chunk it ignores is a view of the library's asynchronous KV all-gather; only its first use waits
+    for that collective. Ignored, it would never be waited: torch keeps such a work in its registry, with
+    the gather's buffers, for the life of the rank (one per ring attention call in every backward this
+    control plants). So the fault waits for it, then ignores it: the bug stays in the numbers alone."""
 
     def backward_op(ctx, grad_out, *args, key=None, value=None, **kwargs):
+        _wait_collective(key)
+        _wait_collective(value)
         return backward(ctx, grad_out, *args, **kwargs)
 
     return forward, backward_op
+
+
+def _wait_collective(tensor) -> None:
+    """Wait for the functional collective whose output `tensor` views, if one is still pending."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    if isinstance(tensor, AsyncCollectiveTensor):
+        tensor.trigger_wait()
 
 
 def _always() -> bool:
