@@ -23,6 +23,26 @@ class LayoutError(ValueError):
     """A layout string or order that breaks the naming rules."""
 
 
+def degree_parts(text, pattern: re.Pattern, tokens, example: str, error: type) -> list[tuple[str, int]]:
+    """A layout name's parts, `tokenN` joined by 'x' (every library's grammar): [(token, degree)] in the
+    order written; `error` names the part that is no `tokenN`, a token given twice, or a degree below 1."""
+    if not isinstance(text, str) or not text.strip():
+        raise error(f"layout '': write degrees like {example} (parts {', '.join(tokens)} joined by 'x')")
+    parts: list[tuple[str, int]] = []
+    for part in text.strip().lower().split("x"):
+        match = pattern.match(part)
+        if not match:
+            raise error(f"layout {text!r}: part {part!r} is not one of {', '.join(t + 'N' for t in tokens)} "
+                        f"(parts are joined by 'x', e.g. {example})")
+        token, degree = match.group(1), int(match.group(2))
+        if token in dict(parts):
+            raise error(f"layout {text!r}: {token} appears twice")
+        if degree < 1:
+            raise error(f"layout {text!r}: degree of {token} must be >= 1, got {degree}")
+        parts.append((token, degree))
+    return parts
+
+
 @dataclass(frozen=True)
 class Layout:
     tp: int = 1
@@ -42,28 +62,11 @@ class Layout:
     @classmethod
     def parse(cls, text: str, order: str = "cp-fastest") -> "Layout":
         """Parse `tp2xu2`-style names; parts in the order tp, ring, ulysses, each at most once."""
-        if not isinstance(text, str) or not text.strip():
-            raise LayoutError("layout '': write degrees like tp4, u4, tp2xu2 (parts tp, r, u joined by 'x')")
-        degrees: dict[str, int] = {}
-        last = -1
-        for part in text.strip().lower().split("x"):
-            match = _PART.match(part)
-            if not match:
-                raise LayoutError(
-                    f"layout {text!r}: part {part!r} is not tpN, rN or uN (parts are joined by 'x', e.g. tp2xu2)"
-                )
-            dim = _PREFIX[match.group(1)]
-            index = DIM_NAMES.index(dim)
-            if dim in degrees:
-                raise LayoutError(f"layout {text!r}: {match.group(1)} appears twice")
-            if index < last:
-                raise LayoutError(f"layout {text!r}: parts must be written in the order tp, r, u")
-            last = index
-            degree = int(match.group(2))
-            if degree < 1:
-                raise LayoutError(f"layout {text!r}: degree of {match.group(1)} must be >= 1, got {degree}")
-            degrees[dim] = degree
-        return cls(order=order, **degrees)
+        parts = degree_parts(text, _PART, ("tp", "r", "u"), "tp2xu2", LayoutError)
+        dims = [DIM_NAMES.index(_PREFIX[token]) for token, _ in parts]
+        if dims != sorted(dims):
+            raise LayoutError(f"layout {text!r}: parts must be written in the order tp, r, u")
+        return cls(order=order, **{_PREFIX[token]: degree for token, degree in parts})
 
     @property
     def name(self) -> str:

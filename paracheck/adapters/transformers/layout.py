@@ -14,6 +14,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from paracheck.domain.layout import degree_parts
+
 #: Tokens in the order a canonical name writes them; `ep` last, as it is not part of the dense mesh.
 TOKENS = ("pp", "tp", "dpr", "cp", "fsdp", "ep")
 #: The dense mesh's dimensions, slowest-varying first, as transformers lays them out.
@@ -47,22 +49,7 @@ class TfLayout:
     def parse(cls, text: str, order: str | None = None) -> "TfLayout":
         """`tp2xfsdp2` -> TfLayout(fsdp=2, tp=2); parts joined by 'x', each token at most once, in any order.
         `order` is accepted for the kit's `Layout.parse` signature and ignored (transformers fixes its mesh order)."""
-        if not isinstance(text, str) or not text.strip():
-            raise TfLayoutError("layout '': write degrees like tp4, fsdp4, tp2xfsdp2 "
-                                f"(parts {', '.join(TOKENS)} joined by 'x')")
-        degrees: dict[str, int] = {}
-        for part in text.strip().lower().split("x"):
-            match = _PART.match(part)
-            if not match:
-                raise TfLayoutError(f"layout {text!r}: part {part!r} is not one of {', '.join(t + 'N' for t in TOKENS)} "
-                                    "(parts are joined by 'x', e.g. tp2xfsdp2)")
-            token, degree = match.group(1), int(match.group(2))
-            if token in degrees:
-                raise TfLayoutError(f"layout {text!r}: {token} appears twice")
-            if degree < 1:
-                raise TfLayoutError(f"layout {text!r}: degree of {token} must be >= 1, got {degree}")
-            degrees[token] = degree
-        return cls(**degrees)
+        return cls(**dict(degree_parts(text, _PART, TOKENS, "tp2xfsdp2", TfLayoutError)))
 
     @property
     def name(self) -> str:
