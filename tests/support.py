@@ -1,9 +1,12 @@
 """Running the real `paracheck` command from the kit's tests, and reading its JSON report."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,13 +30,38 @@ class Run:
         return next(c for c in self.case(model, layout, control, variant)["checks"] if c["id"] == check_id)
 
 
-def run_paracheck(args, tmp_path, timeout=900, env=None, command="run") -> Run:
-    """A real `paracheck run` (or `command`) in a subprocess, with its own TMPDIR so leftovers are visible."""
+def run_paracheck(args, tmp_path, timeout=900, env=None, command="run", fresh=False) -> Run:
+    """A real `paracheck run` (or `command`), with its own TMPDIR so leftovers are visible.
+
+    It runs in this process, the way a user's `main()` call would, so its ranks fork from the session's fork
+    server, which imported torch and the libraries once (a command of its own pays ~6 s of imports per
+    launch on this 2-core machine); `env` or `fresh` gives it a process of its own (and `timeout`)."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir(exist_ok=True)
     report = tmp_path / "report.json"
-    env = dict(os.environ, TMPDIR=str(tmpdir), **(env or {}))
-    proc = subprocess.run([sys.executable, "-m", "paracheck", command, *args, "--report-json", str(report)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    argv = [command, *args, "--report-json", str(report)]
+    if env or fresh:
+        env = dict(os.environ, TMPDIR=str(tmpdir), **(env or {}))
+        proc = subprocess.run([sys.executable, "-m", "paracheck", *argv], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        code, out = proc.returncode, proc.stdout + proc.stderr
+    else:
+        code, out = _in_process(argv, str(tmpdir))
     data = json.loads(report.read_text()) if report.exists() else {}
-    return Run(proc.returncode, proc.stdout + proc.stderr, data, str(tmpdir))
+    return Run(code, out, data, str(tmpdir))
+
+
+def _in_process(argv: list[str], tmpdir: str) -> tuple[int, str]:
+    from paracheck.cli.main import main
+
+    out, saved = io.StringIO(), tempfile.tempdir
+    tempfile.tempdir = tmpdir
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            try:
+                code = main(argv)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        tempfile.tempdir = saved
+    return code, out.getvalue()
