@@ -52,8 +52,13 @@ def run_paracheck(args, tmp_path, timeout=900, env=None, command="run", fresh=Fa
 
 
 def _in_process(argv: list[str], tmpdir: str) -> tuple[int, str]:
+    import multiprocessing.util
+
     from paracheck.cli.main import main
 
+    # The fork server's socket folder is made once per process, in the temp folder of the moment: make it
+    # before this run's TMPDIR stands in, so it is not this run's leftover.
+    multiprocessing.util.get_temp_dir()
     out, saved = io.StringIO(), tempfile.tempdir
     tempfile.tempdir = tmpdir
     try:

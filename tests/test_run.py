@@ -117,7 +117,9 @@ def test_inference_only_fault_is_seen_by_the_no_grad_pass_alone(default_run):
 
 def test_a_fault_in_diffusers_native_backend_fails_the_default_path(tmp_path):
     """The bug the kit's own op used to hide: diffusers' native backend drops the CP config it is handed."""
-    run = run_paracheck(["--spec", f"{SPECS}:flux_native_ignores_cp", "--layouts", "u4,tp2xu2,tp4"], tmp_path)
+    # A process of its own: loading this spec bends diffusers' native backend for the life of the process.
+    run = run_paracheck(["--spec", f"{SPECS}:flux_native_ignores_cp", "--layouts", "u4,tp2xu2,tp4"], tmp_path,
+                        fresh=True)
     assert run.code == 1, run.out
     for layout in ("u4", "tp2xu2"):
         case = run.case("flux_native_ignores_cp", layout)
@@ -342,7 +344,7 @@ def test_torchrun_two_agents_make_one_world(tmp_path):
 
 def test_the_ring_known_failure_is_real(tmp_path):
     """With the upstream fix applied by hand the declared r4 gradient failure passes: xpass, exit 0."""
-    run = run_paracheck(["--spec", f"{SPECS}:flux_fixed_ring", "--layouts", "r4"], tmp_path)
+    run = run_paracheck(["--spec", f"{SPECS}:flux_fixed_ring", "--layouts", "r4"], tmp_path, fresh=True)  # as above
     case = run.case("flux_fixed_ring", "r4")
     assert case["status"] == "xpass" and "remove the entry" in case["reason"], run.out
     assert run.code == 0 and run.report["summary"]["xpassed"] == 1
