@@ -133,6 +133,13 @@ def main() -> None:
     runs = [default_run(args.nproc, extra) for _ in range(args.repeat)]
     a, a_cpu = statistics.median(s for s, _, _ in runs), statistics.median(c for _, c, _ in runs)
     report = runs[0][2]
+    statuses = {}
+    for case in report["cases"]:
+        statuses[case["status"]] = statuses.get(case["status"], 0) + 1
+    if not statuses.get("pass"):
+        # An install that cannot import the fixtures makes every case an error in seconds: no ratio to print.
+        first = next((c["reason"] for c in report["cases"] if c["status"] == "error"), "")
+        raise SystemExit(f"(a) passed no case ({statuses}); first error: {first}")
     if args.keep_report:
         with open(args.keep_report, "w") as handle:
             json.dump(report, handle)
@@ -140,7 +147,8 @@ def main() -> None:
     c, c_cpu = statistics.median(s for s, _ in floors), statistics.median(u for _, u in floors)
     ran = sum(1 for x in report["cases"] if x["status"] != "skip")
     print(f"(a) default run: {a:.1f}s, {a_cpu:.1f} CPU s, for {len(report['cases'])} cases ({ran} ran, "
-          f"{report.get('references')} references, ranks {report.get('start_method')})")
+          f"{report.get('references')} references, ranks {report.get('start_method')}; "
+          + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items())) + ")")
     print(f"(c) floor, {args.nproc} processes importing torch+diffusers: {c:.1f}s, {c_cpu:.1f} CPU s")
     print(f"a/c = {a / c:.2f} (wall), {a_cpu / c_cpu:.2f} (CPU)")
     if not args.skip_per_case:
