@@ -112,7 +112,8 @@ class LayoutResult:
     @property
     def failures(self) -> dict[str, dict]:
         """check id (and `simulate.apply`) -> {"ranks": the failing ranks, "detail": "rank R: the first one's"}."""
-        out = {c.value: {"ranks": m.failed_ranks, "detail": f"rank {m.detail_rank}: {m.detail}"}
+        out = {c.value: {"ranks": m.failed_ranks, "detail": f"rank {m.failed_ranks[0]}: {m.detail}"
+                         if m.detail_rank is None else f"rank {m.detail_rank}: {m.detail}"}
                for c, m in self.checks.items() if m.status is Status.FAIL}
         if self.raised:
             out[APPLY] = self.raised
