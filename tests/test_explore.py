@@ -1,6 +1,7 @@
 """`paracheck explore`: the pieces in process (shapes, strategy, signatures, found files), then real gloo
 worlds: a planted bug that needs two samples and a mask is found and shrunk to exactly that, and its spec
-file replays it; a correct model gives nothing."""
+file replays it; a correct model gives nothing. The transformers side (token rows: padding side, packing)
+is in tests/test_explore_transformers.py."""
 
 from __future__ import annotations
 
@@ -37,7 +38,22 @@ def _shapes():
                      st.booleans())
 
 
-@given(_shapes())
+def _token_shapes():
+    """Token rows padded on either side, or packed (documents per row), or neither."""
+    def build(batch, length, padded, side, documents, kind):
+        if kind == "padded":
+            return Shape(batch, (("tokens", length),), padded=padded[:batch], pad_side=side, token_rows=True)
+        if kind == "packed":
+            return Shape(batch, (("tokens", length),), documents=documents[:batch], token_rows=True)
+        return Shape(batch, (("tokens", length),), token_rows=True)
+
+    return st.builds(build, st.integers(1, 3), st.integers(2, 64), st.lists(st.integers(0, 9), min_size=3, max_size=3),
+                     st.sampled_from(["left", "right"]),
+                     st.lists(st.lists(st.integers(1, 9), min_size=1, max_size=4).map(tuple), min_size=3, max_size=3),
+                     st.sampled_from(["plain", "padded", "packed"]))
+
+
+@given(st.one_of(_shapes(), _token_shapes()))
 def test_shape_round_trips_through_json(shape):
     assert Shape.from_json(json.loads(json.dumps(shape.to_json()))) == shape
 
@@ -47,6 +63,38 @@ def test_named_variants_are_shapes_with_their_labels():
         assert Shape.of_variant(name).label == name
     assert Shape.of_variant("masked").masked_count(1, 8) == 3 and Shape.of_variant("masked").masked_count(0, 8) == 0
     assert Shape(batch=1, padded=(99,)).masked_count(0, 5) == 4  # one position always stays
+
+
+def test_token_rows_are_named_as_runs_transformers_variants():
+    rows = dict(batch=2, lengths=(("tokens", 12),), token_rows=True)
+    assert Shape(**rows).label == "base" and Shape(**dict(rows, batch=3)).label == "base"  # no batch2 for token rows
+    assert Shape(**rows, padded=(0, 4), pad_side="left").label == "left_pad"
+    assert Shape(**rows, padded=(0, 4)).label == "right_pad"
+    assert Shape(**rows, documents=((5, 7), (12,))).label == "packed"
+    # Nothing padded: the side changes no input, so the two sides are one shape (and one cached case).
+    assert Shape(**rows, padded=(0, 0), pad_side="left") == Shape(**rows, padded=(0, 0))
+    # A diffusers shape's JSON is what it was before token rows existed (case keys and found stems stay).
+    assert set(Shape(2, padded=(0, 1)).to_json()) == {"batch", "lengths", "uneven", "padded", "shared_timestep"}
+
+
+@pytest.mark.parametrize("fields,words", [
+    (dict(pad_side="top"), "pad_side='top'.*must be one of right, left"),
+    (dict(padded=(0, 1), pad_side="left"), "only token rows are padded at the start"),
+    (dict(documents=((1, 1), (2,))), "only token rows are packed"),
+    (dict(documents=((2,),), token_rows=True), "one row of document lengths >= 1 per sample"),
+    (dict(documents=((0, 2), (2,)), token_rows=True), "one row of document lengths >= 1 per sample"),
+    (dict(documents=((1, 1), (2,)), padded=(0, 1), token_rows=True), "a packed row carries no padding"),
+])
+def test_bad_token_fields_name_the_field_and_the_rule(fields, words):
+    with pytest.raises(ValueError, match=words):
+        Shape(batch=2, **fields)
+
+
+def test_a_token_space_has_one_axis_named_tokens():
+    from paracheck.domain.shapes import Space
+
+    with pytest.raises(ValueError, match="token rows have one axis, 'tokens'"):
+        Space(dict(text=Axis(4, 4)), token_rows=True)
 
 
 def test_axis_rejects_a_range_that_excludes_its_defaults():

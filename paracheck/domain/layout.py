@@ -86,6 +86,11 @@ class Layout:
         return self.ring * self.ulysses
 
     @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of parallelism this layout uses (a wrong result is named by them)."""
+        return tuple(d for d in DIM_NAMES if getattr(self, d) > 1)
+
+    @property
     def has_tp(self) -> bool:
         return self.tp > 1
 

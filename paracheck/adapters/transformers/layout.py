@@ -77,6 +77,11 @@ class TfLayout:
         return self.fsdp * self.tp // self.ep
 
     @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of parallelism this layout uses, as the kit's `Layout.kinds` (a wrong result is named by them)."""
+        return tuple(t for t in TOKENS if getattr(self, t) > 1)
+
+    @property
     def has_tp(self) -> bool:
         return self.tp > 1
 
