@@ -17,6 +17,10 @@ LIBRARIES = tuple(RANK_ENTRIES)
 #: library name -> "module:attribute" of its negative controls (name -> `domain.control.Control`), torch-free.
 CONTROL_TABLES = {"diffusers": "paracheck.adapters.diffusers.controls:CONTROLS",
                   "transformers": "paracheck.adapters.transformers.controls:CONTROLS"}
+#: library name -> the torch-free module of its explore face: `explore_target(factory, layouts_text, world) ->
+#: (space, layouts)` and `explore_case(name, factory, space, layout, shape, dtype) -> Case`. diffusers has none:
+#: `explore.engine` fits its init dicts and CP splits itself.
+EXPLORE_FACES = {"transformers": "paracheck.adapters.transformers.cases"}
 
 
 def controls(library: str | None = None) -> dict:
@@ -56,3 +60,19 @@ def parse_layout(library: str, name: str, order: str = "cp-fastest"):
     from paracheck.domain.layout import Layout
 
     return Layout.parse(name, order)
+
+
+def explore_target(library: str, factory: str, layouts_text: str, world: int):
+    """(space, layouts) explore draws for `library`'s model built by `factory`; its errors name the rule."""
+    return _explore_face(library).explore_target(factory, layouts_text, world)
+
+
+def explore_case(library: str, name: str, factory: str, space, layout, shape, dtype: str):
+    """The `Case` explore runs for a drawn shape of `library`'s model; ValueError names the rules it breaks."""
+    return _explore_face(library).explore_case(name, factory, space, layout, shape, dtype)
+
+
+def _explore_face(library: str):
+    if library not in EXPLORE_FACES:
+        raise ValueError(f"library {library!r}: explore faces exist for {', '.join(EXPLORE_FACES)}")
+    return importlib.import_module(EXPLORE_FACES[library])

@@ -31,8 +31,19 @@ TRANSFORMERS_FIXTURES = _transformers_fixtures()
 
 
 def library_of(factory: str) -> str:
-    """Whose model a factory builds: "transformers" for the adapter's fixtures, else "diffusers"."""
-    return "transformers" if factory in TRANSFORMERS_FIXTURES.values() else "diffusers"
+    """Whose model a factory builds: "transformers" for the adapter's fixtures and for a `--spec` factory that
+    says so with a `library` attribute (a found transformers case's spec), else "diffusers"."""
+    if factory in TRANSFORMERS_FIXTURES.values():
+        return "transformers"
+    if factory in FIXTURES.values():
+        return "diffusers"
+    from paracheck.adapters import LIBRARIES
+    from paracheck.domain.case import SpecError, load_factory
+
+    library = getattr(load_factory(factory), "library", "diffusers")
+    if library not in LIBRARIES:
+        raise SpecError(f"--spec {factory!r}: its library {library!r} must be one of {', '.join(LIBRARIES)}")
+    return library
 
 
 def transformers_installed() -> bool:

@@ -1,15 +1,19 @@
-"""The bundled tiny transformers causal LMs: their configs, and the checkpoint each case loads.
+"""The bundled tiny transformers causal LMs: their configs, factories and input space, and the checkpoint each
+case loads.
 
-The index (`FIXTURES`, `MOE`, `VARIANTS`) is torch-free so the CLI can list and select the fixtures before
-any rank starts. `save` builds a model from its config with a fixed seed and writes it with
-`save_pretrained`, once per run directory, as a user's checkpoint would be; ranks then load it with
-`from_pretrained`. No hub access.
+The index (`FIXTURES`, `MOE`, `VARIANTS`, `SPACE`) and the factories are torch-free so the CLI can list and
+select the fixtures, and explore draw their shapes, before any rank starts. `save` builds a model from its
+config with a fixed seed and writes it with `save_pretrained`, once per run directory, as a user's
+checkpoint would be; ranks then load it with `from_pretrained`. No hub access.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+
+from paracheck.adapters.transformers import LIBRARY
+from paracheck.domain.shapes import TOKENS, Axis, Space
 
 #: fixture name -> (config class name, config fields). Sizes are the smallest that 4-way TP, FSDP and EP
 #: still split on every planned dimension: 4 query and 4 key/value heads, vocab and widths divisible by 4; 4 layers,
@@ -34,6 +38,26 @@ MOE = ("qwen3_moe",)
 #: packed sequences (position_ids restarting, no mask); inputs_embeds instead of input_ids.
 VARIANTS = ("base", "left_pad", "right_pad", "packed", "embeds")
 SEED = 0
+#: The inputs every fixture takes (what explore draws): rows of 2 to `max_position_embeddings` tokens, 12 in the
+#: named variants; up to 4 rows, so a 4-way data-parallel layout gets one each; padded on either side, or packed.
+SPACE = Space({TOKENS: Axis(12, 12, 2, 64)}, masks=True, timesteps=False, batch=4, token_rows=True)
+
+
+def _factory(name: str):
+    """Fixture `name` as a `--spec`-style factory: `(variant, shape) -> (fixture name, shape)`. The rank loads
+    the named fixture's checkpoint and feeds the shape's rows (None: the variant's own batch)."""
+
+    def factory(variant: str = "base", shape=None):
+        return name, shape
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.library, factory.space, factory.variants = LIBRARY, SPACE, VARIANTS
+    return factory
+
+
+# The factories `cases.factory_of(name)` names, one per fixture (a found case's spec calls them).
+llama, qwen3, mistral, qwen3_moe, gemma3 = (_factory(name) for name in ("llama", "qwen3", "mistral", "qwen3_moe",
+                                                                        "gemma3"))
 
 
 def config(name: str):

@@ -1,4 +1,5 @@
-"""The batches a transformers case feeds: one global batch per variant, and the share each data-parallel rank sees.
+"""The batches a transformers case feeds: one global batch per variant or drawn `Shape`, and the share each
+data-parallel rank sees.
 
 Labels are the input ids with padded positions set to -100 (ignored by the loss). A data-parallel layout
 splits the global batch over its `dp` ranks; every rank passes the global count of predicted tokens as
@@ -9,31 +10,60 @@ from __future__ import annotations
 
 import torch
 
-LENGTH = 12
+from paracheck.adapters.transformers.fixtures import SPACE, TOKENS
+from paracheck.domain.shapes import Shape
+
+LENGTH = SPACE.axes[TOKENS].even
 PAD = 4  # padded tokens of sample 1 in the padded variants
 PACKED = (5, 7)  # two documents per packed row
 PAD_ID = 0
 
 
-def global_batch(variant: str, dp: int, vocab: int, seed: int = 1) -> dict:
-    """The global batch: `max(2, dp)` rows rounded up to a multiple of `dp` (batch 2 without data parallelism)."""
+def variant_shape(variant: str, dp: int) -> Shape:
+    """A named variant's rows: `max(2, dp)` rounded up to a multiple of `dp` (batch 2 without data parallelism)
+    of `LENGTH` tokens; every second row padded with `PAD` tokens, or every row two documents."""
     rows = -(-max(2, dp) // dp) * dp
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, vocab, (rows, LENGTH), generator=generator)
-    mask = torch.ones(rows, LENGTH, dtype=torch.long)
-    batch = {"input_ids": ids}
     if variant in ("left_pad", "right_pad"):
-        padded = slice(None, PAD) if variant == "left_pad" else slice(LENGTH - PAD, None)
-        mask[1::2, padded] = 0
-        ids[1::2, padded] = PAD_ID
-        batch["attention_mask"] = mask
-    elif variant == "packed":
-        batch["position_ids"] = torch.cat([torch.arange(n) for n in PACKED]).expand(rows, -1).clone()
-    elif variant not in ("base", "embeds"):
+        return Shape(rows, padded=[PAD * (r % 2) for r in range(rows)], pad_side=variant.split("_")[0],
+                     token_rows=True)
+    if variant == "packed":
+        return Shape(rows, documents=[PACKED] * rows, token_rows=True)
+    if variant not in ("base", "embeds"):
         raise ValueError(f"variant {variant!r}: transformers variants are base, left_pad, right_pad, packed, embeds")
-    labels = ids.masked_fill(mask == 0, -100)
-    batch["labels"] = labels
+    return Shape(rows, token_rows=True)
+
+
+def global_batch(variant: str, dp: int, vocab: int, seed: int = 1) -> dict:
+    """The named variant's global batch."""
+    return from_shape(variant_shape(variant, dp), vocab, seed)
+
+
+def from_shape(shape: Shape, vocab: int, seed: int = 1) -> dict:
+    """Random token rows of `shape`: `attention_mask` (0 on each row's padding, on its side) where the shape
+    pads, `position_ids` restarting at each packed document, labels -100 where padded."""
+    length = shape.length(SPACE, TOKENS)
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (shape.batch, length), generator=generator)
+    mask = torch.ones(shape.batch, length, dtype=torch.long)
+    batch = {"input_ids": ids}
+    if shape.padded:
+        for row in range(shape.batch):
+            count = shape.masked_count(row, length)
+            padded = slice(None, count) if shape.pad_side == "left" else slice(length - count, None)
+            mask[row, padded] = 0
+            ids[row, padded] = PAD_ID
+        batch["attention_mask"] = mask
+    if shape.documents:
+        batch["position_ids"] = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in shape.documents])
+    batch["labels"] = ids.masked_fill(mask == 0, -100)
     return batch
+
+
+def traits(batch: dict) -> list[str]:
+    """What the batch carries that known-failure entries may name: "mask" (an attention mask is passed) and
+    "padded" (it masks something out)."""
+    mask = batch.get("attention_mask")
+    return [] if mask is None else ["mask"] + (["padded"] if bool((mask == 0).any()) else [])
 
 
 def predicted_tokens(labels: torch.Tensor) -> int:

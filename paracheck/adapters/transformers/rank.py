@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from paracheck.checks.compare import compare, problems_text, tolerance
-from paracheck.domain.records import CheckId, CheckResult, RankResult, RankStatus, Route, Status
-from paracheck.adapters.transformers import fixtures, inputs, library, structure
+from paracheck.domain.records import CheckId, CheckResult, Failure, RankResult, RankStatus, Route, Status
+from paracheck.adapters.transformers import cases, fixtures, inputs, library, structure
 from paracheck.world import meshes
 from paracheck.adapters.transformers.controls import CONTROLS, NO_PLANT, PLANTS
 
@@ -40,23 +40,23 @@ def run_case(case, backend, site) -> RankResult:
         result.status, result.reason, result.raised_in_parallel = RankStatus.SKIP, str(exc), False
     except Exception as exc:
         result.status, result.reason = RankStatus.ERROR, f"{type(exc).__name__}: {exc}"
-        result.traceback = traceback.format_exc()
+        # Typed where it happened, so explore names the bug by exception and frame, not by the rank's exit.
+        result.traceback, result.failure = traceback.format_exc(), Failure.raised(exc)
     gc.collect()  # the case's model first (its hooks make cycles): a group it still held would outlive destruction
     meshes.for_world().settle(groups)
     result.seconds = round(time.time() - started, 3)
     return result
 
 
-def checkpoint(case, folder: str) -> str:
-    """The case's checkpoint: the folder a pytest mixin wrote (`case.payload`), else the bundled fixture's,
+def checkpoint(case, fixture: str, folder: str) -> str:
+    """The case's checkpoint: the folder a pytest mixin wrote (`case.payload`), else the bundled `fixture`'s,
     which rank 0 writes into `folder` (once per run) while every rank waits for it."""
     if case.payload:
         return case.payload
-    name = case.model
     if dist.get_rank() == 0:
-        fixtures.save(name, folder)
+        fixtures.save(fixture, folder)
     dist.barrier()
-    return os.path.join(folder, f"transformers-{name}")
+    return os.path.join(folder, f"transformers-{fixture}")
 
 
 def _run(case, backend, workdir: str, result: RankResult) -> None:
@@ -67,7 +67,10 @@ def _run(case, backend, workdir: str, result: RankResult) -> None:
     plant = PLANTS[case.control] if case.control else NO_PLANT
     if control and (reason := control.skip_reason(layout)):
         raise Refused(reason)
-    path = checkpoint(case, os.path.dirname(os.path.abspath(workdir)))
+    # The factory runs here too, as a diffusers spec's does on its ranks (a spec may bend this process).
+    fixture, shape = (case.model, case.shape) if case.payload else cases.spec_inputs(case.factory, case.variant,
+                                                                                     case.shape)
+    path = checkpoint(case, fixture, os.path.dirname(os.path.abspath(workdir)))
     atol, rtol = tolerance(torch.float32, "cpu")
     atol, rtol = case.atol or atol, case.rtol or rtol
     with _phase(result, "reference"):
@@ -76,7 +79,8 @@ def _run(case, backend, workdir: str, result: RankResult) -> None:
         missing = [k for k in plant.needs_rules if k not in ref.tp_plan]
         if missing:
             raise Refused(f"{case.control}: {result.model_class}'s tp_plan has no rule for {', '.join(missing)}")
-        batch = inputs.global_batch(case.variant, layout.dp, ref.config.vocab_size)
+        batch = _batch(case.variant, shape, layout, ref.config.vocab_size)
+        result.inputs = inputs.traits(batch)
         if case.variant == "embeds":
             batch = inputs.with_embeds(batch, ref.get_input_embeddings())
         expected = _reference(ref, batch)
@@ -93,6 +97,16 @@ def _run(case, backend, workdir: str, result: RankResult) -> None:
         checks += _passes(model, mine, tokens, expected, layout, plant, rank, atol, rtol, case.grads)
     result.checks = checks
     result.raised_in_parallel = False
+
+
+def _batch(variant: str, shape, layout, vocab: int) -> dict:
+    """The global batch: the shape's rows where the case has one (explore, a found case), else the variant's."""
+    if shape is None:
+        return inputs.global_batch(variant, layout.dp, vocab)
+    problems = cases.shape_problems(shape, layout.dp)
+    if problems:
+        raise Refused("; ".join(problems))
+    return inputs.from_shape(shape, vocab)
 
 
 def _load_parallel(path: str, layout, plant, backend):
