@@ -144,6 +144,45 @@ def _batch_mask_space():
 batch_mask_bug.space = _batch_mask_space()
 
 
+def llama_drops_position_ids(variant="base", shape=None):
+    """The transformers llama fixture whose parallel forward drops `position_ids` (a training wrapper that passes
+    on ids, mask and labels only), bent on the ranks alone: packed rows then attend across their documents.
+    Only a row of two or more documents shows it, so `paracheck explore` must draw and shrink to one
+    (tests/test_explore.py)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        _drop_parallel_position_ids()
+    return "llama", shape
+
+
+def _drop_parallel_position_ids():
+    from transformers import LlamaForCausalLM
+
+    forward = LlamaForCausalLM.forward
+    if getattr(forward, "planted", False):
+        return
+
+    @functools.wraps(forward)
+    def dropped(self, *args, **kwargs):
+        if getattr(self, "_mesh_manager", None) is not None:  # loaded with distributed_config: the parallel model
+            kwargs.pop("position_ids", None)
+        return forward(self, *args, **kwargs)
+
+    dropped.planted = True
+    LlamaForCausalLM.forward = dropped
+
+
+def _small_token_space():
+    from paracheck.domain.shapes import Axis, Space
+
+    return Space(dict(tokens=Axis(4, 4, 2, 6)), masks=True, timesteps=False, batch=2, token_rows=True)
+
+
+llama_drops_position_ids.library = "transformers"
+llama_drops_position_ids.space = _small_token_space()
+
+
 # -- the upstream fix for the ring backward's rotation, applied by hand (tests only) -------------------
 
 

@@ -1,4 +1,5 @@
-"""The `paracheck explore` command: its options, the models it may draw, its progress lines and report.
+"""The `paracheck explore` command: its options, the models it may draw (with their layouts in their library's
+grammar), its progress lines and report.
 
 Usage errors import no torch; everything after them does (explore builds inputs in the launcher).
 """
@@ -30,8 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="makes the run repeatable (default: a random seed, printed)")
     p.add_argument("--models", default="all", help="fixture names, comma separated, or all")
     p.add_argument("--spec", action="append", help="MODULE:FUNCTION taking shape= with a `space` attribute "
-                   "(see docs/explore.md); repeat for several")
-    p.add_argument("--layouts", default="all", help="layouts like u4,r2xu2, or all for --nproc")
+                   "(a transformers one also says library = 'transformers'; see docs/explore.md); repeat for several")
+    p.add_argument("--layouts", default="all", help="layouts like u4,r2xu2 (diffusers) or tp2xfsdp2 (transformers), "
+                   "or all for --nproc")
     add_order(p)
     p.add_argument("--nproc", type=int, default=4, help="ranks in the world (default 4)")
     p.add_argument("--backend", default="auto", help="auto|gloo|nccl|neuron")
@@ -53,7 +55,7 @@ def explore(args) -> int:
     dtypes = _check(args)
     backend = resolve(args.backend)
     entries = known.load(known.SHIPPED if args.known_failures is None else args.known_failures)
-    targets = _targets(args)
+    targets = _targets(args, dtypes)
     return _explore(args, backend, entries, targets, dtypes)
 
 
@@ -70,21 +72,56 @@ def _check(args) -> list[str]:
     return dtypes
 
 
-def _targets(args) -> list:
-    """The models to draw, each with the layouts of `--layouts` it has a plan for."""
+def _targets(args, dtypes: list[str]) -> list:
+    """The models to draw, each with the layouts of `--layouts` it has a plan for (read with its library's
+    grammar: `u4,r2xu2` for diffusers, `tp2xfsdp2` for transformers; `all` for either)."""
+    from paracheck.adapters.fixtures import library_of
+
+    named = named_models(args)
+    libraries = {factory: library_of(factory) for _, factory in named}
+    texts = _layouts_by_library(args, set(libraries.values()))
+    diffusers = [(n, f) for n, f in named if libraries[f] == "diffusers"]
+    targets = _diffusers_targets(args, diffusers, texts["diffusers"]) if diffusers else []
+    targets += [_adapted_target(args, name, factory, libraries[factory], texts[libraries[factory]], dtypes)
+                for name, factory in named if libraries[factory] != "diffusers"]
+    targets = [t for t in targets if t.layouts]
+    if not targets:
+        raise UsageError(f"--layouts {args.layouts}: no model asked for has a plan for any of them")
+    return targets
+
+
+def _layouts_by_library(args, libraries: set[str]) -> dict[str, str]:
+    """--layouts per library: all, or the whole text where one library's models are drawn; with several, each
+    name goes to every library whose grammar reads it (`tp4` is both), and a name none reads is an error."""
+    if args.layouts.strip() == "all" or len(libraries) == 1:
+        return dict.fromkeys(libraries, args.layouts)
+    from paracheck.adapters import parse_layout
+
+    texts: dict[str, list[str]] = {library: [] for library in libraries}
+    for item in (i.strip() for i in args.layouts.split(",")):
+        readers = []
+        for library in sorted(libraries):
+            try:
+                parse_layout(library, item, args.order)
+                readers.append(library)
+            except ValueError:
+                pass
+        if not readers:
+            raise UsageError(f"--layouts {item!r}: neither grammar reads it ({', '.join(sorted(libraries))}: e.g. "
+                             "u4, tp2xr2 for diffusers, tp2xfsdp2 for transformers)")
+        for library in readers:
+            texts[library].append(item)
+    return {library: ",".join(items) for library, items in texts.items()}
+
+
+def _diffusers_targets(args, named, layouts_text: str) -> list:
+    """The diffusers models, each with the layouts of `layouts_text` its init dict can be fitted to."""
     from paracheck.domain.case import call_factory
     from paracheck.explore.engine import Target
     from paracheck.adapters.diffusers.fitting import Unfittable, fit_init_dict
     from paracheck.domain.shapes import Shape
 
-    layouts = parse_layouts(args.layouts, args.nproc, args.order)
-    named = named_models(args)
-    from paracheck.adapters.fixtures import library_of
-
-    adapted = [n for n, f in named if library_of(f) != "diffusers"]
-    if adapted and args.models != "all":
-        raise UsageError(f"--models {','.join(adapted)}: explore draws diffusers shapes only so far")
-    named = [(n, f) for n, f in named if library_of(f) == "diffusers"]
+    layouts = parse_layouts(layouts_text, args.nproc, args.order) if layouts_text else []
     targets = []
     for name, factory in named:
         space = getattr(load_factory(factory), "space", None)
@@ -100,11 +137,25 @@ def _targets(args) -> list:
                 fits.append(layout)
             except Unfittable:
                 pass
-        if fits:
-            targets.append(Target(name, factory, space, tuple(fits)))
-    if not targets:
-        raise UsageError(f"--layouts {args.layouts}: no model asked for has a plan for any of them")
+        targets.append(Target(name, factory, space, tuple(fits)))
     return targets
+
+
+def _adapted_target(args, name: str, factory: str, library: str, layouts_text: str, dtypes: list[str]):
+    """Another library's model, through its adapter's explore face: its space and the layouts of
+    `layouts_text` (in its grammar) it builds."""
+    from paracheck.adapters import explore_target
+    from paracheck.explore.engine import Target
+
+    if "fp32" not in dtypes and args.models not in ("all", library):  # asked for by name: say why it cannot run
+        raise UsageError(f"--dtype {args.dtype}: the {library} adapter runs fp32 only; add fp32 to draw {name}")
+    if "fp32" not in dtypes or not layouts_text:
+        return Target(name, factory, None, (), library)
+    try:
+        space, layouts = explore_target(library, factory, layouts_text, args.nproc)
+    except ValueError as exc:  # a layout name its grammar refuses, or one of another world size
+        raise UsageError(str(exc)) from exc
+    return Target(name, factory, space, tuple(layouts), library)
 
 
 def _explore(args, backend, entries, targets, dtypes) -> int:

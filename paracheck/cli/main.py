@@ -39,8 +39,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--layouts", default="all", help="layouts like tp4,u4,tp2xu2, or all for --nproc")
     run.add_argument("--route", default="auto", help="auto|native|composed|sharded-load")
     add_order(run)
-    run.add_argument("--spec", action="append", help="MODULE:FUNCTION returning (model_class, init_dict, inputs); "
-                     "repeat for several")
+    run.add_argument("--spec", action="append", help="MODULE:FUNCTION returning (model_class, init_dict, inputs), or "
+                     "with library = 'transformers' (a found transformers case) (fixture, shape); repeat for several")
     run.add_argument("--no-grads", action="store_true", help="skip parity.grads")
     run.add_argument("--controls", action="store_true", help="also run every negative control")
     run.add_argument("--only-control", help="with --controls: run this control alone (and no plain cases)")
@@ -149,7 +149,7 @@ def build_cases(args, backend) -> list[Case]:
     models = [(m, f) for m, f in models if library_of(f) == "diffusers"]
     layouts = _check_options(args, backend, diffusers=bool(models))
     # fail fast, exit 2, before any rank starts
-    built = {spec: call_factory(spec) for spec in args.spec} if args.spec else {}
+    built = {factory: call_factory(factory) for _, factory in models} if args.spec else {}
     if args.layouts.strip() != "all" and (args.spec or args.models != "all"):
         _check_fits(models, layouts, built)
     # Every control on every layout: one that cannot apply is reported as skipped, with the reason.
@@ -166,14 +166,20 @@ def build_cases(args, backend) -> list[Case]:
 
 
 def _transformers_cases(args, models, wanted) -> list[Case]:
-    from paracheck.adapters.transformers.cases import expand as transformers_expand
+    """The transformers fixtures' cases (`wanted` variants), and each transformers `--spec`'s (the variants it
+    offers, all of them where --variants is unset, as for a diffusers spec)."""
+    from paracheck.adapters.transformers.cases import expand as transformers_expand, factory_of
     from paracheck.adapters.transformers.layout import TfLayoutError
 
+    cases = []
     try:
-        return [case for model, _ in models for case in transformers_expand(
-            model, args.layouts, args.nproc, wanted, args.controls, args.only_control, not args.no_grads)]
+        for model, factory in models:
+            spec = None if factory == factory_of(model) else factory
+            cases += transformers_expand(model, args.layouts, args.nproc, _wanted_variants(args.variants) if spec
+                                         else wanted, args.controls, args.only_control, not args.no_grads, spec)
     except TfLayoutError as exc:
         raise UsageError(str(exc)) from exc
+    return cases
 
 
 def _wanted_variants(text: str | None) -> list[str]:

@@ -1,9 +1,11 @@
 """`paracheck explore`: hypothesis draws cases, one fed world runs them, each new failure is shrunk and kept.
 
-A drawn case is a model, a layout, an input `Shape` (batch, lengths, masks, timesteps), a dtype and CP
-options, within the model's `Space`. The launcher builds the inputs itself to learn whether the lengths
-divide the CP degree (uneven lengths run with the library's "anything" modes, as the `uneven` variant
-does) and to reject what cannot run, so no rank spends time on it. A failure is identified by its
+A drawn case is a model, a layout, an input `Shape` (batch, lengths, masks, timesteps; for token rows the
+padding side and packed documents), a dtype and CP options, within the model's `Space`. For a diffusers
+model the launcher builds the inputs itself to learn whether the lengths divide the CP degree (uneven
+lengths run with the library's "anything" modes, as the `uneven` variant does) and to reject what cannot
+run, so no rank spends time on it; another library's model is judged by its adapter's explore face
+(`adapters.explore_case`), which names the rules a shape breaks. A failure is identified by its
 *signature* (model class, failing checks, the error with its numbers blanked); one hypothesis run hunts
 one new signature and shrinks it, then the next run hunts the next, until the example budget is spent.
 Failures a known-failures entry explains are counted, not hunted.
@@ -25,7 +27,7 @@ from paracheck.domain.case import Case
 from paracheck.explore.found import Found
 from paracheck.domain.layout import Layout
 from paracheck.domain.records import CaseStatus, Failure, FailureKind
-from paracheck.domain.shapes import Shape, Space
+from paracheck.domain.shapes import PAD_SIDES, TOKENS, Shape, Space
 from paracheck.results.verdict import Verdict, judge
 
 #: New cases one hunt may run while shrinking its failure (after that, untried shapes count as passing).
@@ -34,11 +36,13 @@ SHRINK_BUDGET = 60
 
 @dataclass(frozen=True)
 class Target:
-    """A model explore may draw: its name and factory, its shape space, the layouts it has a plan for."""
+    """A model explore may draw: its name and factory, its shape space, the layouts it has a plan for, and
+    whose model it is (a layout is then that library's, e.g. a transformers `TfLayout`)."""
     name: str
     factory: str
     space: Space
     layouts: tuple[Layout, ...]
+    library: str = "diffusers"
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ def draws(targets: list[Target], dtypes: list[str]) -> st.SearchStrategy:
         target = d(st.sampled_from(targets))
         layout = d(st.sampled_from(target.layouts))
         space = target.space
+        if space.token_rows:
+            return Draw(target, layout, d(token_rows(space, layout.dp)), False, (), d(st.sampled_from(dtypes)))
         batch = d(st.integers(1, space.batch))
         lengths = {axis: d(st.sampled_from(spec.values)) for axis, spec in space.axes.items()}
         padded = ()
@@ -83,6 +89,36 @@ def draws(targets: list[Target], dtypes: list[str]) -> st.SearchStrategy:
     return draw()
 
 
+def token_rows(space: Space, dp: int) -> st.SearchStrategy:
+    """Shapes of token rows: a batch `dp` divides (at least `dp` rows), a length, and one draw in
+    three each padded rows (a count per row that leaves a token, on either side) or packed rows (each split
+    into up to four documents); shrinks to `dp` rows, the shortest length, no padding, the right side."""
+
+    @st.composite
+    def rows(d) -> Shape:
+        batch = dp * d(st.integers(1, max(1, space.batch // dp)))
+        length = d(st.sampled_from(space.axes[TOKENS].values))
+        lengths = ((TOKENS, length),)
+        kind = d(st.sampled_from(["plain", "padded", "packed"] if space.masks else ["plain", "packed"]))
+        if kind == "padded":
+            padded = d(st.lists(st.integers(0, length - 1), min_size=batch, max_size=batch))
+            return Shape(batch, lengths, padded=padded, pad_side=d(st.sampled_from(PAD_SIDES)),
+                         token_rows=True)
+        if kind == "packed":
+            cuts = st.lists(st.integers(1, length - 1), max_size=3, unique=True) if length > 1 else st.just([])
+            documents = [_documents(sorted(d(cuts)), length) for _ in range(batch)]
+            return Shape(batch, lengths, documents=documents, token_rows=True)
+        return Shape(batch, lengths, token_rows=True)
+
+    return rows()
+
+
+def _documents(cuts: list[int], length: int) -> tuple[int, ...]:
+    """A row of `length` cut at `cuts` -> the lengths of its documents."""
+    edges = [0, *cuts, length]
+    return tuple(b - a for a, b in zip(edges, edges[1:]))
+
+
 def _sometimes(one_in: int) -> st.SearchStrategy:
     """True once in `one_in` draws; shrinks to False."""
     return st.integers(0, one_in - 1).map(lambda n: n == one_in - 1)
@@ -90,6 +126,14 @@ def _sometimes(one_in: int) -> st.SearchStrategy:
 
 def probe(draw: Draw, attention_backend: str = "auto") -> Case | None:
     """The case to run for `draw`, or None when it cannot run (the launcher asks, not the ranks)."""
+    if draw.target.library != "diffusers":
+        from paracheck.adapters import explore_case
+
+        t = draw.target
+        try:
+            return explore_case(t.library, t.name, t.factory, t.space, draw.layout, draw.shape, draw.dtype)
+        except ValueError:
+            return None
     from paracheck.adapters.diffusers import library
     from paracheck.domain.case import call_factory, cp_options_for
     from paracheck.adapters.diffusers.fitting import Unfittable, cp_split_problems, cp_split_sizes, fit_init_dict
@@ -126,9 +170,7 @@ def signature(verdict: Verdict) -> str | None:
     f = verdict.failure or Failure(FailureKind.EXIT)
     what = f.check.value if f.check else "error"
     if f.kind == FailureKind.CHECK:
-        layout = verdict.case.layout
-        message = "wrong under " + "+".join(n for n, d in (("tp", layout.tp), ("ring", layout.ring),
-                                                           ("ulysses", layout.ulysses)) if d > 1)
+        message = "wrong under " + "+".join(verdict.case.layout.kinds)
     elif f.kind == FailureKind.RAISE:
         message = f"{f.exception} in {f.site or 'an unknown frame'}"
         if f.entry_point:

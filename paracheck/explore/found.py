@@ -1,8 +1,8 @@
 """Found cases: what `paracheck explore` writes to `--out` for each failure, and reads back to try first.
 
-Each failure becomes a `--spec` factory file (the model's factory called with the minimal shape) whose
-docstring holds the command that replays it, and an entry in `found.json`, from which the next
-`explore` rebuilds the case. Torch-free.
+Each failure becomes a `--spec` factory file (the model's factory called with the minimal shape; for a
+transformers model one that says `library = "transformers"`) whose docstring holds the command that replays
+it, and an entry in `found.json`, from which the next `explore` rebuilds the case. Torch-free.
 """
 
 from __future__ import annotations
@@ -98,7 +98,12 @@ def {function}(variant={c.variant!r}):
 
 # The variant this shape falls under, so known-failure entries apply on replay as they did in explore.
 {function}.variants = ({c.variant!r},)
-'''
+{_library_line(function, c.library)}'''
+
+
+def _library_line(function: str, library: str) -> str:
+    """A transformers case's spec says whose it is, so `run` hands it to that adapter (a diffusers one need not)."""
+    return "" if library == "diffusers" else f"{function}.library = {library!r}\n"
 
 
 def _identifier(name: str) -> str:
