@@ -204,3 +204,16 @@ def test_explore_finds_a_bug_only_packed_rows_show_shrinks_it_and_run_replays_it
     assert replay.code == 1, replay.out
     [case] = replay.report["cases"]
     assert (case["variant"], case["status"]) == ("packed", "fail"), replay.out
+
+
+@pytest.mark.slow
+def test_explore_is_quiet_on_a_correct_transformers_fixture(tmp_path):
+    """The bundled llama over drawn rows on a data-parallel and a tensor-parallel layout: nothing to find."""
+    pytest.importorskip("transformers")
+    run = run_paracheck(["--models", "llama", "--nproc", "2", "--layouts", "fsdp2,tp2", "--examples", "6", "--seed", "4",
+                         "--out", str(tmp_path / "found")], tmp_path, command="explore")
+    assert run.code == 0, run.out
+    assert run.report["found"] == [] and run.report["cases_run"] >= 4
+    # Both layouts ran, and rows other than plain ones (which ones a seed draws is hypothesis's to say).
+    assert "llama-fsdp2-sharded-load" in run.out and "llama-tp2-sharded-load" in run.out, run.out
+    assert any(f"-{label} (" in run.out for label in ("left_pad", "right_pad", "packed")), run.out

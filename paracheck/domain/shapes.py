@@ -92,7 +92,8 @@ class Shape:
         if self.pad_side not in PAD_SIDES:
             raise ValueError(f"Shape(pad_side={self.pad_side!r}): must be one of {', '.join(PAD_SIDES)}")
         if self.pad_side == "left" and any(self.padded) and not self.token_rows:
-            raise ValueError("Shape(pad_side='left'): only token rows are padded at the start (a text mask masks the end)")
+            raise ValueError("Shape(pad_side='left'): only token rows are padded at the start "
+                             "(a text mask masks the end)")
         if not self.documents:
             return
         if not self.token_rows:

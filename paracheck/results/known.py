@@ -30,7 +30,8 @@ from paracheck.domain.records import CaseStatus, CheckId, Status
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "known_failures.toml")
 _MATCHED = ("library", "model", "layout", "variant", "dtype", "route", "cp_options")
-#: What `inputs` may require (`adapters.diffusers.plan.input_traits` finds them on the ranks).
+#: What `inputs` may require (found on the ranks: `adapters.diffusers.plan.input_traits`,
+#: `adapters.transformers.inputs.traits`).
 INPUT_TRAITS = ("mask", "padded")
 
 
