@@ -21,6 +21,8 @@ import tempfile
 
 import torch
 
+from paracheck.rank.forked import fork_ranks
+
 DEFAULT_CASES = "tp4,u4,tp2xu2,r4,tp2xr2,u4:skip-processor-config,tp2xu2:skip-processor-config,r4:skip-output-gather"
 
 
@@ -93,10 +95,8 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]
 
 
 def run(cases: list[tuple[str, str | None]], world: int = 4) -> list[dict]:
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as outdir:
-        mp.spawn(_worker, args=(world, _free_port(), cases, outdir), nprocs=world, join=True)
+        fork_ranks(_worker, (world, _free_port(), cases, outdir), world)
         rows = []
         for rank in range(world):
             with open(os.path.join(outdir, f"{rank}.json")) as handle:

@@ -1,4 +1,4 @@
-"""Runs diffusers' context-parallel attention on a spawned gloo world, op level (no model), for the tests.
+"""Runs diffusers' context-parallel attention on a forked gloo world, op level (no model), for the tests.
 
 Each case shards one seeded (q, k, v, grad) problem along the sequence, calls `dispatch_attention_fn`
 with a real `ParallelConfig` inside `cpu_lse_attention`, gathers outputs and gradients, and reports
@@ -13,7 +13,8 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from paracheck.rank.forked import fork_ranks
 
 B, S, H, D = 1, 16, 4, 8
 
@@ -21,13 +22,13 @@ B, S, H, D = 1, 16, 4, 8
 def run(world: int, cases: list[dict]) -> list[dict]:
     """Every case on one world of `world` ranks; rank 0's report per case."""
     with tempfile.TemporaryDirectory() as tmp:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        mp.spawn(_worker, args=(world, cases, tmp), nprocs=world, join=True)
+        fork_ranks(_worker, (world, cases, tmp), world)
         with open(os.path.join(tmp, "results.json")) as handle:
             return json.load(handle)
 
 
 def _worker(rank, world, cases, tmp):
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     store = dist.FileStore(os.path.join(tmp, "store"), world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)

@@ -176,7 +176,8 @@ def test_diffusers_own_ltx_tester_configs_meet_the_declared_bugs(pytester):
             paracheck_layouts = ("u2", "r2")
             paracheck_controls = False
     '''))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", timeout=600)
+    # In this process: the class's launch forks its ranks from the session's preloaded fork server.
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rA")
     out = result.stdout.str()
     for test in ("TestLtx::test_paracheck_forward[u2]", "TestLtx2::test_paracheck_forward[u2]",
                  "TestLtx2::test_paracheck_forward[r2]", "TestLtx2::test_paracheck_inference[r2]"):
