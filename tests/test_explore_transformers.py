@@ -17,7 +17,7 @@ from paracheck.adapters.transformers.fixtures import FIXTURES, SPACE, VARIANTS
 from paracheck.adapters.transformers.layout import TfLayout, layouts_for
 from paracheck.domain.case import Case, load_factory
 from paracheck.domain.records import CaseStatus, CheckId, Failure, FailureKind, Route
-from paracheck.domain.shapes import Shape
+from paracheck.domain.shapes import TOKENS, Shape
 from paracheck.explore.engine import Target, draws, probe, signature, token_rows
 from paracheck.explore.found import Found, read, write
 from paracheck.results import known
@@ -108,7 +108,9 @@ def test_every_fixture_has_the_factory_its_cases_name():
     shape = Shape(2, token_rows=True)
     for name in FIXTURES:
         assert tf_cases.spec_inputs(tf_cases.factory_of(name)) == (name, None)
-        assert tf_cases.spec_inputs(tf_cases.factory_of(name), "packed", shape) == (name, shape)
+        # The shape comes back naming the length it is built at (the space's, where it names none).
+        assert tf_cases.spec_inputs(tf_cases.factory_of(name), "packed", shape) == (
+            name, Shape(2, ((TOKENS, SPACE.axes[TOKENS].even),), token_rows=True))
 
 
 def test_the_explore_face_gives_each_fixture_its_space_and_the_layouts_transformers_builds_for_it():
@@ -167,6 +169,35 @@ def test_a_found_transformers_case_round_trips_and_run_builds_its_replay(tmp_pat
     assert Case.from_json(case.to_json(), parse_layout) == case
 
 
+def test_explore_refuses_a_transformers_spec_that_takes_no_shape(tmp_path):
+    """explore hands each drawn shape to the factory: one without `shape=` is refused before any rank starts,
+    not found as a bug on every draw."""
+    from paracheck.domain.case import SpecError
+
+    path = tmp_path / "noshape.py"
+    path.write_text("def f(variant='base'):\n    return 'llama', None\nf.library = 'transformers'\n")
+    with pytest.raises(SpecError, match="takes no shape argument"):
+        explore_target("transformers", f"{path}:f", "tp2", 2)
+
+
+def test_a_spec_shape_without_a_length_is_built_at_the_length_it_was_judged_at(tmp_path):
+    """The spec's space says 4 tokens; its shape names none: the launcher and the ranks both read 4."""
+    path = tmp_path / "short.py"
+    path.write_text("from paracheck.domain.shapes import Axis, Shape, Space\n"
+                    "def f(variant='base', shape=None):\n"
+                    "    return 'llama', Shape(1, padded=(3,), pad_side='left', token_rows=True)\n"
+                    "f.library = 'transformers'\n"
+                    "f.space = Space({'tokens': Axis(4, 4, 2, 8)}, masks=True, timesteps=False, token_rows=True)\n")
+    _, shape = tf_cases.spec_inputs(f"{path}:f")
+    assert dict(shape.lengths) == {TOKENS: 4}
+
+
+def test_token_rows_refuse_the_fields_they_do_not_read():
+    for fields in (dict(lengths=(("text", 5),)), dict(uneven=True), dict(shared_timestep=True)):
+        with pytest.raises(ValueError, match="token rows have one length"):
+            Shape(1, token_rows=True, **fields)
+
+
 def test_a_transformers_spec_that_returns_the_wrong_thing_names_the_rule(tmp_path):
     from paracheck.domain.case import SpecError
 
@@ -178,6 +209,8 @@ def test_a_transformers_spec_that_returns_the_wrong_thing_names_the_rule(tmp_pat
 
 @pytest.mark.parametrize("argv,words", [
     (["--models", "llama", "--dtype", "bf16"], "--dtype bf16: the transformers adapter runs fp32 only"),
+    (["--models", "transformers", "--dtype", "bf16"], "--dtype bf16: the transformers adapter runs fp32 only"),
+    (["--spec", f"{SPECS}:llama_drops_position_ids", "--dtype", "bf16"], "--dtype bf16: the transformers adapter"),
     (["--models", "llama,flux", "--layouts", "tp2xfsdp2,zz"], "--layouts 'zz': neither grammar reads it"),
     (["--models", "llama", "--layouts", "u4"], "part 'u4' is not one of ppN, tpN"),
 ])
@@ -214,6 +247,8 @@ def test_explore_is_quiet_on_a_correct_transformers_fixture(tmp_path):
                          "--out", str(tmp_path / "found")], tmp_path, command="explore")
     assert run.code == 0, run.out
     assert run.report["found"] == [] and run.report["cases_run"] >= 4
+    # Quiet because the cases passed, not because every draw was refused or skipped.
+    assert run.report["statuses"].get("pass", 0) >= 4 and not run.report["statuses"].get("skip"), run.report
     # Both layouts ran, and rows other than plain ones (which ones a seed draws is hypothesis's to say).
     assert "llama-fsdp2-sharded-load" in run.out and "llama-tp2-sharded-load" in run.out, run.out
     assert any(f"-{label} (" in run.out for label in ("left_pad", "right_pad", "packed")), run.out

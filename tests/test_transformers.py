@@ -125,6 +125,27 @@ def test_padded_variants_mask_and_ignore_the_padding():
     assert packed == list(range(inputs.PACKED[0])) + list(range(inputs.PACKED[1]))
 
 
+@pytest.mark.parametrize("model", FIXTURES)
+def test_packed_rows_are_isolated_per_document_in_the_passes_the_kit_runs(model):
+    """A packed row's second document gets the logits it gets alone: transformers reads the documents from
+    position_ids only when no cache is built, as the kit's passes run (`use_cache=False`). Built with a cache,
+    the same row attends across its documents: the negative control that this test can fail."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from paracheck.adapters.transformers import fixtures, inputs
+    from paracheck.domain import shapes
+
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_config(fixtures.config(model), dtype=torch.float32).eval()
+    batch = inputs.from_shape(shapes.Shape(1, ((shapes.TOKENS, 8),), documents=[(3, 5)], token_rows=True), 128)
+    alone = lm(input_ids=batch["input_ids"][:, 3:], use_cache=False).logits
+    packed = lm(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+    cached = lm(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=True).logits
+    assert torch.allclose(packed[:, 3:], alone, atol=1e-5)
+    assert not torch.allclose(cached[:, 3:], alone, atol=1e-3)
+
+
 def test_cases_round_trip_through_json_with_their_library_and_layout():
     case = tf_cases.expand("qwen3_moe", "tp2xfsdp2xep2", 4, ["packed"], controls=True)[1]
     back = Case.from_json(case.to_json(), parse_layout)

@@ -128,6 +128,9 @@ def _diffusers_targets(args, named, layouts_text: str) -> list:
         if space is None:
             raise SpecError(f"--spec {factory!r}: explore needs a factory that takes shape= and has a `space` "
                             "attribute (a paracheck.domain.shapes.Space); see docs/explore.md")
+        if space.token_rows:
+            raise SpecError(f"--spec {factory!r}: its space has token rows, a causal LM's inputs: give the module "
+                            "library = 'transformers' (see docs/explore.md)")
         # Built at its plainest shape now, so a factory that takes no shape= fails here (exit 2), not on every draw.
         model_class, init, _ = call_factory(factory, shape=Shape())
         fits = []
@@ -147,7 +150,7 @@ def _adapted_target(args, name: str, factory: str, library: str, layouts_text: s
     from paracheck.adapters import explore_target
     from paracheck.explore.engine import Target
 
-    if "fp32" not in dtypes and args.models not in ("all", library):  # asked for by name: say why it cannot run
+    if "fp32" not in dtypes and (args.models != "all" or args.spec):  # asked for: say why it cannot run
         raise UsageError(f"--dtype {args.dtype}: the {library} adapter runs fp32 only; add fp32 to draw {name}")
     if "fp32" not in dtypes or not layouts_text:
         return Target(name, factory, None, (), library)
@@ -225,11 +228,13 @@ def _finish(args, explorer, meta: dict, seconds: float, worlds: int) -> int:
     if any(e.kind == "start" for e in explorer.events):
         code = Exit.BROKEN
     per_case = seconds / max(explorer.ran, 1)
-    print(f"\n{len(rows)} failures found, {sum(explorer.known_hits.values())} known, {explorer.ran} cases run in "
-          f"{seconds:.1f}s ({per_case:.2f}s per case, {worlds} world{'s' if worlds != 1 else ''}); "
+    by_status = ", ".join(f"{n} {s}" for s, n in sorted(explorer.statuses.items()))
+    print(f"\n{len(rows)} failures found, {sum(explorer.known_hits.values())} known, {explorer.ran} cases run"
+          f"{f' ({by_status})' if by_status else ''} in {seconds:.1f}s ({per_case:.2f}s per case, {worlds} world{'s' if worlds != 1 else ''}); "
           f"replay this run with --seed {args.seed}")
     if args.report_json:
         data = dict(meta, command="explore", seed=args.seed, examples=args.examples, cases_run=explorer.ran,
+                    statuses=dict(explorer.statuses),
                     seconds=round(seconds, 2), seconds_per_case=round(per_case, 3), worlds=worlds, found=rows,
                     known={text: count for text, count in explorer.known_hits.items()},
                     events=[{"kind": e.kind, "message": e.message} for e in explorer.events], exit_code=int(code))

@@ -89,6 +89,10 @@ class Shape:
             object.__setattr__(self, "pad_side", "right")
 
     def _check_token_fields(self) -> None:
+        if self.token_rows and (self.uneven or self.shared_timestep or set(dict(self.lengths)) - {TOKENS}):
+            raise ValueError(f"Shape(token_rows=True, lengths={dict(self.lengths)}, uneven={self.uneven}, "
+                             f"shared_timestep={self.shared_timestep}): token rows have one length, {TOKENS!r}, "
+                             "and no uneven or timestep fields")
         if self.pad_side not in PAD_SIDES:
             raise ValueError(f"Shape(pad_side={self.pad_side!r}): must be one of {', '.join(PAD_SIDES)}")
         if self.pad_side == "left" and any(self.padded) and not self.token_rows:

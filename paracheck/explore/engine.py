@@ -197,6 +197,8 @@ class Explorer:
     on_case: object = None
     found: dict[str, Found] = field(default_factory=dict)
     known_hits: Counter = field(default_factory=Counter)
+    #: Cases run, by status (a run whose every draw is skipped found nothing because it tested nothing).
+    statuses: Counter = field(default_factory=Counter)
     events: list = field(default_factory=list)
     ran: int = 0
     _seen: dict[str, Verdict] = field(default_factory=dict)
@@ -212,6 +214,7 @@ class Explorer:
             [verdict] = judge([case], [results], self.entries)
             if verdict.status == CaseStatus.XFAIL:
                 self.known_hits[verdict.known] += 1
+            self.statuses[verdict.status.value] += 1
             self._seen[key], self.ran = verdict, self.ran + 1
             if self.on_case:
                 self.on_case(verdict, self)

@@ -11,6 +11,9 @@ every rank (so a spec may bend the rank's process, as a diffusers spec's factory
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 from paracheck.domain.case import Case, SpecError, load_factory
 from paracheck.domain.records import Route
 from paracheck.domain.shapes import THIRD, Shape, Space
@@ -68,7 +71,16 @@ def spec_inputs(path: str, variant: str = "base", shape: Shape | None = None) ->
             and (result[1] is None or isinstance(result[1], Shape))):
         raise SpecError(f"--spec {path!r}: a transformers factory returns (fixture, Shape or None) with the fixture "
                         f"one of {', '.join(FIXTURES)}; got {result!r:.200}")
-    return result
+    fixture, built = result
+    return fixture, None if built is None else with_length(built, getattr(load_factory(path), "space", SPACE))
+
+
+def with_length(shape: Shape, space: Space) -> Shape:
+    """`shape` naming its row length: a shape that leaves it to the space takes the space's now, so the
+    launcher that judges it and the ranks that build it read the same length."""
+    if not shape.token_rows or TOKENS in dict(shape.lengths):
+        return shape
+    return dataclasses.replace(shape, lengths=((TOKENS, shape.length(space, TOKENS)),))
 
 
 def shape_problems(shape: Shape, dp: int, space: Space = SPACE) -> list[str]:
@@ -102,6 +114,9 @@ def explore_target(factory: str, layouts_text: str, world: int) -> tuple[Space, 
     """What explore draws for a transformers model: its space (the factory's `space`, else the fixtures') and
     the layouts of `layouts_text` transformers builds for it. SpecError, TfLayoutError name the rule broken."""
     fixture, _ = spec_inputs(factory)
+    if "shape" not in inspect.signature(load_factory(factory)).parameters:
+        raise SpecError(f"--spec {factory!r}: explore hands each drawn Shape to the factory as shape=, and this "
+                        "factory takes no shape argument")
     space = getattr(load_factory(factory), "space", SPACE)
     moe, cp = fixture in MOE, cp_supported()
     return space, [layout for layout in layouts(fixture, layouts_text, world) if not refusals(layout, moe, cp)]
@@ -115,4 +130,5 @@ def explore_case(name: str, factory: str, space: Space, layout, shape: Shape, dt
         problems.append(f"dtype {dtype}: the transformers adapter runs fp32 only")
     if problems:
         raise ValueError("; ".join(problems))
-    return Case(name, factory, layout, route=Route.SHARDED_LOAD, variant=shape.label, library=LIBRARY, shape=shape)
+    return Case(name, factory, layout, route=Route.SHARDED_LOAD, variant=shape.label, library=LIBRARY,
+                shape=with_length(shape, space))

@@ -136,8 +136,10 @@ def _kw(kwargs: dict) -> str:
 def _reference(ref, batch: dict) -> dict:
     """The single-process run of the whole global batch: inference logits, then loss, logits and gradients."""
     with torch.no_grad():
-        infer = ref(**_model_inputs(batch)).logits.detach()
-    out = ref(**batch)
+        # use_cache=False in every pass, as a training step runs: transformers isolates packed documents (a
+        # block-diagonal mask read from position_ids) only when it builds no cache.
+        infer = ref(**_model_inputs(batch), use_cache=False).logits.detach()
+    out = ref(**batch, use_cache=False)
     out.loss.backward()
     grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in ref.named_parameters()}
     return {"infer": infer, "loss": out.loss.detach(), "logits": out.logits.detach(), "grads": grads}
@@ -153,12 +155,12 @@ def _passes(model, mine: dict, tokens: int, expected: dict, layout, plant, rank:
     ref_infer = inputs.share({"x": expected["infer"]}, dp_index, layout.dp)["x"]
     ref_logits = inputs.share({"x": expected["logits"]}, dp_index, layout.dp)["x"]
     with torch.no_grad():
-        infer = _full(model(**_model_inputs(mine)).logits)
+        infer = _full(model(**_model_inputs(mine), use_cache=False).logits)
     checks = [_logits(CheckId.INFERENCE, infer, ref_infer, layout, atol, rtol, "no_grad logits")]
     # The optimizer's way (set_to_none), not model.zero_grad(): FSDP2 groups kept unsharded after a no_grad
     # forward make model.zero_grad() miss the sharded gradients.
     torch.optim.SGD(model.parameters(), lr=0.0).zero_grad(set_to_none=True)
-    out = model(**mine, num_items_in_batch=tokens)
+    out = model(**mine, num_items_in_batch=tokens, use_cache=False)
     checks.append(_logits(CheckId.FORWARD, _full(out.logits), ref_logits, layout, atol, rtol, "logits"))
     if out.loss is None:
         # A failure, declared in known_failures.toml for pipeline layouts: labels were given, no loss came back.
