@@ -82,23 +82,32 @@ def raises_on_ranks_2_3():
 def flux_fixed_ring():
     """Flux with the upstream fix for the ring backward rotation applied by hand, for the life of this
     rank process: the known failure declared for r4 must then show as xpass (the entry is real)."""
-    fix = reversed_ring_rotation()
-    fix.__enter__()
-    _KEPT.append(fix)  # a dropped context manager would be collected, and its exit undo the fix
+    if _on_a_rank() and not _KEPT:
+        fix = reversed_ring_rotation()
+        fix.__enter__()
+        _KEPT.append(fix)  # a dropped context manager would be collected, and its exit undo the fix
     return flux_spec()
 
 
 _KEPT = []
 
 
+def _on_a_rank() -> bool:
+    """Whether this process is one of a run's ranks: the specs that bend diffusers do it there only, so the
+    launcher (a test's own process, for runs in process) stays as diffusers ships."""
+    import torch.distributed as dist
+
+    return "RANK" in os.environ and dist.is_initialized()
+
+
 def flux_native_ignores_cp():
-    """Flux, with diffusers' own native backend bent for the life of this rank process: handed the CP
+    """Flux, with diffusers' own native backend bent for the life of this rank process (and only there): handed the CP
     config, it drops it and attends this rank's shard alone. What a default run must catch."""
     from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
     backends = _AttentionBackendRegistry._backends
     native = backends[AttentionBackendName.NATIVE]
-    if not getattr(native, "planted", False):
+    if _on_a_rank() and not getattr(native, "planted", False):
         def ignores_cp(*args, **kwargs):
             kwargs["_parallel_config"] = None
             return native(*args, **kwargs)

@@ -30,17 +30,17 @@ class Run:
         return next(c for c in self.case(model, layout, control, variant)["checks"] if c["id"] == check_id)
 
 
-def run_paracheck(args, tmp_path, timeout=900, env=None, command="run", fresh=False) -> Run:
+def run_paracheck(args, tmp_path, timeout=900, env=None, command="run") -> Run:
     """A real `paracheck run` (or `command`), with its own TMPDIR so leftovers are visible.
 
     It runs in this process, the way a user's `main()` call would, so its ranks fork from the session's fork
     server, which imported torch and the libraries once (a command of its own pays ~6 s of imports per
-    launch on this 2-core machine); `env` or `fresh` gives it a process of its own (and `timeout`)."""
+    launch on this 2-core machine); `env` gives it a process of its own (and `timeout`)."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir(exist_ok=True)
     report = tmp_path / "report.json"
     argv = [command, *args, "--report-json", str(report)]
-    if env or fresh:
+    if env:
         env = dict(os.environ, TMPDIR=str(tmpdir), **(env or {}))
         proc = subprocess.run([sys.executable, "-m", "paracheck", *argv], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=timeout)
