@@ -17,7 +17,7 @@ from paracheck.adapters.transformers.layout import (DENSE, TOKENS, TfLayout, TfL
                                                     layouts_for, parse_layouts, refusals)
 from paracheck.adapters import parse_layout  # noqa: E402
 from paracheck.domain.case import Case  # noqa: E402
-from tests.support import run_paracheck  # noqa: E402
+from tests.support import SPECS, run_paracheck  # noqa: E402
 
 degrees = st.sampled_from([1, 1, 2, 3, 4])
 tf_layouts = st.builds(TfLayout, pp=degrees, dpr=degrees, fsdp=degrees, cp=st.just(1), tp=degrees,
@@ -263,6 +263,16 @@ def test_cli_runs_the_transformers_fixtures(tmp_path):
     assert statuses[("tp2xfsdp2xep2", "tf-norm-replicate")] == "detected"
     assert statuses[("dpr2xfsdp2", "tf-skip-dp-reduce")] == "detected"
     assert "loss" in run.out and "infer" in run.out
+
+
+@pytest.mark.slow
+def test_ranks_that_raise_are_blamed_not_the_ranks_that_waited_on_them(tmp_path):
+    """Ranks 2-3 raise in the parallel forward; ranks 0-1, inside a TP collective, lose their peers: 2-3 are
+    the cause, 0-1 were waiting (their own errors name a closed connection, not a bug of theirs)."""
+    run = run_paracheck(["--spec", f"{SPECS}:llama_raises_on_ranks_2_3", "--layouts", "tp4"], tmp_path)
+    [case] = run.report["cases"]
+    assert case["error_ranks"] == [2, 3] and case["secondary_ranks"] == [0, 1], case
+    assert case["reason"].startswith("rank 2: RuntimeError: planted") and "ranks 0-1 were waiting on them" in case["reason"]
 
 
 @pytest.mark.slow

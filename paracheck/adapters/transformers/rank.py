@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.checks.compare import compare, problems_text, tolerance
+from paracheck.launch.attribution import lost_peer
 from paracheck.domain.records import CheckId, CheckResult, Failure, RankResult, RankStatus, Route, Status
 from paracheck.adapters.transformers import cases, fixtures, inputs, library, structure
 from paracheck.world import meshes
@@ -42,6 +43,9 @@ def run_case(case, backend, site) -> RankResult:
         result.status, result.reason = RankStatus.ERROR, f"{type(exc).__name__}: {exc}"
         # Typed where it happened, so explore names the bug by exception and frame, not by the rank's exit.
         result.traceback, result.failure = traceback.format_exc(), Failure.raised(exc)
+        # A rank whose collective broke because a peer left did not cause the failure: it says so, and the
+        # launcher blames the peer (as the diffusers adapter's ranks do).
+        result.secondary = lost_peer(result.traceback + result.reason)
     gc.collect()  # the case's model first (its hooks make cycles): a group it still held would outlive destruction
     meshes.for_world().settle(groups)
     result.seconds = round(time.time() - started, 3)
