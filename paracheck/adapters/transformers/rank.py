@@ -10,7 +10,9 @@ the training forward and backward, then loss, logits and every gradient (DTensor
 from __future__ import annotations
 
 import gc
+import json
 import os
+from collections import OrderedDict
 import time
 import traceback
 
@@ -64,8 +66,6 @@ def checkpoint(case, fixture: str, folder: str) -> str:
 
 
 def _run(case, backend, workdir: str, result: RankResult) -> None:
-    from transformers import AutoModelForCausalLM
-
     layout, rank = case.layout, dist.get_rank()
     control = CONTROLS[case.control] if case.control else None
     plant = PLANTS[case.control] if case.control else NO_PLANT
@@ -78,16 +78,15 @@ def _run(case, backend, workdir: str, result: RankResult) -> None:
     atol, rtol = tolerance(torch.float32, "cpu")
     atol, rtol = case.atol or atol, case.rtol or rtol
     with _phase(result, "reference"):
-        ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        # The factory is part of the key: a spec may bend the single-process model too.
+        key = (case.factory, path, case.variant, json.dumps(shape.to_json(), sort_keys=True) if shape else None,
+               layout.dp)
+        ref, batch, expected = _REFERENCES.get(key, lambda: _single_process(path, case.variant, shape, layout))
         result.model_class = type(ref).__name__
+        result.inputs = inputs.traits(batch)
         missing = [k for k in plant.needs_rules if k not in ref.tp_plan]
         if missing:
             raise Refused(f"{case.control}: {result.model_class}'s tp_plan has no rule for {', '.join(missing)}")
-        batch = _batch(case.variant, shape, layout, ref.config.vocab_size)
-        result.inputs = inputs.traits(batch)
-        if case.variant == "embeds":
-            batch = inputs.with_embeds(batch, ref.get_input_embeddings())
-        expected = _reference(ref, batch)
     result.raised_in_parallel = True  # from here on a raise may leave peers inside a collective (a refusal resets it)
     with _phase(result, "parallel"):
         model = _load_parallel(path, layout, plant, backend)
@@ -101,6 +100,41 @@ def _run(case, backend, workdir: str, result: RankResult) -> None:
         checks += _passes(model, mine, tokens, expected, layout, plant, rank, atol, rtol, case.grads)
     result.checks = checks
     result.raised_in_parallel = False
+
+
+def _single_process(path: str, variant: str, shape, layout) -> tuple:
+    """(the checkpoint loaded on this rank alone, the global batch, the reference run's results)."""
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    batch = _batch(variant, shape, layout, ref.config.vocab_size)
+    if variant == "embeds":
+        batch = inputs.with_embeds(batch, ref.get_input_embeddings())
+    return ref, batch, _reference(ref, batch)
+
+
+class _Kept:
+    """The single-process references this rank computed last, by what they depend on: the factory and
+    checkpoint, the variant, the drawn shape and the data-parallel degree (the rows of the global batch). A world runs a
+    fixture's layouts one after another, so neighbouring cases often share one. Nothing in a case writes to
+    it (controls plant into the parallel model only); a few tiny models, so memory stays flat."""
+
+    KEEP = 3
+
+    def __init__(self):
+        self._kept: OrderedDict = OrderedDict()
+
+    def get(self, key, compute):
+        if key not in self._kept:
+            self._kept[key] = compute()
+            if len(self._kept) > self.KEEP:
+                self._kept.popitem(last=False)
+        self._kept.move_to_end(key)
+        return self._kept[key]
+
+
+#: This process's references: a rank runs one world at a time.
+_REFERENCES = _Kept()
 
 
 def _batch(variant: str, shape, layout, vocab: int) -> dict:
