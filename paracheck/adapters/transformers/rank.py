@@ -1,8 +1,9 @@
 """One transformers case on one rank: load the checkpoint with and without `distributed_config`, run both, check.
 
 The world is already up (the kit's worker, or a test, called `init_process_group`); transformers is handed
-this world's meshes (`library.world_meshes`), so a world running many cases builds each shape's mesh once. Every rank computes its own single-process reference from the same checkpoint
-(the fixtures are tiny), so no reference crosses ranks. Order on the parallel model: structure, the
+this world's meshes (`library.world_meshes`), so a world running many cases builds each shape's mesh once.
+Every rank computes its own single-process reference from the same checkpoint (the fixtures are tiny), so no
+reference crosses ranks, and keeps its last few for the cases that share them (`_Kept`). Order on the parallel model: structure, the
 inference forward (no_grad; the rowwise local path only runs there), gradients cleared the optimizer's way,
 the training forward and backward, then loss, logits and every gradient (DTensors gathered).
 """
