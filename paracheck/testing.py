@@ -216,9 +216,10 @@ def _expect(test, request, case: tuple, check_ids) -> None:
 
 
 def _results(test, backend, world: int) -> dict:
-    """Every case of this class and world size, launched once and cached for the session."""
+    """Every case of this class and world size, launched once and cached for the session. Keyed by the class
+    itself: a test file imported again (pytester, a rerun plugin) defines new classes, which launch again."""
     cls = type(test)
-    key = (cls.__module__, cls.__qualname__, backend.name, world)
+    key = (cls, backend.name, world)
     if key not in _RESULTS:
         _RESULTS[key] = _launch(test, backend, world)
     return _RESULTS[key]

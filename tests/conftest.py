@@ -1,7 +1,14 @@
+import multiprocessing.forkserver  # noqa: F401
+import multiprocessing.popen_forkserver  # noqa: F401
+
 import pytest
 from hypothesis import settings
 
+import paracheck.launch.launcher  # noqa: F401
 from tests.support import run_paracheck
+
+# The session's one fork server lives in the modules above: imported here, before any test, they are not among
+# the modules an in-process pytester run drops on exit (which would strand the server and start a second).
 
 # Two cores shared with rank processes: wall-clock deadlines measure the machine, not the code.
 settings.register_profile("paracheck", deadline=None)

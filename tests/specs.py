@@ -260,33 +260,3 @@ def _raise_in_parallel_forward():
 
 
 llama_raises_on_ranks_2_3.library = "transformers"
-
-
-def llama_raises_on_ranks_2_3(variant="base", shape=None):
-    """The transformers llama fixture whose parallel forward raises on ranks 2 and 3 only, so ranks 0-1 wait
-    in a collective for peers that left it."""
-    import torch.distributed as dist
-
-    if dist.is_initialized() and dist.get_rank() in (2, 3):
-        _raise_in_parallel_forward()
-    return "llama", shape
-
-
-def _raise_in_parallel_forward():
-    from transformers import LlamaForCausalLM
-
-    forward = LlamaForCausalLM.forward
-    if getattr(forward, "planted", False):
-        return
-
-    @functools.wraps(forward)
-    def raising(self, *args, **kwargs):
-        if getattr(self, "_mesh_manager", None) is not None:  # loaded with distributed_config: the parallel model
-            raise RuntimeError("planted: the parallel forward raises on this rank")
-        return forward(self, *args, **kwargs)
-
-    raising.planted = True
-    LlamaForCausalLM.forward = raising
-
-
-llama_raises_on_ranks_2_3.library = "transformers"

@@ -224,7 +224,7 @@ def test_sharded_load_route(tmp_path):
 def test_failures_are_isolated_and_reported(tmp_path):
     """A hang, an upstream bug and a killed rank; the healthy case after them still passes."""
     specs = ["rank1_hangs", "ltx_short_text", "rank2_dies", "flux_spec"]
-    # 12 s: ten times what each healthy case here takes on a 2-core machine, counted from the case's start.
+    # 12 s: about forty times what each healthy case here takes on a 2-core machine, counted from its start.
     args = [a for s in specs for a in ("--spec", f"{SPECS}:{s}")] + ["--layouts", "u4", "--timeout", "12"]
     # The shipped file declares the short-text bug; without it the case must fail on its own.
     run = run_paracheck(args + ["--known-failures", "none"], tmp_path)

@@ -12,11 +12,21 @@ from __future__ import annotations
 import multiprocessing
 
 
-def fork_ranks(fn, args: tuple, world: int) -> None:
+def fork_ranks(fn, args: tuple, world: int, timeout: float = 600.0) -> None:
     """Run `fn(rank, *args)` on `world` forked ranks and wait for all; a rank's raise is raised here with its
-    traceback (torch's `ProcessRaisedException`). A forked rank inherits the fork server's environment, not
-    this process's: `fn` sets what it needs."""
+    traceback (torch's `ProcessRaisedException`), and ranks still running after `timeout` seconds are killed
+    and TimeoutError raised (a deadlocked harness must not hang its caller). A forked rank inherits the fork
+    server's environment, not this process's: `fn` sets what it needs."""
+    import time
+
     import torch.multiprocessing as mp
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(["paracheck.rank.preload"])
-    mp.start_processes(fn, args=args, nprocs=world, join=True, start_method="forkserver")
+    context = mp.start_processes(fn, args=args, nprocs=world, join=False, start_method="forkserver")
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+            raise TimeoutError(f"fork_ranks: {fn.__name__} still running on some of {world} ranks after {timeout:.0f}s")

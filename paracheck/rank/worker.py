@@ -73,9 +73,11 @@ def _threads() -> int:
         return threading.active_count()  # Python's threads only, where there is no /proc
 
 
-#: Cases between two collections that also walk what earlier cases left alive (see `_release_memory`).
+#: Cases between two collections that also walk what earlier cases left alive (see `_release_memory`), and
+#: the growth of resident memory since the last such collection that brings one forward.
 THAW_EVERY = 64
-_released = 0
+THAW_GROWTH_MB = 256.0
+_released, _rss_after_thaw = 0, 0.0
 
 
 def _release_memory() -> None:
@@ -84,16 +86,20 @@ def _release_memory() -> None:
 
     What survives a case (modules the library imported lazily, caches, the kept reference) is frozen, so
     the next case's collection walks only that case's objects: 1.5 ms instead of 25 ms a case, measured.
-    Every `THAW_EVERY` cases everything is thawed for one full collection, so a cycle that became garbage
-    while frozen is still freed (at most that many cases late)."""
-    global _released
+    Every `THAW_EVERY` cases, or sooner once resident memory grew `THAW_GROWTH_MB` since the last time,
+    everything is thawed for one full collection, so a kept object with a cycle (a user's reference model,
+    say) that was dropped while frozen is still freed, late but bounded in cases and in memory."""
+    global _released, _rss_after_thaw
     _released += 1
-    if _released % THAW_EVERY == 0:
+    thaw = _released % THAW_EVERY == 0 or _rss_mb() > _rss_after_thaw + THAW_GROWTH_MB
+    if thaw:
         gc.unfreeze()
     gc.collect()
     gc.freeze()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
+    if thaw:
+        _rss_after_thaw = _rss_mb()
 
 
 def _libc():

@@ -114,7 +114,8 @@ def explore_target(factory: str, layouts_text: str, world: int) -> tuple[Space, 
     """What explore draws for a transformers model: its space (the factory's `space`, else the fixtures') and
     the layouts of `layouts_text` transformers builds for it. SpecError, TfLayoutError name the rule broken."""
     fixture, _ = spec_inputs(factory)
-    if "shape" not in inspect.signature(load_factory(factory)).parameters:
+    parameters = inspect.signature(load_factory(factory)).parameters.values()
+    if not any(p.name == "shape" or p.kind is p.VAR_KEYWORD for p in parameters):
         raise SpecError(f"--spec {factory!r}: explore hands each drawn Shape to the factory as shape=, and this "
                         "factory takes no shape argument")
     space = getattr(load_factory(factory), "space", SPACE)
