@@ -166,6 +166,12 @@ def llama_drops_position_ids(variant="base", shape=None):
 
 
 def _drop_parallel_position_ids():
+    _bend_parallel_llama(lambda kwargs: kwargs.pop("position_ids", None))
+
+
+def _bend_parallel_llama(bend):
+    """Wrap `LlamaForCausalLM.forward` once per process: `bend(kwargs)` runs first for a model loaded with
+    `distributed_config` (the parallel one); the single-process reference runs as shipped."""
     from transformers import LlamaForCausalLM
 
     forward = LlamaForCausalLM.forward
@@ -173,13 +179,13 @@ def _drop_parallel_position_ids():
         return
 
     @functools.wraps(forward)
-    def dropped(self, *args, **kwargs):
-        if getattr(self, "_mesh_manager", None) is not None:  # loaded with distributed_config: the parallel model
-            kwargs.pop("position_ids", None)
+    def bent(self, *args, **kwargs):
+        if getattr(self, "_mesh_manager", None) is not None:
+            bend(kwargs)
         return forward(self, *args, **kwargs)
 
-    dropped.planted = True
-    LlamaForCausalLM.forward = dropped
+    bent.planted = True
+    LlamaForCausalLM.forward = bent
 
 
 def _small_token_space():
@@ -243,20 +249,10 @@ def llama_raises_on_ranks_2_3(variant="base", shape=None):
 
 
 def _raise_in_parallel_forward():
-    from transformers import LlamaForCausalLM
+    def raises(kwargs):
+        raise RuntimeError("planted: the parallel forward raises on this rank")
 
-    forward = LlamaForCausalLM.forward
-    if getattr(forward, "planted", False):
-        return
-
-    @functools.wraps(forward)
-    def raising(self, *args, **kwargs):
-        if getattr(self, "_mesh_manager", None) is not None:  # loaded with distributed_config: the parallel model
-            raise RuntimeError("planted: the parallel forward raises on this rank")
-        return forward(self, *args, **kwargs)
-
-    raising.planted = True
-    LlamaForCausalLM.forward = raising
+    _bend_parallel_llama(raises)
 
 
 llama_raises_on_ranks_2_3.library = "transformers"
