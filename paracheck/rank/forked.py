@@ -10,6 +10,7 @@ shares the one the in-process runs started.
 from __future__ import annotations
 
 import multiprocessing
+import time
 
 
 def fork_ranks(fn, args: tuple, world: int, timeout: float = 600.0) -> None:
@@ -17,8 +18,6 @@ def fork_ranks(fn, args: tuple, world: int, timeout: float = 600.0) -> None:
     traceback (torch's `ProcessRaisedException`), and ranks still running after `timeout` seconds are killed
     and TimeoutError raised (a deadlocked harness must not hang its caller). A forked rank inherits the fork
     server's environment, not this process's: `fn` sets what it needs."""
-    import time
-
     import torch.multiprocessing as mp
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(["paracheck.rank.preload"])

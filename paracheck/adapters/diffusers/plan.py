@@ -20,6 +20,7 @@ from paracheck.adapters.diffusers.fitting import Unfittable, cp_split_problems, 
 from paracheck.adapters.diffusers.routes import resolve_route
 from paracheck.domain.case import Case, FixtureUnavailable, call_factory
 from paracheck.domain.records import Failure, FailureKind, RankStatus, Route
+from paracheck.world.recent import Recent
 
 
 @dataclass(frozen=True)
@@ -59,25 +60,24 @@ def input_traits(inputs: dict) -> list[str]:
 
 
 class Sources:
-    """Each factory or payload a rank runs, loaded once per process (the recent ones kept)."""
+    """Each factory or payload a rank runs, loaded once per process (explore draws a new shape per case: the
+    recent ones are kept)."""
 
     KEEP = 32
 
     def __init__(self):
-        self._loaded: dict[tuple, tuple] = {}
+        self._loaded = Recent(self.KEEP)
 
     def get(self, case: Case):
-        name = (case.payload or case.factory, case.variant, case.shape)
-        if name not in self._loaded:
-            if case.payload:
-                from paracheck.pytest.payload import load
+        return self._loaded.get((case.payload or case.factory, case.variant, case.shape), lambda: _load(case))
 
-                self._loaded[name] = load(os.path.join(case.payload, case.variant))
-            else:
-                self._loaded[name] = call_factory(case.factory, case.variant, case.shape)
-            if len(self._loaded) > self.KEEP:  # explore draws a new shape per case: keep the recent ones
-                del self._loaded[next(iter(self._loaded))]
-        return self._loaded[name]
+
+def _load(case: Case):
+    if case.payload:
+        from paracheck.pytest.payload import load
+
+        return load(os.path.join(case.payload, case.variant))
+    return call_factory(case.factory, case.variant, case.shape)
 
 
 def plan(case: Case, backend, sources: Sources) -> Plan:

@@ -3,9 +3,10 @@
 The world is already up (the kit's worker, or a test, called `init_process_group`); transformers is handed
 this world's meshes (`library.world_meshes`), so a world running many cases builds each shape's mesh once.
 Every rank computes its own single-process reference from the same checkpoint (the fixtures are tiny), so no
-reference crosses ranks, and keeps its last few for the cases that share them (`_Kept`). Order on the parallel model: structure, the
-inference forward (no_grad; the rowwise local path only runs there), gradients cleared the optimizer's way,
-the training forward and backward, then loss, logits and every gradient (DTensors gathered).
+reference crosses ranks, and keeps its last few for the cases that share them (`_REFERENCES`). Order on the
+parallel model: structure, the inference forward (no_grad; the rowwise local path only runs there), gradients
+cleared the optimizer's way, the training forward and backward, then loss, logits and every gradient
+(DTensors gathered).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-from collections import OrderedDict
 import time
 import traceback
 
@@ -25,6 +25,7 @@ from paracheck.launch.attribution import lost_peer
 from paracheck.domain.records import CheckId, CheckResult, Failure, RankResult, RankStatus, Route, Status
 from paracheck.adapters.transformers import cases, fixtures, inputs, library, structure
 from paracheck.world import meshes
+from paracheck.world.recent import Recent
 from paracheck.adapters.transformers.controls import CONTROLS, NO_PLANT, PLANTS
 
 
@@ -114,28 +115,11 @@ def _single_process(path: str, variant: str, shape, layout) -> tuple:
     return ref, batch, _reference(ref, batch)
 
 
-class _Kept:
-    """The single-process references this rank computed last, by what they depend on: the factory and
-    checkpoint, the variant, the drawn shape and the data-parallel degree (the rows of the global batch). A world runs a
-    fixture's layouts one after another, so neighbouring cases often share one. Nothing in a case writes to
-    it (controls plant into the parallel model only); a few tiny models, so memory stays flat."""
-
-    KEEP = 3
-
-    def __init__(self):
-        self._kept: OrderedDict = OrderedDict()
-
-    def get(self, key, compute):
-        if key not in self._kept:
-            self._kept[key] = compute()
-            if len(self._kept) > self.KEEP:
-                self._kept.popitem(last=False)
-        self._kept.move_to_end(key)
-        return self._kept[key]
-
-
-#: This process's references: a rank runs one world at a time.
-_REFERENCES = _Kept()
+#: This process's single-process references, by what they depend on: the factory and checkpoint, the variant,
+#: the drawn shape and the data-parallel degree (the rows of the global batch). A world runs a fixture's layouts
+#: one after another, so neighbouring cases often share one. Nothing in a case writes to one (controls plant
+#: into the parallel model only); a few tiny models, so memory stays flat.
+_REFERENCES = Recent(3)
 
 
 def _batch(variant: str, shape, layout, vocab: int) -> dict:
