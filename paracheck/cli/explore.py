@@ -229,8 +229,9 @@ def _finish(args, explorer, meta: dict, seconds: float, worlds: int) -> int:
         code = Exit.BROKEN
     per_case = seconds / max(explorer.ran, 1)
     by_status = ", ".join(f"{n} {s}" for s, n in sorted(explorer.statuses.items()))
-    print(f"\n{len(rows)} failures found, {sum(explorer.known_hits.values())} known, {explorer.ran} cases run"
-          f"{f' ({by_status})' if by_status else ''} in {seconds:.1f}s ({per_case:.2f}s per case, {worlds} world{'s' if worlds != 1 else ''}); "
+    ran = f"{explorer.ran} cases run" + (f" ({by_status})" if by_status else "")
+    print(f"\n{len(rows)} failures found, {sum(explorer.known_hits.values())} known, {ran} in {seconds:.1f}s "
+          f"({per_case:.2f}s per case, {worlds} world{'s' if worlds != 1 else ''}); "
           f"replay this run with --seed {args.seed}")
     if args.report_json:
         data = dict(meta, command="explore", seed=args.seed, examples=args.examples, cases_run=explorer.ran,
