@@ -93,8 +93,8 @@ _KEPT = []
 
 
 def _on_a_rank() -> bool:
-    """Whether this process is one of a run's ranks: the specs that bend diffusers do it there only, so the
-    launcher (a test's own process, for runs in process) stays as diffusers ships."""
+    """Whether this process is one of a run's ranks: the specs that bend a library do it there only, so the
+    launcher (a test's own process, for runs in process) keeps the library as it ships."""
     import torch.distributed as dist
 
     return "RANK" in os.environ and dist.is_initialized()
@@ -157,10 +157,8 @@ def llama_drops_position_ids(variant="base", shape=None):
     """The transformers llama fixture whose parallel forward drops `position_ids` (a training wrapper that passes
     on ids, mask and labels only), bent on the ranks alone: packed rows then attend across their documents.
     Only a row of two or more documents shows it, so `paracheck explore` must draw and shrink to one
-    (tests/test_explore.py)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
+    (tests/test_explore_transformers.py)."""
+    if _on_a_rank():
         _drop_parallel_position_ids()
     return "llama", shape
 
@@ -243,7 +241,7 @@ def llama_raises_on_ranks_2_3(variant="base", shape=None):
     in a collective for peers that left it."""
     import torch.distributed as dist
 
-    if dist.is_initialized() and dist.get_rank() in (2, 3):
+    if _on_a_rank() and dist.get_rank() in (2, 3):
         _raise_in_parallel_forward()
     return "llama", shape
 

@@ -1,5 +1,6 @@
 """structure.collectives: the pure check over per-group counts, the counter, and one real gloo world."""
 
+import json
 import os
 from collections import Counter
 
@@ -165,12 +166,14 @@ def test_attention_calls_are_told_apart_by_the_config_they_were_dispatched_with(
 
 
 @pytest.mark.slow
-def test_real_gloo_world_counts_and_the_skip_processor_config_control(monkeypatch):
-    # The benchmark's own run, in this process: its ranks fork from the session's preloaded fork server.
+def test_real_gloo_world_counts_and_the_skip_processor_config_control(monkeypatch, tmp_path):
+    # The benchmark's own command, in this process: its ranks fork from the session's preloaded fork server.
     monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
     import collectives_gloo
 
-    rows = collectives_gloo.run(collectives_gloo.parse_cases("u4,u4:skip-processor-config"))
+    out = tmp_path / "rows.json"
+    assert collectives_gloo.main(["--cases", "u4,u4:skip-processor-config", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
     plain = [r for r in rows if r["case"] == "u4"]
     control = [r for r in rows if r["case"] != "u4"]
     assert [r["verdict"] for r in plain] == ["pass"] * 4

@@ -127,22 +127,25 @@ def test_padded_variants_mask_and_ignore_the_padding():
 
 @pytest.mark.parametrize("model", FIXTURES)
 def test_packed_rows_are_isolated_per_document_in_the_passes_the_kit_runs(model):
-    """A packed row's second document gets the logits it gets alone: transformers reads the documents from
-    position_ids only when no cache is built, as the kit's passes run (`use_cache=False`). Built with a cache,
-    the same row attends across its documents: the negative control that this test can fail."""
+    """A packed row's second document gets, in the kit's single-process passes (`rank._reference`, no_grad and
+    training), the logits it gets alone: transformers reads the documents from position_ids only when no cache
+    is built. Built with a cache, the same row attends across its documents: what a pass without
+    `use_cache=False` would check instead. (The parallel passes are held to these logits by parity.)"""
     import torch
     from transformers import AutoModelForCausalLM
 
     from paracheck.adapters.transformers import fixtures, inputs
+    from paracheck.adapters.transformers.rank import _reference
     from paracheck.domain import shapes
 
     torch.manual_seed(0)
     lm = AutoModelForCausalLM.from_config(fixtures.config(model), dtype=torch.float32).eval()
     batch = inputs.from_shape(shapes.Shape(1, ((shapes.TOKENS, 8),), documents=[(3, 5)], token_rows=True), 128)
-    alone = lm(input_ids=batch["input_ids"][:, 3:], use_cache=False).logits
-    packed = lm(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+    alone = lm(input_ids=batch["input_ids"][:, 3:], use_cache=False).logits.detach()
+    expected = _reference(lm, batch)
+    assert torch.allclose(expected["infer"][:, 3:], alone, atol=1e-5)
+    assert torch.allclose(expected["logits"][:, 3:], alone, atol=1e-5)
     cached = lm(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=True).logits
-    assert torch.allclose(packed[:, 3:], alone, atol=1e-5)
     assert not torch.allclose(cached[:, 3:], alone, atol=1e-3)
 
 

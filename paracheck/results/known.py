@@ -30,8 +30,7 @@ from paracheck.domain.records import CaseStatus, CheckId, Status
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "known_failures.toml")
 _MATCHED = ("library", "model", "layout", "variant", "dtype", "route", "cp_options")
-#: What `inputs` may require (found on the ranks: `adapters.diffusers.plan.input_traits`,
-#: `adapters.transformers.inputs.traits`).
+#: What `inputs` may require (found on the ranks by `checks.traits.input_traits`, for every library).
 INPUT_TRAITS = ("mask", "padded")
 
 

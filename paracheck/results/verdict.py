@@ -39,7 +39,7 @@ class Verdict:
     attention_backend: str | None = None
     seconds: float = 0.0
     model_class: str | None = None
-    #: What the inputs carry ("mask", "padded"; `adapters.diffusers.plan.input_traits`).
+    #: What the inputs carry ("mask", "padded"; `checks.traits.input_traits`).
     inputs: list[str] = field(default_factory=list)
     #: Seconds per phase, the slowest rank's.
     timings: dict = field(default_factory=dict)

@@ -12,14 +12,13 @@ import json
 import os
 from dataclasses import dataclass, field
 
-import torch
-
 from paracheck.adapters.diffusers import attention
 from paracheck.adapters.diffusers import library
 from paracheck.adapters.diffusers.fitting import Unfittable, cp_split_problems, fit_init_dict
 from paracheck.adapters.diffusers.routes import resolve_route
 from paracheck.domain.case import Case, FixtureUnavailable, call_factory
 from paracheck.domain.records import Failure, FailureKind, RankStatus, Route
+from paracheck.checks.traits import input_traits
 from paracheck.world.recent import Recent
 
 
@@ -47,16 +46,6 @@ class Plan:
     key: str | None = None
     #: What the inputs carry that known failures can be keyed on (`input_traits`).
     traits: list[str] = field(default_factory=list)
-
-
-def input_traits(inputs: dict) -> list[str]:
-    """"mask" when an attention-mask input is given, "padded" when it also masks something out: what an
-    upstream bug that lives in mask handling needs, whatever the variant or test class is called."""
-    masks = [v for k, v in inputs.items() if "mask" in k and isinstance(v, torch.Tensor)]
-    traits = ["mask"] if masks else []
-    if any(bool((m == 0).any()) for m in masks):
-        traits.append("padded")
-    return traits
 
 
 class Sources:

@@ -61,8 +61,9 @@ def spec_inputs(path: str, variant: str = "base", shape: Shape | None = None) ->
     """Call a transformers factory: (the fixture whose checkpoint loads, the shape of its rows or None for the
     variant's own). SpecError names what the factory broke."""
     kwargs = dict({"variant": variant} if variant != "base" else {}, **({"shape": shape} if shape else {}))
+    factory = load_factory(path)
     try:
-        result = load_factory(path)(**kwargs)
+        result = factory(**kwargs)
     except SpecError:
         raise
     except Exception as exc:  # a user's factory may raise anything
@@ -72,7 +73,7 @@ def spec_inputs(path: str, variant: str = "base", shape: Shape | None = None) ->
         raise SpecError(f"--spec {path!r}: a transformers factory returns (fixture, Shape or None) with the fixture "
                         f"one of {', '.join(FIXTURES)}; got {result!r:.200}")
     fixture, built = result
-    return fixture, None if built is None else with_length(built, getattr(load_factory(path), "space", SPACE))
+    return fixture, None if built is None else with_length(built, getattr(factory, "space", SPACE))
 
 
 def with_length(shape: Shape, space: Space) -> Shape:
@@ -114,11 +115,11 @@ def explore_target(factory: str, layouts_text: str, world: int) -> tuple[Space, 
     """What explore draws for a transformers model: its space (the factory's `space`, else the fixtures') and
     the layouts of `layouts_text` transformers builds for it. SpecError, TfLayoutError name the rule broken."""
     fixture, _ = spec_inputs(factory)
-    parameters = inspect.signature(load_factory(factory)).parameters.values()
-    if not any(p.name == "shape" or p.kind is p.VAR_KEYWORD for p in parameters):
+    function = load_factory(factory)
+    if not any(p.name == "shape" or p.kind is p.VAR_KEYWORD for p in inspect.signature(function).parameters.values()):
         raise SpecError(f"--spec {factory!r}: explore hands each drawn Shape to the factory as shape=, and this "
                         "factory takes no shape argument")
-    space = getattr(load_factory(factory), "space", SPACE)
+    space = getattr(function, "space", SPACE)
     moe, cp = fixture in MOE, cp_supported()
     return space, [layout for layout in layouts(fixture, layouts_text, world) if not refusals(layout, moe, cp)]
 

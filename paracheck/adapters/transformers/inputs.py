@@ -59,13 +59,6 @@ def from_shape(shape: Shape, vocab: int, seed: int = 1) -> dict:
     return batch
 
 
-def traits(batch: dict) -> list[str]:
-    """What the batch carries that known-failure entries may name: "mask" (an attention mask is passed) and
-    "padded" (it masks something out)."""
-    mask = batch.get("attention_mask")
-    return [] if mask is None else ["mask"] + (["padded"] if bool((mask == 0).any()) else [])
-
-
 def predicted_tokens(labels: torch.Tensor) -> int:
     """The tokens the causal loss predicts: labels shifted by one, padding (-100) left out."""
     return int((labels[:, 1:] != -100).sum())

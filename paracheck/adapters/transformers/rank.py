@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.checks.compare import compare, problems_text, tolerance
+from paracheck.checks.traits import input_traits
 from paracheck.launch.attribution import lost_peer
 from paracheck.domain.records import CheckId, CheckResult, Failure, RankResult, RankStatus, Route, Status
 from paracheck.adapters.transformers import cases, fixtures, inputs, library, structure
@@ -85,7 +86,7 @@ def _run(case, backend, workdir: str, result: RankResult) -> None:
                layout.dp)
         ref, batch, expected = _REFERENCES.get(key, lambda: _single_process(path, case.variant, shape, layout))
         result.model_class = type(ref).__name__
-        result.inputs = inputs.traits(batch)
+        result.inputs = input_traits(batch)
         missing = [k for k in plant.needs_rules if k not in ref.tp_plan]
         if missing:
             raise Refused(f"{case.control}: {result.model_class}'s tp_plan has no rule for {', '.join(missing)}")
