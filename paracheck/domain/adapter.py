@@ -1,0 +1,158 @@
+"""The `Adapter` protocol: what a library's adapter gives the kit, and the one case body its ranks run.
+
+A library plugs in by implementing `Adapter` in its own package and naming the object in the entry-point group
+`paracheck.adapters` (`paracheck.registry` finds it; the host never names an adapter). Every method the launcher
+side calls is torch-free at import; the rank side (`case_body`) may import the library.
+
+One case on one rank is run by the kit's skeleton (`rank.skeleton.run_case`), never by an adapter: the skeleton
+builds the `RankResult`, the tolerance (from the case's dtype and the rank's device, with the case's own
+overrides), times each phase, types a raise, blames a lost peer, and frees the world's unused groups. The
+adapter's `CaseBody` supplies the passes, in this order:
+
+    reference()  -> the single-device run (computed, shared or kept; raise `Refused` to skip)
+    parallelize() -> the parallel model, and the structure checks on it
+    inference()  -> the forward under torch.no_grad()
+    training()   -> the forward with gradients recorded
+    forward_checks() -> outputs, losses, collectives against the reference
+    backward()   -> the backward of the training forward (not called when grads are off or nothing to derive)
+    grads_checks() -> every gradient against the reference
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Protocol, runtime_checkable
+
+from paracheck.domain.records import CheckId, CheckResult, Failure, RankStatus
+
+
+class Refused(Exception):
+    """The case cannot run here, for a reason the adapter names (the library refuses, the control cannot apply):
+    a skip in these words, on every rank alike. `failure` types it where a found case must replay it."""
+
+    def __init__(self, reason: str, failure: Failure | None = None, status: RankStatus = RankStatus.SKIP):
+        super().__init__(reason)
+        self.failure, self.status = failure, status
+
+
+@dataclass
+class CaseRequest:
+    """What `paracheck run` (or a mixin) asks an adapter to expand into cases: its models, and the run's options.
+
+    `models`: (name, factory path) pairs this adapter claimed. `layouts`: the `--layouts` text ("all" or names),
+    read by the adapter's grammar. `variants`: names, or None for the adapter's default tier."""
+    models: list[tuple[str, str]]
+    layouts: str = "all"
+    nproc: int = 4
+    order: str = "cp-fastest"
+    variants: list[str] | None = None
+    controls: bool = False
+    only_control: str | None = None
+    grads: bool = True
+    dtype: str = "fp32"
+    route: str = "auto"
+    cp_options: tuple = ()
+    attention_backend: str = "auto"
+    #: True when the factories came from --spec (the user's own), not the bundled fixtures.
+    spec: bool = False
+    #: --all: the whole matrix, not the default tier.
+    everything: bool = False
+
+
+@runtime_checkable
+class CaseBody(Protocol):
+    """One case's passes on one rank (see the module docstring for the order the skeleton calls them in)."""
+
+    def reference(self) -> None: ...
+
+    def parallelize(self) -> list[CheckResult]: ...
+
+    def inference(self) -> None: ...
+
+    def training(self) -> None: ...
+
+    def forward_checks(self) -> list[CheckResult]: ...
+
+    #: Why no backward runs (no loss, --no-grads, the forward raised); None when it does.
+    def backward_skip(self) -> str | None: ...
+
+    def backward(self) -> None: ...
+
+    def grads_checks(self) -> list[CheckResult]: ...
+
+
+@dataclass
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+@dataclass
+class CaseContext:
+    """What the skeleton hands an adapter's `case_body`: the case, where it runs, and the rules it is held to."""
+    case: Any
+    backend: Any
+    site: Any
+    #: The `RankResult` being filled (adapters set `route`, `fit`, `model_class`, `inputs`, `findings`).
+    result: Any
+    tolerance: Tolerance
+    #: `phase("parallel")`: a `with` block whose wall and CPU seconds add to the result's timings.
+    phase: Callable[[str], ContextManager]
+    #: `attempt(step, check_id) -> (value, Raised | None)`: one step of the parallel model; a raise becomes
+    #: that check's failure, with this rank's traceback kept.
+    attempt: Callable
+    extras: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """A library's adapter (see the module docstring). Attributes and methods, all torch-free at import but
+    `case_body`, `preload` and `simulate`."""
+
+    #: The library's name: what a case's `library` says and `--models LIBRARY` selects.
+    name: str
+    #: The dtypes its cases run in (a run asking another refuses the adapter's cases by name).
+    dtypes: tuple[str, ...]
+    #: The check ids its ranks report: the report's columns for its cases.
+    columns: tuple[CheckId, ...]
+
+    def parse_layout(self, name: str, order: str = "cp-fastest") -> Any:
+        """A layout name in this adapter's grammar; raises the layout error naming the rule."""
+
+    def fixtures(self) -> dict[str, str]:
+        """Bundled fixtures: name -> factory path (empty where the library is not installed)."""
+
+    def installed(self) -> bool:
+        """Whether the library is importable here."""
+
+    def unsupported(self) -> str | None:
+        """One line naming the installed version, what is missing and the supported range; None when served."""
+
+    def claims(self, factory: Any) -> bool:
+        """Whether a loaded `--spec` object (without a `library` attribute) is this adapter's."""
+
+    def variants(self) -> tuple[str, ...]:
+        """Every input variant name this adapter's models may offer."""
+
+    def expand(self, request: CaseRequest) -> list:
+        """The cases of `request`'s models: per model, layout and variant, the plain case, then the controls.
+        Raises `ValueError` (or a subclass) naming the argument and the rule before any rank starts."""
+
+    def controls(self) -> dict:
+        """Negative controls by name (`domain.control.Control`)."""
+
+    def case_body(self, ctx: CaseContext) -> ContextManager[CaseBody]:
+        """Rank side: a `with` block (the library's scopes for one case) yielding the case's `CaseBody`."""
+
+    def preload(self) -> None:
+        """What the fork server imports once, before any rank forks (the library, the adapter's rank side)."""
+
+    def explore_target(self, factory: str, layouts_text: str, world: int) -> tuple:
+        """(space, layouts) `paracheck explore` draws for the model `factory` builds; errors name the rule."""
+
+    def explore_case(self, name: str, factory: str, space, layout, shape, dtype: str) -> Any:
+        """The `Case` explore runs for a drawn shape; ValueError names every rule the draw breaks."""
+
+    def mixins(self) -> dict[str, str]:
+        """Names `paracheck.testing` offers for this adapter's models -> "module:attribute" of each mixin."""
+
