@@ -42,7 +42,7 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]
     from paracheck.adapters.diffusers.attention import cpu_lse_attention
     from paracheck.domain.backends import get_backend
     from paracheck.checks.collectives import check_counts, count_collectives
-    from paracheck.adapters import get_control
+    from paracheck.domain.registry import get_control
     from paracheck.fixtures import flux
     from paracheck.domain.layout import Layout
     from paracheck.domain.records import Route
@@ -76,7 +76,7 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]
         with torch.no_grad(), ring:
             with CommDebugMode() as comm:
                 out = model(**inputs, return_dict=False)[0]
-            with count_collectives(rank) as counts:
+            with count_collectives(rank, library.observed_attention) as counts:
                 again = model(**inputs, return_dict=False)[0]
             assert torch.equal(out, again)  # uses (and so waits on) the second forward's output too
         check = check_counts(counts, layout)

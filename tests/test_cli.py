@@ -68,8 +68,9 @@ def test_topology_lists_reasons(capsys):
 
 
 def test_all_is_every_librarys_fixtures_and_the_groups_split_them():
-    from paracheck.adapters.fixtures import TRANSFORMERS_FIXTURES, select
     from paracheck.adapters.diffusers.fixtures_index import FIXTURES
+    from paracheck.adapters.transformers.fixtures import FIXTURES as TRANSFORMERS_FIXTURES
+    from paracheck.domain.registry import select
 
     every = [name for name, _ in select("all")]
     assert every == list(FIXTURES) + list(TRANSFORMERS_FIXTURES)  # transformers is in the test extra

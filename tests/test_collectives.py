@@ -138,7 +138,7 @@ def test_counter_records_groups_under_the_fake_pg():
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
-    from paracheck.simulate.fakeworld import fake_world
+    from paracheck.adapters.diffusers.simulate.fakeworld import fake_world
 
     with fake_world(1, 4):
         group = dist.new_group([0, 1])
@@ -157,8 +157,10 @@ def test_attention_calls_are_told_apart_by_the_config_they_were_dispatched_with(
     import torch
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
+    from paracheck.adapters.diffusers.library import observed_attention
+
     q = torch.ones(1, 4, 2, 8, device="meta")
-    with count_collectives(0) as c:
+    with count_collectives(0, observed_attention) as c:
         dispatch_attention_fn(q, q, q, backend="native")
         dispatch_attention_fn(q, q, q, backend="native")
     assert c.calls(parallel=False) == 2 and c.calls(parallel=True) == 0 and not c.ops

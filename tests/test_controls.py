@@ -2,7 +2,7 @@
 
 from hypothesis import given, strategies as st
 
-from paracheck.adapters import get_control
+from paracheck.domain.registry import get_control
 from paracheck.adapters.diffusers.controls import CONTROLS, applicable
 from tests import strategies
 from paracheck.domain.layout import Layout

@@ -13,7 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paracheck.domain.case import Case, load_factory, parse_cp_options
+from paracheck.adapters.diffusers.explore import draw_options
+from paracheck.adapters.diffusers.options import parse_cp_options
+from paracheck.domain.case import Case, load_factory
 from paracheck.explore.engine import Target, draws, signature
 from paracheck.adapters.diffusers.fixtures_index import FIXTURE_SPACES, FIXTURE_VARIANTS
 from paracheck.explore.found import Found, read, write
@@ -25,7 +27,7 @@ from paracheck.results.verdict import Verdict
 from .support import SPECS, run_paracheck
 
 U2 = Layout.parse("u2", "cp-fastest")
-TARGETS = [Target(name, f"paracheck.fixtures:{name}", space, (U2, Layout.parse("r2", "cp-fastest")))
+TARGETS = [Target(name, f"paracheck.fixtures:{name}", space, (U2, Layout.parse("r2", "cp-fastest")), "diffusers", draw_options)
            for name, space in FIXTURE_SPACES.items()]
 
 
@@ -117,7 +119,7 @@ def test_draws_stay_inside_each_models_space(data):
 
 
 def _verdict(status, checks=(), reason="", layout="u2", failure=None):
-    case = Case("ltx", "paracheck.fixtures:ltx", Layout.parse(layout, "cp-fastest"))
+    case = Case("ltx", "paracheck.fixtures:ltx", Layout.parse(layout, "cp-fastest"), library="diffusers")
     return Verdict(case, status, Route.NATIVE, reason=reason, checks=list(checks), model_class="LTXVideoTransformer3DModel",
                    failure=failure)
 
@@ -162,7 +164,7 @@ def test_cp_options_parse_and_name_the_rule():
 
 def test_found_case_round_trips_and_its_spec_builds_the_same_inputs(tmp_path):
     shape = Shape(2, (("height", 2), ("width", 1), ("text", 2)), padded=(0, 1))
-    case = Case("qwenimage", "paracheck.fixtures:qwenimage", U2, variant="masked", shape=shape,
+    case = Case("qwenimage", "paracheck.fixtures:qwenimage", U2, variant="masked", shape=shape, library="diffusers",
                 cp_options=(("ulysses_anything", True),))
     spec, command = write(str(tmp_path), Found(case, "sig", "detail"), 2, None, True, {"diffusers": "x"})
     assert read(str(tmp_path)) == [Found(case, "sig", "detail")]

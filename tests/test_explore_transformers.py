@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paracheck.adapters import explore_case, explore_target, parse_layout
+from paracheck.domain.registry import adapter, parse_layout
 from paracheck.adapters.transformers import cases as tf_cases
 from paracheck.adapters.transformers.fixtures import FIXTURES, SPACE, VARIANTS
 from paracheck.adapters.transformers.layout import TfLayout, layouts_for
@@ -100,7 +100,7 @@ def test_a_shape_that_cannot_run_names_the_rule(shape, dp, words):
     problems = tf_cases.shape_problems(shape, dp)
     assert any(words in p for p in problems), problems
     with pytest.raises(ValueError, match=re.escape(words)):
-        explore_case("transformers", "llama", tf_cases.factory_of("llama"), SPACE, TfLayout(fsdp=dp) if dp > 1
+        adapter("transformers").explore_case("llama", tf_cases.factory_of("llama"), SPACE, TfLayout(fsdp=dp) if dp > 1
                      else TfLayout(tp=2), shape, "fp32")
 
 
@@ -114,15 +114,15 @@ def test_every_fixture_has_the_factory_its_cases_name():
 
 
 def test_the_explore_face_gives_each_fixture_its_space_and_the_layouts_transformers_builds_for_it():
-    space, layouts = explore_target("transformers", tf_cases.factory_of("llama"), "all", 4)
+    space, layouts = adapter("transformers").explore_target(tf_cases.factory_of("llama"), "all", 4)
     assert space == SPACE and not any(layout.ep > 1 for layout in layouts) and TfLayout(tp=2, fsdp=2) in layouts
-    _, moe = explore_target("transformers", tf_cases.factory_of("qwen3_moe"), "all", 4)
+    _, moe = adapter("transformers").explore_target(tf_cases.factory_of("qwen3_moe"), "all", 4)
     assert TfLayout(tp=2, fsdp=2, ep=2) in moe
     # Named layouts transformers refuses for the model are not drawn (every case would be a skip).
-    _, named = explore_target("transformers", tf_cases.factory_of("llama"), "tp4,fsdp4xep4", 4)
+    _, named = adapter("transformers").explore_target(tf_cases.factory_of("llama"), "tp4,fsdp4xep4", 4)
     assert named == [TfLayout(tp=4)]
     with pytest.raises(ValueError, match="bf16: the transformers adapter runs fp32 only"):
-        explore_case("transformers", "llama", tf_cases.factory_of("llama"), SPACE, TfLayout(tp=4),
+        adapter("transformers").explore_case("llama", tf_cases.factory_of("llama"), SPACE, TfLayout(tp=4),
                      Shape(1, token_rows=True), "bf16")
 
 
@@ -140,7 +140,7 @@ def test_known_failures_match_explored_cases_by_runs_variant_names(tmp_path):
     entries = known.load(str(toml))
     for side, status in (("left", CaseStatus.XFAIL), ("right", CaseStatus.FAIL)):
         shape = Shape(2, (("tokens", 8),), padded=(0, 3), pad_side=side, token_rows=True)
-        case = explore_case("transformers", "llama", tf_cases.factory_of("llama"), SPACE, TfLayout(tp=4), shape, "fp32")
+        case = adapter("transformers").explore_case("llama", tf_cases.factory_of("llama"), SPACE, TfLayout(tp=4), shape, "fp32")
         from paracheck.domain.records import MergedCheck, Status
 
         failing = MergedCheck(CheckId.FORWARD, Status.FAIL, [0, 1, 2, 3])
@@ -154,7 +154,7 @@ def test_a_found_transformers_case_round_trips_and_run_builds_its_replay(tmp_pat
     from paracheck.domain.backends import get_backend
 
     shape = Shape(2, (("tokens", 6),), documents=((1, 5), (6,)), token_rows=True)
-    case = explore_case("transformers", "llama", tf_cases.factory_of("llama"), SPACE, TfLayout(tp=2, fsdp=2),
+    case = adapter("transformers").explore_case("llama", tf_cases.factory_of("llama"), SPACE, TfLayout(tp=2, fsdp=2),
                         shape, "fp32")
     spec, command = write(str(tmp_path), Found(case, "sig", "detail"), 4, None, True, {"transformers": "x"})
     assert read(str(tmp_path)) == [Found(case, "sig", "detail")]
@@ -177,7 +177,7 @@ def test_explore_refuses_a_transformers_spec_that_takes_no_shape(tmp_path):
     path = tmp_path / "noshape.py"
     path.write_text("def f(variant='base'):\n    return 'llama', None\nf.library = 'transformers'\n")
     with pytest.raises(SpecError, match="takes no shape argument"):
-        explore_target("transformers", f"{path}:f", "tp2", 2)
+        adapter("transformers").explore_target(f"{path}:f", "tp2", 2)
 
 
 def test_a_spec_shape_without_a_length_is_built_at_the_length_it_was_judged_at(tmp_path):
@@ -211,7 +211,7 @@ def test_a_transformers_spec_that_returns_the_wrong_thing_names_the_rule(tmp_pat
     (["--models", "llama", "--dtype", "bf16"], "--dtype bf16: the transformers adapter runs fp32 only"),
     (["--models", "transformers", "--dtype", "bf16"], "--dtype bf16: the transformers adapter runs fp32 only"),
     (["--spec", f"{SPECS}:llama_drops_position_ids", "--dtype", "bf16"], "--dtype bf16: the transformers adapter"),
-    (["--models", "llama,flux", "--layouts", "tp2xfsdp2,zz"], "--layouts 'zz': neither grammar reads it"),
+    (["--models", "llama,flux", "--layouts", "tp2xfsdp2,zz"], "--layouts 'zz': no grammar of diffusers, transformers reads it"),
     (["--models", "llama", "--layouts", "u4"], "part 'u4' is not one of ppN, tpN"),
 ])
 def test_explore_usage_errors_name_the_option(argv, words, capsys):

@@ -88,7 +88,7 @@ def test_a_fixture_whose_class_is_missing_is_a_skip():
     from paracheck.adapters.diffusers.plan import Sources, plan
     from tests.support import SPECS
 
-    case = Case("gone", f"{SPECS}:class_not_in_this_diffusers", Layout.parse("u4"))
+    case = Case("gone", f"{SPECS}:class_not_in_this_diffusers", Layout.parse("u4"), library="diffusers")
     p = plan(case, get_backend("gloo"), Sources())
     assert p.stop.status == "skip" and "cannot provide its model class" in p.stop.reason
 

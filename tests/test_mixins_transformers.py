@@ -5,7 +5,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from paracheck.pytest.causal_lm import check_variants, plan_layouts  # noqa: E402
+from paracheck.adapters.transformers.mixin_cases import check_variants, plan_layouts  # noqa: E402
 from paracheck.testing import CausalLMParallelTesterMixin  # noqa: E402
 
 

@@ -62,7 +62,7 @@ def test_a_library_entry_point_is_named_and_its_cause_identified():
 @given(strategies.layouts(4), st.sampled_from(list(Route)), st.none() | st.sampled_from(["backward-only"]),
        st.sampled_from(["base", "batch2"]), st.sampled_from(["fp32", "bf16"]))
 def test_case_round_trips_and_names_itself(layout, route, control, variant, dtype):
-    case = Case("flux", "paracheck.fixtures:flux", layout, route, control, variant=variant, dtype=dtype)
+    case = Case("flux", "paracheck.fixtures:flux", layout, route, control, variant=variant, dtype=dtype, library="diffusers")
     assert Case.from_json(case.to_json()) == case
     assert case.id.startswith(f"flux-{layout.name}-{route.value}")
     assert (variant in case.id) == (variant != "base") and case.plain.control is None
@@ -71,7 +71,7 @@ def test_case_round_trips_and_names_itself(layout, route, control, variant, dtyp
 def test_payload_round_trip(tmp_path):
     from diffusers import QwenImageTransformer2DModel
 
-    from paracheck.pytest.payload import dump, load
+    from paracheck.adapters.diffusers.payload import dump, load
 
     inputs = {"x": torch.arange(6.0).reshape(2, 3), "img_shapes": [(1, 4, 4)], "nested": {"n": 3, "t": (1, "a")}}
     dump(str(tmp_path), QwenImageTransformer2DModel, {"axes_dims_rope": (8, 4, 4), "num_layers": 2}, inputs)

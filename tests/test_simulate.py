@@ -19,7 +19,7 @@ from paracheck.checks.shardledger import (
     shard_ledger,
     sub_intervals,
 )
-from paracheck.simulate.engine import simulate, simulate_layout
+from paracheck.adapters.diffusers.simulate.engine import simulate, simulate_layout
 
 
 def _flux(heads):
@@ -98,7 +98,7 @@ def test_unfit_layouts_are_not_simulated():
 
 
 def test_minimax_h3_has_no_tp_plan_and_takes_ulysses_8():
-    from paracheck.simulate.specs import minimax_h3
+    from paracheck.adapters.diffusers.simulate.specs import minimax_h3
 
     cls, init, _ = minimax_h3()
     assert "no _tp_plan" in simulate_layout(cls, init, Layout.parse("tp2xu4"), "neuron").reason
@@ -208,7 +208,7 @@ def test_cli_reproduces_the_neuron_finding(capsys):
 @pytest.mark.parametrize("argv, fragment", [
     (["--world", "256"], "--world 256: --simulate takes 2 to 128 ranks"),
     (["--world", "16", "--models", "sd3"], "--models sd3: unknown"),
-    (["--world", "16", "--models", "flux", "--spec", "paracheck.simulate.specs:flux_dev"], "--models and --spec"),
+    (["--world", "16", "--models", "flux", "--spec", "paracheck.adapters.diffusers.simulate.specs:flux_dev"], "--models and --spec"),
     (["--world", "16", "--route", "sharded-load"], "--route 'sharded-load'"),
     (["--world", "16", "--control", "nope"], "--control 'nope'"),
     (["--world", "16", "--heads", "0"], "--heads 0: must be >= 1"),
@@ -236,7 +236,7 @@ def test_every_layout_of_a_world_is_listed():
 
 
 def test_one_simulation_judged_by_two_backends(capsys):
-    from paracheck.simulate.engine import simulate_on
+    from paracheck.adapters.diffusers.simulate.engine import simulate_on
 
     cls, init, _ = _flux(16)
     out = simulate_on(cls, init, ["neuron", "nccl"], 16, ["tp4xu4"], order="tp-fastest")

@@ -15,7 +15,7 @@ from paracheck.adapters.transformers.controls import CONTROLS  # noqa: E402
 from paracheck.adapters.transformers.fixtures import FIXTURES, MOE, VARIANTS  # noqa: E402
 from paracheck.adapters.transformers.layout import (DENSE, TOKENS, TfLayout, TfLayoutError, cp_supported,  # noqa: E402
                                                     layouts_for, parse_layouts, refusals)
-from paracheck.adapters import parse_layout  # noqa: E402
+from paracheck.domain.registry import parse_layout  # noqa: E402
 from paracheck.domain.case import Case  # noqa: E402
 from tests.support import SPECS, run_paracheck  # noqa: E402
 
@@ -135,7 +135,7 @@ def test_packed_rows_are_isolated_per_document_in_the_passes_the_kit_runs(model)
     from transformers import AutoModelForCausalLM
 
     from paracheck.adapters.transformers import fixtures, inputs
-    from paracheck.adapters.transformers.rank import _reference
+    from paracheck.adapters.transformers.body import reference_run as _reference
     from paracheck.domain import shapes
 
     torch.manual_seed(0)

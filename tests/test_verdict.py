@@ -13,7 +13,7 @@ U4 = Layout.parse("u4")
 
 
 def _case(control=None, model="flux", layout=U4):
-    return Case(model, "paracheck.fixtures:flux", layout, control=control)
+    return Case(model, "paracheck.fixtures:flux", layout, control=control, library="diffusers")
 
 
 def _ranks(statuses_by_check: dict, world=4, status=RankStatus.OK):

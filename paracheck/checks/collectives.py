@@ -238,22 +238,22 @@ def _make_mode():
 
 
 @contextlib.contextmanager
-def count_collectives(rank: int | None = None):
+def count_collectives(rank: int | None = None, observe=None):
     """Count the collectives dispatched inside the block, and which attention call issued each.
 
     Yields a `Counts`; read it after the block. Works in a real world and under the fake process group
     on the meta device (where the functional collectives run their meta kernels and move nothing).
-    Attention backends registered inside the block are not observed: enter it inside `attention.scope`.
+    `observe(callback)`: the library's context manager that calls `callback(name)` around each attention call
+    (the adapter's; without one, collectives are counted but none is tied to an attention call). Attention
+    backends registered inside the block are not observed: enter it inside the adapter's attention scope.
     """
     import torch.distributed as dist
-
-    from paracheck.adapters.diffusers import library
 
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else 0
     counts = Counts(rank)
     recorder = _Recorder(counts)
-    with library.observed_attention(recorder.attention_call), _make_mode()(recorder):
+    with (observe(recorder.attention_call) if observe else contextlib.nullcontext()), _make_mode()(recorder):
         yield counts
 
 

@@ -69,7 +69,7 @@ def check_writable(path: str | None, flag: str) -> None:
 
 def named_models(args) -> list[tuple[str, str]]:
     """(name, factory) for each model `--models` or `--spec` asks for (run and explore)."""
-    from paracheck.adapters.fixtures import select
+    from paracheck.domain.registry import select
 
     if args.spec and args.models != "all":
         raise UsageError("--models with --spec: --models names bundled fixtures; give one or the other")

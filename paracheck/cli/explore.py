@@ -11,12 +11,12 @@ import signal
 import sys
 import time
 
-from paracheck.domain.case import SpecError, load_factory
+from paracheck.domain import registry
+from paracheck.domain.case import SpecError
 from paracheck.cli.common import (UsageError, add_order, add_timeout, check_dtypes, check_order, check_timeout,
                                   check_writable, named_models, raise_interrupt)
 from paracheck.results.report import run_meta
 from paracheck.results.report import write_report
-from paracheck.domain.layout import parse_layouts
 from paracheck.launch.protocol import Exit
 
 #: New cases explore generates by default (shrinking comes on top): enough to find both LTX bugs of
@@ -31,8 +31,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="makes the run repeatable (default: a random seed, printed)")
     p.add_argument("--models", default="all", help="fixture names, comma separated, or all")
     p.add_argument("--spec", action="append", help="MODULE:FUNCTION taking shape= with a `space` attribute "
-                   "(a transformers one also says library = 'transformers'; see docs/explore.md); repeat for several")
-    p.add_argument("--layouts", default="all", help="layouts like u4,r2xu2 (diffusers) or tp2xfsdp2 (transformers), "
+                   "(see docs/explore.md); repeat for several")
+    p.add_argument("--layouts", default="all", help="layout names in each model's grammar (docs/layouts.md), "
                    "or all for --nproc")
     add_order(p)
     p.add_argument("--nproc", type=int, default=4, help="ranks in the world (default 4)")
@@ -74,16 +74,18 @@ def _check(args) -> list[str]:
 
 def _targets(args, dtypes: list[str]) -> list:
     """The models to draw, each with the layouts of `--layouts` it has a plan for (read with its library's
-    grammar: `u4,r2xu2` for diffusers, `tp2xfsdp2` for transformers; `all` for either)."""
-    from paracheck.adapters.fixtures import library_of
+    grammar; `all` for any)."""
+    from paracheck.domain.registry import library_of
 
     named = named_models(args)
     libraries = {factory: library_of(factory) for _, factory in named}
+    for library in dict.fromkeys(libraries.values()):
+        problem = registry.adapter(library).unsupported()
+        if problem:
+            raise UsageError(problem)
     texts = _layouts_by_library(args, set(libraries.values()))
-    diffusers = [(n, f) for n, f in named if libraries[f] == "diffusers"]
-    targets = _diffusers_targets(args, diffusers, texts["diffusers"]) if diffusers else []
-    targets += [_adapted_target(args, name, factory, libraries[factory], texts[libraries[factory]], dtypes)
-                for name, factory in named if libraries[factory] != "diffusers"]
+    targets = [_target(args, name, factory, libraries[factory], texts[libraries[factory]], dtypes)
+               for name, factory in named]
     targets = [t for t in targets if t.layouts]
     if not targets:
         raise UsageError(f"--layouts {args.layouts}: no model asked for has a plan for any of them")
@@ -92,73 +94,46 @@ def _targets(args, dtypes: list[str]) -> list:
 
 def _layouts_by_library(args, libraries: set[str]) -> dict[str, str]:
     """--layouts per library: all, or the whole text where one library's models are drawn; with several, each
-    name goes to every library whose grammar reads it (`tp4` is both), and a name none reads is an error."""
+    name goes to every library whose grammar reads it (`tp4` is several), and a name none reads is an error."""
     if args.layouts.strip() == "all" or len(libraries) == 1:
         return dict.fromkeys(libraries, args.layouts)
-    from paracheck.adapters import parse_layout
-
     texts: dict[str, list[str]] = {library: [] for library in libraries}
     for item in (i.strip() for i in args.layouts.split(",")):
         readers = []
         for library in sorted(libraries):
             try:
-                parse_layout(library, item, args.order)
+                registry.parse_layout(library, item, args.order)
                 readers.append(library)
             except ValueError:
                 pass
         if not readers:
-            raise UsageError(f"--layouts {item!r}: neither grammar reads it ({', '.join(sorted(libraries))}: e.g. "
-                             "u4, tp2xr2 for diffusers, tp2xfsdp2 for transformers)")
+            raise UsageError(f"--layouts {item!r}: no grammar of {', '.join(sorted(libraries))} reads it "
+                             "(see docs/layouts.md)")
         for library in readers:
             texts[library].append(item)
     return {library: ",".join(items) for library, items in texts.items()}
 
 
-def _diffusers_targets(args, named, layouts_text: str) -> list:
-    """The diffusers models, each with the layouts of `layouts_text` its init dict can be fitted to."""
-    from paracheck.domain.case import call_factory
-    from paracheck.explore.engine import Target
-    from paracheck.adapters.diffusers.fitting import Unfittable, fit_init_dict
-    from paracheck.domain.shapes import Shape
-
-    layouts = parse_layouts(layouts_text, args.nproc, args.order) if layouts_text else []
-    targets = []
-    for name, factory in named:
-        space = getattr(load_factory(factory), "space", None)
-        if space is None:
-            raise SpecError(f"--spec {factory!r}: explore needs a factory that takes shape= and has a `space` "
-                            "attribute (a paracheck.domain.shapes.Space); see docs/explore.md")
-        if space.token_rows:
-            raise SpecError(f"--spec {factory!r}: its space has token rows, a causal LM's inputs: give the module "
-                            "library = 'transformers' (see docs/explore.md)")
-        # Built at its plainest shape now, so a factory that takes no shape= fails here (exit 2), not on every draw.
-        model_class, init, _ = call_factory(factory, shape=Shape())
-        fits = []
-        for layout in layouts:
-            try:
-                fit_init_dict(model_class, init, layout, any_heads=True)
-                fits.append(layout)
-            except Unfittable:
-                pass
-        targets.append(Target(name, factory, space, tuple(fits)))
-    return targets
-
-
-def _adapted_target(args, name: str, factory: str, library: str, layouts_text: str, dtypes: list[str]):
-    """Another library's model, through its adapter's explore face: its space and the layouts of
-    `layouts_text` (in its grammar) it builds."""
-    from paracheck.adapters import explore_target
+def _target(args, name: str, factory: str, library: str, layouts_text: str, dtypes: list[str]):
+    """A model through its adapter's explore face: its space and the layouts of `layouts_text` (in its grammar)
+    it builds."""
     from paracheck.explore.engine import Target
 
-    if "fp32" not in dtypes and (args.models != "all" or args.spec):  # asked for: say why it cannot run
-        raise UsageError(f"--dtype {args.dtype}: the {library} adapter runs fp32 only; add fp32 to draw {name}")
-    if "fp32" not in dtypes or not layouts_text:
+    adapter = registry.adapter(library)
+    if not set(dtypes) & set(adapter.dtypes):
+        if args.models != "all" or args.spec:  # asked for: say why it cannot run
+            raise UsageError(f"--dtype {args.dtype}: the {library} adapter runs {', '.join(adapter.dtypes)} only; "
+                             f"add one of them to draw {name}")
+        return Target(name, factory, None, (), library)
+    if not layouts_text:
         return Target(name, factory, None, (), library)
     try:
-        space, layouts = explore_target(library, factory, layouts_text, args.nproc)
+        space, layouts = adapter.explore_target(factory, layouts_text, args.nproc, args.order)
+    except SpecError:
+        raise
     except ValueError as exc:  # a layout name its grammar refuses, or one of another world size
         raise UsageError(str(exc)) from exc
-    return Target(name, factory, space, tuple(layouts), library)
+    return Target(name, factory, space, tuple(layouts), library, getattr(adapter, "draw_options", None))
 
 
 def _explore(args, backend, entries, targets, dtypes) -> int:

@@ -13,14 +13,13 @@ import time
 
 from paracheck import __version__
 from paracheck.domain.backends import BackendError, get_backend, missing_devices, resolve
-from paracheck.domain.case import (ROUTES, Case, FixtureUnavailable, SpecError, call_factory, expand,
-                                   parse_cp_options)
+from paracheck.domain import registry
+from paracheck.domain.adapter import CaseRequest
+from paracheck.domain.case import ROUTES, Case, SpecError
 from paracheck.cli.common import (UsageError, add_order, add_timeout, check_choice, check_dtypes, check_order,
                                   check_timeout, check_writable, named_models, raise_interrupt)
 from paracheck.results.report import run_meta
-from paracheck.adapters import controls as adapter_controls
-from paracheck.adapters.diffusers.controls import CONTROLS
-from paracheck.domain.layout import Layout, LayoutError, layouts_for, parse_layouts
+from paracheck.domain.layout import LayoutError, layouts_for, parse_layouts
 from paracheck.launch.protocol import Exit
 
 
@@ -71,10 +70,14 @@ def parser() -> argparse.ArgumentParser:
                       "with it, overrides the model config's num_attention_heads)")
     topo.add_argument("--layout", help="one layout to judge (exit 1 when refused); default: every layout")
     add_order(topo)
-    from paracheck.cli.topology import add_arguments
-
-    add_arguments(topo)
+    for simulator in _simulators():
+        simulator.topology_arguments(topo)
     return parser
+
+
+def _simulators() -> list:
+    """The adapters that simulate a world (`topology --simulate`): those with a `topology_simulate`."""
+    return [a for a in registry.adapters().values() if hasattr(a, "topology_simulate")]
 
 
 def main(argv=None) -> int:
@@ -87,7 +90,6 @@ def main(argv=None) -> int:
         if args.command == "explore":
             from paracheck.cli.explore import explore
 
-            check_library()
             return explore(args)
         return run(args)
     except (UsageError, LayoutError, BackendError, SpecError, KnownFailuresError) as exc:
@@ -95,7 +97,7 @@ def main(argv=None) -> int:
         return Exit.USAGE
 
 
-def _check_options(args, backend, diffusers: bool = True) -> list[Layout]:
+def _check_options(args, backend) -> None:
     world = os.environ.get("WORLD_SIZE") if "RANK" in os.environ else None
     if world is not None and args.nproc not in (None, int(world)):
         raise UsageError(f"--nproc {args.nproc}: under torchrun the world is WORLD_SIZE={world}; drop --nproc")
@@ -105,143 +107,69 @@ def _check_options(args, backend, diffusers: bool = True) -> list[Layout]:
     missing = missing_devices(backend, int(os.environ.get("LOCAL_WORLD_SIZE", args.nproc)))
     if missing:
         raise UsageError(missing)
-    _wanted_variants(args.variants)
-    _check_attention_backend(args.attention_backend)
     check_order(args.order)
     check_choice("--route", args.route, ROUTES)
     check_dtypes(args.dtype)
     check_timeout(args.timeout)
-    try:
-        args.cp_options = parse_cp_options(args.cp_options)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-    every_control = adapter_controls()
+    every_control = registry.controls()
     if args.only_control and args.only_control not in every_control:
         raise UsageError(f"--only-control {args.only_control!r}: must be one of {', '.join(every_control)}")
     if args.only_control and not args.controls:
         raise UsageError("--only-control needs --controls")
-    if not diffusers:  # transformers models only: their adapter reads --layouts (`_transformers_cases`)
-        return []
-    layouts = parse_layouts(args.layouts, args.nproc, args.order)
-    if not layouts:
-        raise UsageError(f"--nproc {args.nproc}: one rank has no parallel layout; use --nproc 2 or more")
-    return layouts
-
-
-def _check_attention_backend(name: str) -> None:
-    """A name other than auto or paracheck's own is checked against diffusers' list (importing it, so
-    only then)."""
-    if name in ("auto", "paracheck_cpu_lse"):
-        return
-    from diffusers.models.attention_dispatch import AttentionBackendName
-
-    names = [b.value for b in AttentionBackendName]
-    if name not in names:
-        raise UsageError(f"--attention-backend {name!r}: must be auto, paracheck_cpu_lse or one of diffusers' "
-                         f"backends ({', '.join(names)})")
 
 
 def build_cases(args, backend) -> list[Case]:
-    from paracheck.adapters.fixtures import library_of
-
+    """Every case the run asks for: the models by adapter, each adapter expanding its own (errors exit 2)."""
     models = named_models(args)
-    adapted = [(m, f) for m, f in models if library_of(f) != "diffusers"]
-    models = [(m, f) for m, f in models if library_of(f) == "diffusers"]
-    layouts = _check_options(args, backend, diffusers=bool(models))
-    # fail fast, exit 2, before any rank starts
-    built = {factory: call_factory(factory) for _, factory in models} if args.spec else {}
-    if args.layouts.strip() != "all" and (args.spec or args.models != "all"):
-        _check_fits(models, layouts, built)
-    # Every control on every layout: one that cannot apply is reported as skipped, with the reason.
-    controls = [args.only_control] if args.only_control else (list(CONTROLS) if args.controls else [])
-    controls = [c for c in controls if c in CONTROLS]  # an adapter's controls go to its own models only
-    wanted = _wanted_variants(args.variants)
-    # Unset --variants: the transformers fixtures' base inputs (their other variants on --variants all or by name).
-    tf_wanted = ["base"] if args.variants is None else wanted
-    return _transformers_cases(args, adapted, tf_wanted) + [case for model, factory in models
-            for case in expand(model, factory, layouts, lambda layout: controls, plain=not args.only_control,
-                               variants=[v for v in _offered(model, factory) if v in wanted],
-                               route=args.route, grads=not args.no_grads, dtype=args.dtype, cp_options=args.cp_options,
-                               attention_backend=args.attention_backend)]
-
-
-def _transformers_cases(args, models, wanted) -> list[Case]:
-    """The transformers fixtures' cases (`wanted` variants), and each transformers `--spec`'s (the variants it
-    offers, all of them where --variants is unset, as for a diffusers spec)."""
-    from paracheck.adapters.transformers.cases import expand as transformers_expand, factory_of
-    from paracheck.adapters.transformers.layout import TfLayoutError
-
+    _check_options(args, backend)
+    variants = _wanted_variants(args.variants)
+    by_library: dict[str, list] = {}
+    for model, factory in models:
+        by_library.setdefault(registry.library_of(factory), []).append((model, factory))
+    named = bool(args.spec) or args.models != "all"
     cases = []
-    try:
-        for model, factory in models:
-            spec = None if factory == factory_of(model) else factory
-            cases += transformers_expand(model, args.layouts, args.nproc, _wanted_variants(args.variants) if spec
-                                         else wanted, args.controls, args.only_control, not args.no_grads, spec)
-    except TfLayoutError as exc:
-        raise UsageError(str(exc)) from exc
+    for library, chosen in by_library.items():
+        adapter = registry.adapter(library)
+        request = CaseRequest(chosen, args.layouts, args.nproc, args.order, variants, args.controls,
+                              args.only_control, not args.no_grads, args.dtype, args.route, args.cp_options,
+                              args.attention_backend, spec=bool(args.spec), named=named)
+        if args.dtype not in adapter.dtypes and named and _only_library(args, library, by_library):
+            raise UsageError(f"--dtype {args.dtype}: the {library} adapter runs {', '.join(adapter.dtypes)} only")
+        try:
+            cases += adapter.expand(request)
+        except SpecError:
+            raise
+        except ValueError as exc:  # the adapter's rules, each naming the argument
+            raise UsageError(str(exc)) from exc
     return cases
 
 
-def _wanted_variants(text: str | None) -> list[str]:
-    from paracheck.adapters.transformers.fixtures import VARIANTS as TRANSFORMERS_VARIANTS
-    from paracheck.adapters.diffusers.fixtures_index import VARIANTS as DIFFUSERS_VARIANTS
+def _only_library(args, library: str, by_library: dict) -> bool:
+    """The run asked for this library's models alone (a refusal then leaves nothing to run)."""
+    return len(by_library) == 1 or args.models == library
 
-    VARIANTS = (*DIFFUSERS_VARIANTS, *(v for v in TRANSFORMERS_VARIANTS if v not in DIFFUSERS_VARIANTS))
-    if text is None or text.strip() == "all":
-        return list(VARIANTS)
+
+def _wanted_variants(text: str | None) -> list[str] | None:
+    """--variants as names every adapter's variants include, or None where unset (each adapter's default)."""
+    every = list(dict.fromkeys(v for a in registry.adapters().values() for v in a.variants()))
+    if text is None:
+        return None
+    if text.strip() == "all":
+        return every
     names = [v.strip() for v in text.split(",") if v.strip()]
-    unknown = [v for v in names if v not in VARIANTS]
+    unknown = [v for v in names if v not in every]
     if unknown or not names:
-        raise UsageError(f"--variants {text!r}: {', '.join(unknown) or 'empty'}: variants are {', '.join(VARIANTS)} "
+        raise UsageError(f"--variants {text!r}: {', '.join(unknown) or 'empty'}: variants are {', '.join(every)} "
                          "(or all)")
     return names
 
 
-def _offered(model: str, factory: str) -> tuple[str, ...]:
-    from paracheck.domain.case import factory_variants
-    from paracheck.adapters.diffusers.fixtures_index import FIXTURE_VARIANTS, FIXTURES
-
-    if FIXTURES.get(model) == factory:
-        return FIXTURE_VARIANTS.get(model, ("base",))
-    return factory_variants(factory)
-
-
-def _check_fits(models: list[tuple[str, str]], layouts: list[Layout], built: dict) -> None:
-    """Named models crossed with named layouts: the pairs that do not fit run as skips with the reason,
-    but a named layout that fits none of the models, or a model that takes none of the layouts, is a
-    usage error (nothing would run for it)."""
-    from paracheck.adapters.diffusers.fitting import Unfittable, fit_init_dict
-
-    misfits: dict[tuple[str, str], str] = {}
-    for name, factory in models:
-        try:
-            model_class, init_dict, _ = built.get(factory) or call_factory(factory)
-        except FixtureUnavailable as exc:  # a skip on the ranks, with this reason
-            misfits.update({(name, layout.name): str(exc) for layout in layouts})
-            continue
-        for layout in layouts:
-            try:
-                fit_init_dict(model_class, init_dict, layout)
-            except Unfittable as exc:
-                misfits[name, layout.name] = str(exc)
-    for name, _ in models:
-        if all((name, layout.name) in misfits for layout in layouts):
-            reasons = "; ".join(f"{layout.name}: {misfits[name, layout.name]}" for layout in layouts)
-            raise UsageError(f"--models {name} takes none of --layouts {','.join(l.name for l in layouts)} ({reasons})")
-    for layout in layouts:
-        if all((name, layout.name) in misfits for name, _ in models):
-            reasons = "; ".join(f"{name}: {misfits[name, layout.name]}" for name, _ in models)
-            raise UsageError(f"--layouts {layout.name} fits none of --models "
-                             f"{','.join(n for n, _ in models)} ({reasons})")
-
-
-def check_library() -> None:
-    """Exit 2, in one line, on a diffusers the adapter cannot serve (before any rank starts)."""
-    from paracheck.adapters.diffusers.library import unsupported
-
-    problem = unsupported()
-    if problem:
-        raise UsageError(problem)
+def check_libraries(cases: list[Case]) -> None:
+    """Exit 2, in one line, on a library installed at a version its adapter cannot serve (before any rank starts)."""
+    for library in dict.fromkeys(c.library for c in cases):
+        problem = registry.adapter(library).unsupported()
+        if problem:
+            raise UsageError(problem)
 
 
 def run(args) -> int:
@@ -249,7 +177,7 @@ def run(args) -> int:
 
     backend = resolve(args.backend)
     cases = build_cases(args, backend)
-    check_library()
+    check_libraries(cases)
     entries = known.load(known.SHIPPED if args.known_failures is None else args.known_failures)
     check_writable(args.report_json, "--report-json")
     check_writable(args.junit, "--junit")
@@ -287,11 +215,11 @@ def _launch(args, backend, cases: list[Case], entries) -> int:
 
 def topology(args) -> int:
     from paracheck.domain.layout import fit_heads
-    from paracheck.cli.topology import reject_simulate_only, topology_simulate
-
-    if args.simulate:
-        return topology_simulate(args)
-    reject_simulate_only(args)
+    simulators = _simulators()
+    if getattr(args, "simulate", False):
+        return simulators[0].topology_simulate(args)
+    for simulator in simulators:
+        simulator.topology_reject(args)
     if args.heads is None:
         raise UsageError("--heads: required without --simulate (with --simulate the model's config gives it)")
     backend = get_backend(args.backend)

@@ -9,8 +9,9 @@ builds the `RankResult`, the tolerance (from the case's dtype and the rank's dev
 overrides), times each phase, types a raise, blames a lost peer, and frees the world's unused groups. The
 adapter's `CaseBody` supplies the passes, in this order:
 
-    reference()  -> the single-device run (computed, shared or kept; raise `Refused` to skip)
-    parallelize() -> the parallel model, and the structure checks on it
+    reference()  -> the single-device run (computed, shared or kept; raise `Refused` to stop the case)
+    parallelize() -> the parallel model (the library's own parallel API, or the user's function)
+    structure_checks() -> the structure checks on it
     inference()  -> the forward under torch.no_grad()
     training()   -> the forward with gradients recorded
     forward_checks() -> outputs, losses, collectives against the reference
@@ -27,8 +28,9 @@ from paracheck.domain.records import CheckId, CheckResult, Failure, RankStatus
 
 
 class Refused(Exception):
-    """The case cannot run here, for a reason the adapter names (the library refuses, the control cannot apply):
-    a skip in these words, on every rank alike. `failure` types it where a found case must replay it."""
+    """The case stops before its passes, for a reason decided alike on every rank (the library refuses, the
+    control cannot apply, the layout does not fit): a skip in these words (or `status`, e.g. an error the single-
+    device reference raised). `failure` types it where a found case must replay it."""
 
     def __init__(self, reason: str, failure: Failure | None = None, status: RankStatus = RankStatus.SKIP):
         super().__init__(reason)
@@ -51,10 +53,13 @@ class CaseRequest:
     grads: bool = True
     dtype: str = "fp32"
     route: str = "auto"
-    cp_options: tuple = ()
+    #: The `--cp-options` text (the adapter whose options they are parses it).
+    cp_options: str = ""
     attention_backend: str = "auto"
     #: True when the factories came from --spec (the user's own), not the bundled fixtures.
     spec: bool = False
+    #: True when the user named the models (by --models or --spec): a layout none of them takes is then an error.
+    named: bool = False
     #: --all: the whole matrix, not the default tier.
     everything: bool = False
 
@@ -65,7 +70,9 @@ class CaseBody(Protocol):
 
     def reference(self) -> None: ...
 
-    def parallelize(self) -> list[CheckResult]: ...
+    def parallelize(self) -> None: ...
+
+    def structure_checks(self) -> list[CheckResult]: ...
 
     def inference(self) -> None: ...
 
@@ -147,11 +154,15 @@ class Adapter(Protocol):
     def preload(self) -> None:
         """What the fork server imports once, before any rank forks (the library, the adapter's rank side)."""
 
-    def explore_target(self, factory: str, layouts_text: str, world: int) -> tuple:
-        """(space, layouts) `paracheck explore` draws for the model `factory` builds; errors name the rule."""
+    def explore_target(self, factory: str, layouts_text: str, world: int, order: str = "cp-fastest") -> tuple:
+        """(space, layouts) `paracheck explore` draws for the model `factory` builds; errors name the rule.
+        An adapter may also offer `draw_options(draw, layout, uneven) -> [(name, value)]`: library options a
+        draw adds."""
 
-    def explore_case(self, name: str, factory: str, space, layout, shape, dtype: str) -> Any:
-        """The `Case` explore runs for a drawn shape; ValueError names every rule the draw breaks."""
+    def explore_case(self, name: str, factory: str, space, layout, shape, dtype: str, extras: dict | None = None
+                     ) -> Any:
+        """The `Case` explore runs for a drawn shape (`extras`: the draw's `uneven`, `options` and the run's
+        `attention_backend`); ValueError names every rule the draw breaks."""
 
     def mixins(self) -> dict[str, str]:
         """Names `paracheck.testing` offers for this adapter's models -> "module:attribute" of each mixin."""

@@ -50,11 +50,12 @@ class Case:
     #: Tolerances that override the ones from dtype and backend (the mixins' class attributes).
     atol: float | None = None
     rtol: float | None = None
-    #: Whose model this is: "diffusers" (the kit's routes) or an adapter's library (`paracheck.adapters`),
-    #: whose grammar reads `layout`.
-    library: str = "diffusers"
+    #: Whose model this is: an adapter's name (`domain.registry`), whose grammar reads `layout`. Required.
+    library: str = ""
 
     def __post_init__(self):
+        if not self.library:
+            raise ValueError(f"case {self.model!r}: `library` must name the adapter whose model it is")
         object.__setattr__(self, "route", Route(self.route))
         object.__setattr__(self, "cp_options", tuple(tuple(o) for o in self.cp_options))
         if isinstance(self.shape, dict):
@@ -88,60 +89,13 @@ class Case:
 
     @classmethod
     def from_json(cls, data: dict, parse_layout=None) -> "Case":
-        """`parse_layout(library, name, order)` reads the layout in its library's grammar (the adapters'
-        registry, `adapters.parse_layout`); without one, only a diffusers case can be read."""
-        data = dict(data)
-        layout, library = data.pop("layout"), data.get("library", "diffusers")
+        """`parse_layout(library, name, order)` reads the layout in its library's grammar (default: the
+        registry's, `domain.registry.parse_layout`)."""
         if parse_layout is None:
-            if library != "diffusers":
-                raise ValueError(f"a {library} case needs its adapter's layout grammar: pass parse_layout")
-            return cls(layout=Layout.parse(layout["name"], layout["order"]), **data)
-        return cls(layout=parse_layout(library, layout["name"], layout["order"]), **data)
-
-
-def expand(model: str, factory: str, layouts, controls, plain: bool = True, variants=("base",),
-           cp_options: tuple = (), **fields) -> list[Case]:
-    """Per layout and variant: the plain case (unless `plain` is off), then one case per control name.
-    `cp_options` (`--cp-options`) go to every layout with context parallelism, over the variant's own."""
-    cases = []
-    for layout in layouts:
-        for variant in variants:
-            options = tuple(sorted({**dict(cp_options_for(variant, layout)),
-                                    **(dict(cp_options) if layout.has_cp else {})}.items()))
-            if plain:
-                cases.append(Case(model, factory, layout, variant=variant, cp_options=options, **fields))
-            cases.extend(Case(model, factory, layout, variant=variant, cp_options=options,
-                              **dict(fields, control=c, grads=True)) for c in controls(layout))
-    return cases
-
-
-def cp_options_for(variant: str, layout: Layout) -> tuple:
-    """Uneven lengths run with the library's "anything" modes on the CP kinds the layout has (where it
-    has both, the library refuses, and says why)."""
-    if variant != "uneven" or not layout.has_cp:
-        return ()
-    return tuple((name, True) for name, degree in (("ring_anything", layout.ring), ("ulysses_anything", layout.ulysses))
-                 if degree > 1)
-
-
-#: `--cp-options` names and the values each takes (the library's `ContextParallelConfig` fields).
-CP_OPTIONS = {"ulysses_anything": (True, False), "ring_anything": (True, False),
-              "rotate_method": ("allgather", "alltoall"), "convert_to_fp32": (True, False)}
-
-
-def parse_cp_options(text: str) -> tuple:
-    """`name=value,...` -> ((name, value), ...), sorted; ValueError naming the bad part and the rule."""
-    options = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, value = part.partition("=")
-        allowed = CP_OPTIONS.get(name)
-        if not sep or allowed is None:
-            raise ValueError(f"--cp-options {part!r}: write name=value with name one of {', '.join(CP_OPTIONS)}")
-        parsed = {"true": True, "false": False}.get(value.lower(), value) if isinstance(allowed[0], bool) else value
-        if parsed not in allowed:
-            raise ValueError(f"--cp-options {part!r}: {name} takes {' or '.join(str(a) for a in allowed)}")
-        options[name] = parsed
-    return tuple(sorted(options.items()))
+            from paracheck.domain.registry import parse_layout
+        data = dict(data)
+        layout = data.pop("layout")
+        return cls(layout=parse_layout(data["library"], layout["name"], layout["order"]), **data)
 
 
 def options_text(cp_options) -> str:

@@ -1,11 +1,9 @@
 """`paracheck explore`: hypothesis draws cases, one fed world runs them, each new failure is shrunk and kept.
 
 A drawn case is a model, a layout, an input `Shape` (batch, lengths, masks, timesteps; for token rows the
-padding side and packed documents), a dtype and CP options, within the model's `Space`. For a diffusers
-model the launcher builds the inputs itself to learn whether the lengths divide the CP degree (uneven
-lengths run with the library's "anything" modes, as the `uneven` variant does) and to reject what cannot
-run, so no rank spends time on it; another library's model is judged by its adapter's explore face
-(`adapters.explore_case`), which names the rules a shape breaks. A failure is identified by its
+padding side and packed documents), a dtype and library options, within the model's `Space`. Each draw is
+judged by its adapter's explore face (`Adapter.explore_case`), which rejects what cannot run, so no rank spends
+time on it. A failure is identified by its
 *signature* (model class, failing checks, the error with its numbers blanked); one hypothesis run hunts
 one new signature and shrinks it, then the next run hunts the next, until the example budget is spent.
 Failures a known-failures entry explains are counted, not hunted.
@@ -17,12 +15,14 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky, Unsatisfiable
 
+from paracheck.domain import registry
 from paracheck.domain.case import Case
 from paracheck.explore.found import Found
 from paracheck.domain.layout import Layout
@@ -42,7 +42,9 @@ class Target:
     factory: str
     space: Space
     layouts: tuple[Layout, ...]
-    library: str = "diffusers"
+    library: str
+    #: (draw, layout, uneven) -> [(name, value)]: the library options a draw adds (its adapter's `draw_options`).
+    draw_options: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -69,20 +71,11 @@ def draws(targets: list[Target], dtypes: list[str]) -> st.SearchStrategy:
         batch = d(st.integers(1, space.batch))
         lengths = {axis: d(st.sampled_from(spec.values)) for axis, spec in space.axes.items()}
         padded = ()
-        if space.masks and d(_sometimes(3)):  # a mask fails some forwards first and hides their grads
+        if space.masks and d(sometimes(3)):  # a mask fails some forwards first and hides their grads
             padded = tuple(d(st.lists(st.integers(0, 8), min_size=batch, max_size=batch)))
         shared = batch > 1 and space.timesteps and d(st.booleans())
-        uneven = d(_sometimes(3))
-        options = []
-        if layout.ring > 1:
-            if d(_sometimes(4)):
-                options.append(("rotate_method", "alltoall"))
-            if d(_sometimes(4)):
-                options.append(("convert_to_fp32", False))
-        if not uneven:  # the "anything" modes on lengths that need none of them
-            options += [(name, True) for name, degree in (("ulysses_anything", layout.ulysses),
-                                                          ("ring_anything", layout.ring))
-                        if degree > 1 and d(_sometimes(4))]
+        uneven = d(sometimes(3))
+        options = target.draw_options(d, layout, uneven) if target.draw_options else []
         shape = Shape(batch, tuple(lengths.items()), padded=padded, shared_timestep=shared)
         return Draw(target, layout, shape, uneven, tuple(sorted(options)), d(st.sampled_from(dtypes)))
 
@@ -119,45 +112,21 @@ def _documents(cuts: list[int], length: int) -> tuple[int, ...]:
     return tuple(b - a for a, b in zip(edges, edges[1:]))
 
 
-def _sometimes(one_in: int) -> st.SearchStrategy:
+def sometimes(one_in: int) -> st.SearchStrategy:
     """True once in `one_in` draws; shrinks to False."""
     return st.integers(0, one_in - 1).map(lambda n: n == one_in - 1)
 
 
 def probe(draw: Draw, attention_backend: str = "auto") -> Case | None:
-    """The case to run for `draw`, or None when it cannot run (the launcher asks, not the ranks)."""
-    if draw.target.library != "diffusers":
-        from paracheck.adapters import explore_case
-
-        t = draw.target
-        try:
-            return explore_case(t.library, t.name, t.factory, t.space, draw.layout, draw.shape, draw.dtype)
-        except ValueError:
-            return None
-    from paracheck.adapters.diffusers import library
-    from paracheck.domain.case import call_factory, cp_options_for
-    from paracheck.adapters.diffusers.fitting import Unfittable, cp_split_problems, cp_split_sizes, fit_init_dict
-
-    layout = draw.layout
+    """The case to run for `draw`, or None when it cannot run: its adapter's explore face judges it (the launcher
+    asks, not the ranks)."""
+    t = draw.target
+    extras = {"uneven": draw.uneven, "options": draw.options, "attention_backend": attention_backend}
     try:
-        model_class, init, inputs = call_factory(draw.target.factory, shape=draw.shape)
-    except Exception:
+        return registry.adapter(t.library).explore_case(t.name, t.factory, t.space, draw.layout, draw.shape,
+                                                        draw.dtype, extras)
+    except ValueError:
         return None
-    if bool(cp_split_problems(model_class, inputs, layout)) != draw.uneven:
-        return None
-    if any(size < layout.cp for _, size in cp_split_sizes(model_class, inputs).values()):
-        return None  # fewer tokens than ranks: outside what any mode claims to take
-    modes = cp_options_for("uneven" if draw.uneven else "base", layout)  # uneven lengths run as the variant does
-    options = tuple(sorted(dict(draw.options, **dict(modes)).items()))
-    if library.cp_options_refused(layout, options):
-        return None
-    try:
-        fit_init_dict(model_class, init, layout, any_heads=dict(options).get("ulysses_anything", False))
-    except Unfittable:
-        return None
-    variant = "masked" if draw.shape.padded else "uneven" if draw.uneven else draw.shape.label
-    return Case(draw.target.name, draw.target.factory, layout, variant=variant, dtype=draw.dtype,
-                cp_options=options, shape=draw.shape, attention_backend=attention_backend)
 
 
 def signature(verdict: Verdict) -> str | None:

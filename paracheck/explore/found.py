@@ -14,7 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from paracheck.adapters import parse_layout
+from paracheck.domain.registry import parse_layout
 from paracheck.domain.case import Case, options_text
 from paracheck.launch.protocol import write_json
 
@@ -102,8 +102,8 @@ def {function}(variant={c.variant!r}):
 
 
 def _library_line(function: str, library: str) -> str:
-    """A transformers case's spec says whose it is, so `run` hands it to that adapter (a diffusers one need not)."""
-    return "" if library == "diffusers" else f"{function}.library = {library!r}\n"
+    """A found spec says whose it is, so `run` hands it to that adapter."""
+    return f"{function}.library = {library!r}\n"
 
 
 def _identifier(name: str) -> str:

@@ -15,6 +15,6 @@ def pytest_configure(config):
 
 
 def pytest_generate_tests(metafunc):
-    from paracheck.testing import generate
+    from paracheck.pytest.mixin import generate
 
     generate(metafunc)

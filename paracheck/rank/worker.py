@@ -20,7 +20,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from paracheck.adapters import parse_layout, rank_entry
+from paracheck.domain.registry import parse_layout
+from paracheck.rank.skeleton import run_case
 from paracheck.domain.backends import get_backend
 from paracheck.domain.case import Case
 from paracheck.domain.records import RankResult
@@ -145,10 +146,10 @@ def run_world(rundir: RunDir, todo, backend, store) -> int:
 
 
 def plan_and_run(index: int, case: Case, backend, computes, refs_dir: str, workdir: str) -> RankResult:
-    """Hand the case to its library's adapter (which plans it, computes its reference where `computes(key)`
-    says this rank does, and runs it), then measure what the rank holds after it."""
+    """Run the case through the kit's skeleton and its library's adapter (which computes the reference where
+    `computes(key)` says this rank does), then measure what the rank holds after it."""
     os.makedirs(workdir, exist_ok=True)
-    result = rank_entry(case.library)(case, backend, CaseSite(index, workdir, refs_dir, computes))
+    result = run_case(case, backend, CaseSite(index, workdir, refs_dir, computes))
     _measure(result)
     return result
 

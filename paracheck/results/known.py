@@ -7,8 +7,7 @@
     reason = "ring backward rotates gradient accumulators the wrong way for ring degree > 2"
     upstream = "diffusers 0.42.1 attention_dispatch.TemplatedRingAttention.backward"
 
-Optional keys: `library` (whose models the entry is about: "diffusers" unless it says, e.g.
-"transformers"), `variant`, `dtype`, `route`, `cp_options` (globs, default "*"; `cp_options` is matched
+Optional keys: `library` (whose models the entry is about, an adapter's name: any unless it says), `variant`, `dtype`, `route`, `cp_options` (globs, default "*"; `cp_options` is matched
 against the case's options written `name=value,...` in name order, e.g. "*ulysses_anything=True*"),
 `inputs`, what the case's inputs must carry (a list of "mask": an attention mask is given, "padded": it
 masks something out), so a bug in mask handling matches a user's own inputs whatever they are called,
@@ -51,14 +50,14 @@ class KnownFailure:
     message: str = "*"
     inputs: tuple[str, ...] = ()
     upstream: str = ""
-    library: str = "diffusers"
+    library: str = "*"
 
     def matches(self, verdict) -> bool:
         """Whether the entry names this verdict's case (model or class, layout, variant, dtype, route, options)."""
         c = verdict.case
         values = {"model": (c.model, verdict.model_class or ""), "layout": (c.layout.name,),
                   "variant": (c.variant,), "dtype": (c.dtype,), "route": (verdict.route.value,),
-                  "cp_options": (options_text(c.cp_options),), "library": (getattr(c, "library", "diffusers"),)}
+                  "cp_options": (options_text(c.cp_options),), "library": (c.library,)}
         return set(self.inputs) <= set(verdict.inputs) and \
             all(any(fnmatch.fnmatchcase(v, getattr(self, key)) for v in values[key]) for key in _MATCHED)
 

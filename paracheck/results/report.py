@@ -9,7 +9,8 @@ from xml.sax.saxutils import escape, quoteattr
 from paracheck.launch.attribution import ranks_named, ranks_text
 from paracheck import __version__
 from paracheck.launch.protocol import write_text
-from paracheck.domain.case import Case, cp_options_for, options_text
+from paracheck.domain import registry
+from paracheck.domain.case import Case
 from paracheck.domain.records import CaseStatus, CheckId, Status
 from paracheck.results.verdict import Verdict
 
@@ -35,7 +36,7 @@ def exit_code(verdicts: list[Verdict], events: list) -> int:
 def replay_command(v: Verdict, argv_extra: list[str]) -> str:
     c = v.case
     args = ["paracheck", "run", "--layouts", c.layout.name, "--route", v.route.value, *argv_extra]
-    bundled = c.factory.startswith(("paracheck.fixtures:", "paracheck.adapters."))
+    bundled = registry.fixtures().get(c.model, (None, None))[1] == c.factory
     args += ["--models", c.model] if bundled else ["--spec", c.factory]
     return " ".join(shlex.quote(a) for a in args + case_options(c))
 
@@ -45,15 +46,11 @@ def case_options(c: Case) -> list[str]:
     args = ["--variants", c.variant]
     if c.dtype != "fp32":
         args += ["--dtype", c.dtype]
-    if c.attention_backend != "auto":
-        args += ["--attention-backend", c.attention_backend]
     if c.control:
         args += ["--controls", "--only-control", c.control]
     if c.layout.order != "cp-fastest":
         args += ["--order", c.layout.order]
-    if c.cp_options != cp_options_for(c.variant, c.layout):
-        args += ["--cp-options", options_text(c.cp_options)]
-    return args
+    return args + registry.adapter(c.library).case_options(c)
 
 
 def _columns(verdicts: list[Verdict]) -> list[CheckId]:
@@ -204,7 +201,7 @@ def run_meta(backend, nproc: int, outcome=None) -> dict:
     from importlib.metadata import version
 
     versions = {}
-    for package in ("torch", "diffusers", "transformers"):
+    for package in dict.fromkeys(("torch", *registry.adapters())):  # each adapter is named after its library
         try:
             versions[package] = version(package)
         except Exception:

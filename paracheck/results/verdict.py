@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from paracheck.results import known
 from paracheck.launch.attribution import ranks_named
 from paracheck.domain.case import Case
-from paracheck.adapters import get_control
+from paracheck.domain.registry import get_control
 from paracheck.domain.records import (CaseStatus, CheckId, CheckResult, Failure, FailureKind, Finding, MergedCheck,
                                       RankResult, RankStatus, Route, Status)
 

@@ -63,7 +63,7 @@ class Sources:
 
 def _load(case: Case):
     if case.payload:
-        from paracheck.pytest.payload import load
+        from paracheck.adapters.diffusers.payload import load
 
         return load(os.path.join(case.payload, case.variant))
     return call_factory(case.factory, case.variant, case.shape)
@@ -105,7 +105,7 @@ def plan(case: Case, backend, sources: Sources) -> Plan:
 
 
 def _control_fits(case: Case, p: Plan) -> None:
-    from paracheck.adapters import get_control
+    from paracheck.domain.registry import get_control
 
     control = get_control(case.control)
     reason = control.skip_reason(case.layout, p.route)

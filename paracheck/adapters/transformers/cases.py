@@ -35,7 +35,8 @@ def layouts(model: str, text: str, world: int) -> list:
 
 
 def expand(model: str, layouts_text: str, world: int, variants, controls: bool = False,
-           only_control: str | None = None, grads: bool = True, factory: str | None = None) -> list[Case]:
+           only_control: str | None = None, grads: bool = True, factory: str | None = None,
+           dtype: str = "fp32") -> list[Case]:
     """Per layout and variant: the plain case (unless `only_control`), then each control (every one with
     `controls`; those that cannot apply on a layout run as skips naming why). `factory`: a transformers
     `--spec` (model is then its name; its fixture, its `variants` and its shape come from it)."""
@@ -49,7 +50,8 @@ def expand(model: str, layouts_text: str, world: int, variants, controls: bool =
     cases = []
     for layout in layouts(fixture, layouts_text, world):
         for variant in [v for v in offered if v in variants]:
-            fields = dict(layout=layout, route=Route.SHARDED_LOAD, variant=variant, library=LIBRARY, grads=grads)
+            fields = dict(layout=layout, route=Route.SHARDED_LOAD, variant=variant, library=LIBRARY, grads=grads,
+                          dtype=dtype)
             if not only_control:
                 cases.append(Case(model, factory or factory_of(model), **fields))
             cases += [Case(model, factory or factory_of(model), **dict(fields, control=c, grads=True)) for c in names

@@ -26,7 +26,7 @@ def add_arguments(topo) -> None:
                            "the library really built (no hardware; up to 128 ranks)")
     topo.add_argument("--models", help="with --simulate: fixture names, comma separated, or all (default all)")
     topo.add_argument("--spec", action="append", help="with --simulate: MODULE:FUNCTION returning (model_class, "
-                      "init_dict, inputs); e.g. paracheck.simulate.specs:flux_dev")
+                      "init_dict, inputs); e.g. paracheck.adapters.diffusers.simulate.specs:flux_dev")
     topo.add_argument("--route", help="with --simulate: auto|native|composed (default auto)")
     topo.add_argument("--control", help="with --simulate: plant this negative control on every rank")
     topo.add_argument("--collectives", action="store_true",
@@ -44,7 +44,7 @@ def models_from(args) -> list[tuple[str, type, dict, dict]]:
     """(name, model_class, init_dict, inputs) per model asked for, heads overridden by --heads."""
     from paracheck.domain.case import call_factory
     from paracheck.adapters.diffusers.fixtures_index import FIXTURES
-    from paracheck.simulate.engine import SimulationError
+    from paracheck.adapters.diffusers.simulate.engine import SimulationError
 
     if args.spec and args.models:
         raise UsageError("--models and --spec: give one or the other")
@@ -71,7 +71,7 @@ def models_from(args) -> list[tuple[str, type, dict, dict]]:
 
 def topology_simulate(args) -> int:
     from paracheck.launch.protocol import Exit
-    from paracheck.simulate.engine import simulate_on
+    from paracheck.adapters.diffusers.simulate.engine import simulate_on
 
     backends, route = _validated(args)
     layouts = _layouts(args)
@@ -104,7 +104,7 @@ def _validated(args):
     """(the backends, the route) the options name; a usage error names the bad option and its rule."""
     from paracheck.domain.backends import get_backend
     from paracheck.adapters.diffusers.controls import CONTROLS
-    from paracheck.simulate.engine import MAX_WORLD, ROUTES
+    from paracheck.adapters.diffusers.simulate.engine import MAX_WORLD, ROUTES
 
     names = [b.strip() for b in args.backend.split(",") if b.strip()]
     backends = [get_backend(name) for name in dict.fromkeys(names)]
@@ -167,7 +167,7 @@ def _layouts(args):
 
 
 def _exit_code(results, args) -> int:
-    from paracheck.simulate.engine import LayoutStatus
+    from paracheck.adapters.diffusers.simulate.engine import LayoutStatus
 
     if args.control:
         return 1 if any(r.detected is False for r in results) else 0
@@ -192,7 +192,7 @@ def with_heads(model_class: type, init_dict: dict, heads: int | None) -> dict:
     import inspect
 
     from paracheck.adapters.diffusers.fitting import HEAD_DIM_KEY, HEADS_KEY, TIED_TO_INNER_DIM, init_value
-    from paracheck.simulate.engine import SimulationError
+    from paracheck.adapters.diffusers.simulate.engine import SimulationError
 
     if heads is None:
         return dict(init_dict)
@@ -240,7 +240,7 @@ def _cell(result, check) -> str:
 
 
 def _row(r) -> list[str]:
-    from paracheck.simulate.engine import SIM_CHECKS
+    from paracheck.adapters.diffusers.simulate.engine import SIM_CHECKS
 
     status = r.status.value
     if r.control:
@@ -252,7 +252,7 @@ def _row(r) -> list[str]:
 
 def table(results) -> str:
     """One row per layout: verdict, each check's cell, ranks simulated, time per rank, reason."""
-    from paracheck.simulate.engine import SIM_CHECKS
+    from paracheck.adapters.diffusers.simulate.engine import SIM_CHECKS
 
     header = ["layout", "verdict"] + [short_name(c) for c in SIM_CHECKS] + ["ranks", "ms/rank", "cpu ms", "reason"]
     rows = [_row(r) for r in results]

@@ -1,4 +1,4 @@
-"""Full-size model specs for `paracheck topology --simulate --spec paracheck.simulate.specs:NAME`.
+"""Full-size model specs for `paracheck topology --simulate --spec paracheck.adapters.diffusers.simulate.specs:NAME`.
 
 Each returns `(model_class, init_dict, inputs)` like any spec. The configurations are the released
 models' (the class defaults where those are the release), which only a simulation can afford: the model is

@@ -32,9 +32,9 @@ import torch.distributed as dist
 from paracheck.adapters.diffusers import library
 from paracheck.domain.backends import Backend, get_backend
 from paracheck.adapters.diffusers.checks import CheckContext, check_cp_hooks, check_mesh, check_processor_config
-from paracheck.adapters import get_control
+from paracheck.domain.registry import get_control
 from paracheck.domain.control import Control
-from paracheck.simulate.fakeworld import build_meta, fake_world, meta_inputs, quiet
+from paracheck.adapters.diffusers.simulate.fakeworld import build_meta, fake_world, meta_inputs, quiet
 from paracheck.adapters.diffusers.fitting import HEADS_KEY, Unfittable, cp_split_problems, fit_init_dict, init_value
 from paracheck.domain.layout import Layout, layouts_for
 from paracheck.domain.records import CheckId, CheckResult, MergedCheck, Route, Status
@@ -239,7 +239,7 @@ def _forward_collectives(model, inputs: dict, layout: Layout):
     backend = library.named_attention_backend(RING_META_BACKEND) if layout.ring > 1 else contextlib.nullcontext()
     try:
         # Findings supplies the `warning_once` diffusers' CP hooks call on a plain logger (Wan's 1-D timestep).
-        with backend, library.Findings(), torch.no_grad(), count_collectives(rank) as counts:
+        with backend, library.Findings(), torch.no_grad(), count_collectives(rank, library.observed_attention) as counts:
             out = model(**dict(inputs), return_dict=False)
             for tensor in out if isinstance(out, (tuple, list)) else (out,):
                 if hasattr(tensor, "wait") and callable(tensor.wait):

@@ -1,0 +1,115 @@
+"""The diffusers adapter's face to the kit (`ADAPTER`, entry point `paracheck.adapters:diffusers`): its layout grammar,
+fixtures, variants, case expansion and controls, torch-free; the rank side is `body.case_body`.
+"""
+
+from __future__ import annotations
+
+from paracheck.adapters.diffusers import options
+from paracheck.adapters.diffusers.fixtures_index import FIXTURES, VARIANTS
+from paracheck.domain.case import Case
+from paracheck.domain.layout import Layout
+from paracheck.domain.records import CheckId
+
+LIBRARY = "diffusers"
+
+
+class DiffusersAdapter:
+    name = LIBRARY
+    dtypes = ("fp32", "bf16", "fp16")
+    columns = (CheckId.MESH, CheckId.CP_HOOKS, CheckId.PROCESSOR_CONFIG, CheckId.TP_SHARDS, CheckId.COLLECTIVES,
+               CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS)
+
+    def parse_layout(self, name: str, order: str = "cp-fastest") -> Layout:
+        return Layout.parse(name, order)
+
+    def fixtures(self) -> dict[str, str]:
+        return dict(FIXTURES)
+
+    def installed(self) -> bool:
+        import importlib.util
+
+        return importlib.util.find_spec("diffusers") is not None
+
+    def unsupported(self) -> str | None:
+        from paracheck.adapters.diffusers.library import unsupported
+
+        return unsupported()
+
+    def claims(self, factory) -> bool:
+        """A plain factory function returning (model_class, init_dict, inputs): diffusers' spec convention."""
+        return callable(factory) and not hasattr(factory, "build")
+
+    def variants(self) -> tuple[str, ...]:
+        return VARIANTS
+
+    def controls(self) -> dict:
+        from paracheck.adapters.diffusers.controls import CONTROLS
+
+        return CONTROLS
+
+    def expand(self, request) -> list[Case]:
+        """The diffusers cases of `request` (see `expand_request`)."""
+        from paracheck.adapters.diffusers.cases import expand_request
+
+        return expand_request(request)
+
+    def case_options(self, case: Case) -> list[str]:
+        """The `paracheck run` options beyond the generic ones that pick `case` out again (replay commands)."""
+        args = []
+        if case.attention_backend != "auto":
+            args += ["--attention-backend", case.attention_backend]
+        if case.cp_options != options.cp_options_for(case.variant, case.layout):
+            args += ["--cp-options", options.options_text(case.cp_options)]
+        return args
+
+    def known_fields(self, case: Case) -> dict:
+        """What a known-failures entry may match on for this adapter's cases, beyond the generic fields."""
+        return {"cp_options": (options.options_text(case.cp_options),)}
+
+    def case_body(self, ctx):
+        from paracheck.adapters.diffusers.body import case_body
+
+        return case_body(ctx)
+
+    def preload(self) -> None:
+        from paracheck.adapters.diffusers import preload  # noqa: F401
+
+    def explore_target(self, factory: str, layouts_text: str, world: int, order: str = "cp-fastest"):
+        from paracheck.adapters.diffusers.explore import explore_target
+
+        return explore_target(factory, layouts_text, world, order)
+
+    def explore_case(self, name, factory, space, layout, shape, dtype, extras=None):
+        from paracheck.adapters.diffusers.explore import explore_case
+
+        return explore_case(name, factory, space, layout, shape, dtype, extras or {})
+
+    def draw_options(self, d, layout, uneven: bool) -> list:
+        from paracheck.adapters.diffusers.explore import draw_options
+
+        return draw_options(d, layout, uneven)
+
+    # `paracheck topology --simulate`: this adapter's models on meta under torch's fake process group.
+    def topology_arguments(self, parser) -> None:
+        from paracheck.adapters.diffusers.topology import add_arguments
+
+        add_arguments(parser)
+
+    def topology_reject(self, args) -> None:
+        from paracheck.adapters.diffusers.topology import reject_simulate_only
+
+        reject_simulate_only(args)
+
+    def topology_simulate(self, args) -> int:
+        from paracheck.adapters.diffusers.topology import topology_simulate
+
+        return topology_simulate(args)
+
+    def mixins(self) -> dict[str, str]:
+        where = "paracheck.adapters.diffusers.mixins:"
+        return {name: where + name for name in ("HybridParallelTesterMixin", "TensorParallelTesterMixin",
+                                                  "ContextParallelTesterMixin")}
+
+
+ADAPTER = DiffusersAdapter()
+

@@ -1,0 +1,95 @@
+"""The transformers adapter's face to the kit (`ADAPTER`, entry point `paracheck.adapters:transformers`): the
+`DistributedConfig` layout grammar, the tiny causal-LM fixtures, case expansion, controls and explore face, torch-free;
+the rank side is `body.case_body`.
+"""
+
+from __future__ import annotations
+
+from paracheck.adapters.transformers import LIBRARY
+from paracheck.domain.records import CheckId
+
+
+class TransformersAdapter:
+    name = LIBRARY
+    dtypes = ("fp32",)
+    columns = (CheckId.MESH, CheckId.TP_SHARDS, CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS, CheckId.LOSS)
+
+    def parse_layout(self, name: str, order: str = "cp-fastest"):
+        from paracheck.adapters.transformers.layout import TfLayout
+
+        return TfLayout.parse(name)
+
+    def fixtures(self) -> dict[str, str]:
+        from paracheck.adapters.transformers.cases import factory_of
+        from paracheck.adapters.transformers.fixtures import FIXTURES
+
+        return {name: factory_of(name) for name in FIXTURES}
+
+    def installed(self) -> bool:
+        import importlib.util
+
+        return importlib.util.find_spec("transformers") is not None
+
+    def unsupported(self) -> str | None:
+        return None if self.installed() else "transformers is not installed (pip install 'paracheck[transformers]')"
+
+    def claims(self, factory) -> bool:
+        return False  # a transformers spec says so: `library = "transformers"`
+
+    def variants(self) -> tuple[str, ...]:
+        from paracheck.adapters.transformers.fixtures import VARIANTS
+
+        return VARIANTS
+
+    def controls(self) -> dict:
+        from paracheck.adapters.transformers.controls import CONTROLS
+
+        return CONTROLS
+
+    def expand(self, request) -> list:
+        """Each fixture's or spec's cases: a fixture runs the variants asked for (its base inputs alone where
+        --variants is unset), a spec every variant it offers that was asked for."""
+        from paracheck.adapters.transformers.cases import expand, factory_of
+
+        cases = []
+        for model, factory in request.models:
+            spec = None if factory == factory_of(model) else factory
+            variants = request.variants or (list(self.variants()) if spec else ["base"])
+            cases += expand(model, request.layouts, request.nproc, variants, request.controls, request.only_control,
+                            request.grads, spec, dtype=request.dtype)
+        return cases
+
+    def case_options(self, case) -> list[str]:
+        return []
+
+    def known_fields(self, case) -> dict:
+        return {}
+
+    def case_body(self, ctx):
+        from paracheck.adapters.transformers.body import case_body
+
+        return case_body(ctx)
+
+    def preload(self) -> None:
+        try:  # the fixtures' classes load lazily
+            import transformers  # noqa: F401
+            import transformers.distributed  # noqa: F401
+        except ImportError:
+            return
+        from paracheck.adapters.transformers import body  # noqa: F401
+
+    def explore_target(self, factory: str, layouts_text: str, world: int, order: str = "cp-fastest"):
+        from paracheck.adapters.transformers.cases import explore_target
+
+        return explore_target(factory, layouts_text, world)
+
+    def explore_case(self, name, factory, space, layout, shape, dtype, extras=None):
+        from paracheck.adapters.transformers.cases import explore_case
+
+        return explore_case(name, factory, space, layout, shape, dtype)
+
+    def mixins(self) -> dict[str, str]:
+        return {"CausalLMParallelTesterMixin": "paracheck.adapters.transformers.mixins:CausalLMParallelTesterMixin"}
+
+
+ADAPTER = TransformersAdapter()

@@ -1,0 +1,225 @@
+"""The transformers adapter's rank side: one case's passes (`domain.adapter.CaseBody`): the checkpoint loaded with
+and without `distributed_config`, both run, then checked.
+
+The world is already up; transformers is handed this world's meshes (`library.world_meshes`), so a world running
+many cases builds each shape's mesh once. Every rank computes its own single-process reference from the same
+checkpoint (the fixtures are tiny), so no reference crosses ranks, and keeps its last few for the cases that share
+them (`_REFERENCES`). On the parallel model: structure, the inference forward (no_grad; the rowwise local path only
+runs there), gradients cleared the optimizer's way, the training forward and backward, then loss, logits and every
+gradient (DTensors gathered).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from paracheck.checks.compare import compare, problems_text
+from paracheck.checks.traits import input_traits
+from paracheck.domain.adapter import CaseContext, Refused
+from paracheck.domain.records import CheckId, CheckResult, Route, Status
+from paracheck.adapters.transformers import cases, fixtures, inputs, library, structure
+from paracheck.adapters.transformers.controls import CONTROLS, NO_PLANT, PLANTS
+from paracheck.world import meshes
+from paracheck.world.recent import Recent
+
+#: This process's single-process references, by what they depend on: the factory and checkpoint, the variant,
+#: the drawn shape and the data-parallel degree (the rows of the global batch). A world runs a fixture's layouts
+#: one after another, so neighbouring cases often share one. Nothing in a case writes to one (controls plant
+#: into the parallel model only); a few tiny models, so memory stays flat.
+_REFERENCES = Recent(3)
+
+
+@contextlib.contextmanager
+def case_body(ctx: CaseContext):
+    ctx.result.route = Route.SHARDED_LOAD
+    yield _Body(ctx)
+
+
+def checkpoint(case, fixture: str, folder: str) -> str:
+    """The case's checkpoint: the folder a pytest mixin wrote (`case.payload`), else the bundled `fixture`'s,
+    which rank 0 writes into `folder` (once per run) while every rank waits for it."""
+    if case.payload:
+        return case.payload
+    if dist.get_rank() == 0:
+        fixtures.save(fixture, folder)
+    dist.barrier()
+    return os.path.join(folder, f"transformers-{fixture}")
+
+
+class _Body:
+    def __init__(self, ctx: CaseContext):
+        self.ctx, self.case, self.layout, self.rank = ctx, ctx.case, ctx.case.layout, dist.get_rank()
+        self.control = CONTROLS[self.case.control] if self.case.control else None
+        self.plant = PLANTS[self.case.control] if self.case.control else NO_PLANT
+        self.tol = ctx.tolerance
+
+    def reference(self) -> None:
+        case, layout, result = self.case, self.layout, self.ctx.result
+        if self.control and (reason := self.control.skip_reason(layout)):
+            raise Refused(reason)
+        # The factory runs here too, as a diffusers spec's does on its ranks (a spec may bend this process).
+        fixture, shape = (case.model, case.shape) if case.payload else cases.spec_inputs(case.factory, case.variant,
+                                                                                         case.shape)
+        result.raised_in_parallel = True  # the checkpoint's barrier is a collective
+        self.path = checkpoint(case, fixture, os.path.dirname(os.path.abspath(self.ctx.site.workdir)))
+        result.raised_in_parallel = False
+        # The factory is part of the key: a spec may bend the single-process model too.
+        key = (case.factory, self.path, case.variant, json.dumps(shape.to_json(), sort_keys=True) if shape else None,
+               layout.dp)
+        ref, self.batch, self.expected = _REFERENCES.get(key, lambda: _single_process(self.path, case.variant, shape,
+                                                                                      layout))
+        self.ref = ref
+        result.model_class = type(ref).__name__
+        result.inputs = input_traits(self.batch)
+        missing = [k for k in self.plant.needs_rules if k not in ref.tp_plan]
+        if missing:
+            raise Refused(f"{case.control}: {result.model_class}'s tp_plan has no rule for {', '.join(missing)}")
+
+    def parallelize(self) -> None:
+        self.model = _load_parallel(self.path, self.layout, self.plant, self.ctx.backend)
+        if self.plant.after_load:
+            self.plant.after_load(self.model, self.layout)
+
+    def structure_checks(self) -> list:
+        return [structure.check_mesh(self.model, self.layout, self.rank),
+                structure.check_placements(self.model, self.ref, self.layout)]
+
+    def inference(self) -> None:
+        self.mine = inputs.share(self.batch, self.layout.dp_index(self.rank), self.layout.dp)
+        with torch.no_grad():
+            self.infer = _full(self.model(**_model_inputs(self.mine), use_cache=False).logits)
+
+    def training(self) -> None:
+        # The optimizer's way (set_to_none), not model.zero_grad(): FSDP2 groups kept unsharded after a no_grad
+        # forward make model.zero_grad() miss the sharded gradients.
+        torch.optim.SGD(self.model.parameters(), lr=0.0).zero_grad(set_to_none=True)
+        tokens = inputs.predicted_tokens(self.batch["labels"])
+        self.out = self.model(**self.mine, num_items_in_batch=tokens, use_cache=False)
+
+    def forward_checks(self) -> list:
+        layout, expected, tol = self.layout, self.expected, self.tol
+        dp_index = layout.dp_index(self.rank)
+        ref_infer = inputs.share({"x": expected["infer"]}, dp_index, layout.dp)["x"]
+        ref_logits = inputs.share({"x": expected["logits"]}, dp_index, layout.dp)["x"]
+        checks = [_logits(CheckId.INFERENCE, self.infer, ref_infer, layout, tol, "no_grad logits"),
+                  _logits(CheckId.FORWARD, _full(self.out.logits), ref_logits, layout, tol, "logits")]
+        if self.out.loss is None:
+            # A failure, declared in known_failures.toml for pipeline layouts: labels were given, no loss came back.
+            return checks + [CheckResult(CheckId.LOSS, Status.FAIL,
+                                         f"labels given, but the forward returned no loss (pp_size={layout.pp})")]
+        total = self.out.loss.detach().clone()
+        dist.all_reduce(total)  # each data shard's loss counted once per rank holding it: world / dp times
+        return checks + [compare(CheckId.LOSS, total / (layout.world // layout.dp), expected["loss"], tol.atol,
+                                 tol.rtol, "loss")]
+
+    def backward_skip(self) -> str | None:
+        if self.out.loss is None:
+            return "no loss to take gradients of"
+        return None if self.case.grads else "--no-grads"
+
+    def backward(self) -> None:
+        (self.out.loss * self.plant.loss_factor(self.layout.dp)).backward()
+
+    def grads_checks(self) -> list:
+        skip = self.backward_skip()
+        if skip:
+            return [CheckResult(CheckId.GRADS, Status.SKIP, skip)]
+        return [_grads(self.model, self.expected["grads"], self.tol.atol, self.tol.rtol)]
+
+
+def _single_process(path: str, variant: str, shape, layout) -> tuple:
+    """(the checkpoint loaded on this rank alone, the global batch, the reference run's results)."""
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    batch = _batch(variant, shape, layout, ref.config.vocab_size)
+    if variant == "embeds":
+        batch = inputs.with_embeds(batch, ref.get_input_embeddings())
+    return ref, batch, reference_run(ref, batch)
+
+
+def _batch(variant: str, shape, layout, vocab: int) -> dict:
+    """The global batch: the shape's rows where the case has one (explore, a found case), else the variant's."""
+    if shape is None:
+        return inputs.global_batch(variant, layout.dp, vocab)
+    problems = cases.shape_problems(shape, layout.dp)
+    if problems:
+        raise Refused("; ".join(problems))
+    return inputs.from_shape(shape, vocab)
+
+
+def _load_parallel(path: str, layout, plant, backend):
+    from transformers import AutoModelForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    kwargs = layout.config_kwargs()
+    if plant.tp_plan:
+        kwargs["tp_plan"] = dict(plant.tp_plan)
+    try:
+        config = DistributedConfig(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise Refused(f"transformers refuses DistributedConfig({_kw(kwargs)}): {exc}") from exc
+    device = torch.device(backend.device_for(int(os.environ.get("LOCAL_RANK", 0))))
+    try:
+        with library.world_meshes(meshes.for_world(), backend.device_type, device):
+            return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, distributed_config=config)
+    except (ValueError, NotImplementedError) as exc:
+        # Plan and size rules transformers checks while loading; every rank raises the same.
+        raise Refused(f"transformers refuses {_kw(kwargs)} for this model: {exc}") from exc
+
+
+def _kw(kwargs: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in kwargs.items())
+
+
+def reference_run(ref, batch: dict) -> dict:
+    """The single-process run of the whole global batch: inference logits, then loss, logits and gradients."""
+    with torch.no_grad():
+        # use_cache=False in every pass, as a training step runs: transformers isolates packed documents (a
+        # block-diagonal mask read from position_ids) only when it builds no cache.
+        infer = ref(**_model_inputs(batch), use_cache=False).logits.detach()
+    out = ref(**batch, use_cache=False)
+    out.loss.backward()
+    grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in ref.named_parameters()}
+    return {"infer": infer, "loss": out.loss.detach(), "logits": out.logits.detach(), "grads": grads}
+
+
+def _model_inputs(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
+def _logits(check_id, actual, expected, layout, tol, what) -> CheckResult:
+    if actual is None:
+        return CheckResult(check_id, Status.SKIP, f"pp_size={layout.pp}: this stage returns no {what}")
+    return compare(check_id, actual, expected, tol.atol, tol.rtol, what)
+
+
+def _full(tensor):
+    """A DTensor gathered whole; a plain tensor as is (a pipeline stage before the last may give None)."""
+    if tensor is None:
+        return None
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _grads(model, ref_grads: dict, atol, rtol) -> CheckResult:
+    """Every parameter's gradient, gathered where sharded, against the single-process one."""
+    problems, worst, worst_rel = [], 0.0, 0.0
+    for name, param in model.named_parameters():
+        grad, want = _full(param.grad), ref_grads.get(name)
+        if grad is None or want is None:
+            if (grad is None) != (want is None):
+                problems.append(f"{name}: gradient {'missing' if grad is None else 'where the reference has none'}")
+            continue
+        result = compare(CheckId.GRADS, grad, want, atol, rtol, name)
+        worst, worst_rel = max(worst, result.max_abs or 0.0), max(worst_rel, result.max_rel or 0.0)
+        if result.status != Status.PASS:
+            problems.append(f"{name} off by {result.max_abs:.1e}" if result.max_abs is not None else result.detail)
+    status = Status.FAIL if problems else Status.PASS
+    detail = f"gradients differ: {problems_text(problems)}" if problems else ""
+    return CheckResult(CheckId.GRADS, status, detail, worst, worst_rel, atol, rtol,
+                       data={"failing": len(problems)} if problems else {})

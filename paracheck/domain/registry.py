@@ -1,0 +1,113 @@
+"""The adapters this installation has: found through the entry-point group `paracheck.adapters`, never named.
+
+Each entry names an object implementing `domain.adapter.Adapter`. Loading one imports its adapter module only
+(torch-free by the protocol's rule), so help, usage errors and `topology` stay quick. Everything the host asks of a
+library goes through here: which adapter a case, a fixture or a `--spec` belongs to, its layout grammar, its
+controls, its mixins.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib.metadata import entry_points
+
+GROUP = "paracheck.adapters"
+
+
+class AdapterError(ValueError):
+    """A library, fixture or spec no installed adapter serves; the message names what there is."""
+
+
+@lru_cache(maxsize=1)
+def adapters() -> dict:
+    """name -> adapter, in the order the entry points are declared (stable across runs)."""
+    found = {}
+    for entry in entry_points(group=GROUP):
+        adapter = entry.load()
+        if adapter.name != entry.name:
+            raise AdapterError(f"entry point {entry.name!r} in {GROUP}: its adapter calls itself {adapter.name!r}")
+        found[entry.name] = adapter
+    if not found:
+        raise AdapterError(f"no adapter is registered in the entry-point group {GROUP!r}: reinstall paracheck")
+    return found
+
+
+def adapter(library: str):
+    """The adapter of `library`; AdapterError names the ones there are."""
+    every = adapters()
+    if library not in every:
+        raise AdapterError(f"library {library!r}: adapters exist for {', '.join(every)}")
+    return every[library]
+
+
+def parse_layout(library: str, name: str, order: str = "cp-fastest"):
+    """A layout name read by `library`'s grammar."""
+    return adapter(library).parse_layout(name, order)
+
+
+def controls(library: str | None = None) -> dict:
+    """Every adapter's negative controls by name (or `library`'s)."""
+    out = {}
+    for name, each in adapters().items():
+        if library in (None, name):
+            out.update(each.controls())
+    return out
+
+
+def get_control(name: str):
+    """A control by name, whichever adapter plants it; ValueError names them all."""
+    every = controls()
+    if name not in every:
+        raise ValueError(f"control {name!r}: must be one of {', '.join(every)}")
+    return every[name]
+
+
+def fixtures() -> dict[str, tuple[str, str]]:
+    """Every installed adapter's bundled fixtures: name -> (library, factory path)."""
+    return {name: (library, factory) for library, each in adapters().items() for name, factory in each.fixtures().items()}
+
+
+def library_of(factory: str) -> str:
+    """Whose model `factory` builds: a bundled fixture's adapter; else the `library` a spec names; else the one
+    adapter that claims the spec. SpecError when none or several do."""
+    from paracheck.domain.case import SpecError, load_factory
+
+    for library, path in fixtures().values():
+        if path == factory:
+            return library
+    loaded = load_factory(factory)
+    named = getattr(loaded, "library", None)
+    if named is not None:
+        if named not in adapters():
+            raise SpecError(f"--spec {factory!r}: its library {named!r} must be one of {', '.join(adapters())}")
+        return named
+    claimed = [name for name, each in adapters().items() if each.claims(loaded)]
+    if len(claimed) != 1:
+        why = "none of the adapters claims it" if not claimed else f"{' and '.join(claimed)} all claim it"
+        raise SpecError(f"--spec {factory!r}: {why}; give the spec a `library` attribute, one of "
+                        f"{', '.join(adapters())}")
+    return claimed[0]
+
+
+def mixins() -> dict[str, str]:
+    """Every adapter's pytest mixin names -> "module:attribute" (what `paracheck.testing` offers)."""
+    return {name: path for each in adapters().values() for name, path in each.mixins().items()}
+
+
+def select(models: str) -> list[tuple[str, str]]:
+    """`--models` text -> (name, factory path) pairs in the order given: "all" (every installed adapter's
+    fixtures), a library's name (its fixtures), or fixture names, comma separated. ValueError names the unknown
+    ones and what there is, or the library a named fixture needs."""
+    every = fixtures()
+    groups = {"all": [n for n, (lib, _) in every.items() if adapter(lib).installed()]}
+    groups.update({lib: [n for n, (owner, _) in every.items() if owner == lib] for lib in adapters()})
+    names = [n for m in models.split(",") for n in groups.get(m.strip(), [m.strip()])]
+    unknown = [n for n in names if n not in every]
+    if unknown:
+        raise ValueError(f"{','.join(unknown)}: unknown; fixtures are {', '.join(every)} (or all, "
+                         f"{', '.join(adapters())})")
+    missing = sorted({every[n][0] for n in names if not adapter(every[n][0]).installed()})
+    if missing:
+        raise ValueError(f"{models}: the {', '.join(missing)} fixtures need {', '.join(missing)} installed "
+                         f"(pip install 'paracheck[{missing[0]}]')")
+    return [(n, every[n][1]) for n in names]

@@ -1,0 +1,130 @@
+"""One case on one rank, for every adapter: the passes in order, the tolerance, the timings, a raise typed and blamed.
+
+The adapter supplies the passes (`domain.adapter.CaseBody`); this module owns everything the passes share, so no
+adapter can drift from another: the tolerance comes from the case's dtype and this rank's device, with the case's
+own overrides honoured (0.0 included); a dtype the adapter does not run is refused by name; inference runs before
+training, training before the backward; a raise after collectives began may be a peer's fault, and says so.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from paracheck.checks.compare import tolerance
+from paracheck.domain import registry
+from paracheck.domain.adapter import CaseContext, Refused, Tolerance
+from paracheck.domain.records import CheckId, Failure, FailureKind, Raised, RankResult, RankStatus, Status
+from paracheck.launch.attribution import lost_peer
+from paracheck.world import meshes
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def case_tolerance(case, device_type: str) -> Tolerance:
+    """(atol, rtol) for the case's dtype on `device_type`, each replaced by the case's own where it sets one."""
+    atol, rtol = tolerance(DTYPES[case.dtype], device_type)
+    return Tolerance(atol if case.atol is None else case.atol, rtol if case.rtol is None else case.rtol)
+
+
+def run_case(case, backend, site) -> RankResult:
+    """The case's passes through its adapter's `case_body`; never raises. Afterwards the case's objects are
+    collected and every process group no mesh holds is destroyed (`Meshes.settle`)."""
+    started = time.time()
+    result = RankResult(site.index, dist.get_rank(), RankStatus.OK)
+    groups = meshes.group_names()
+    raised: list[Raised] = []
+    ctx = CaseContext(case, backend, site, result, case_tolerance(case, backend.device_type),
+                      lambda name: Phase(result, name), lambda step, check_id: _attempt(step, check_id, result, raised))
+    try:
+        adapter = registry.adapter(case.library)
+        if case.dtype not in adapter.dtypes:
+            raise Refused(f"--dtype {case.dtype}: the {case.library} adapter runs {', '.join(adapter.dtypes)} only")
+        with adapter.case_body(ctx) as body:
+            _passes(body, ctx)
+        _settle_raised(result, raised, case)
+    except Refused as exc:
+        result.status, result.reason, result.failure = exc.status, str(exc), exc.failure
+        result.raised_in_parallel = False
+    except Exception as exc:
+        result.status, result.reason = RankStatus.ERROR, f"{type(exc).__name__}: {exc}"
+        # Typed where it happened, so explore names the bug by exception and frame, not by the rank's exit.
+        result.traceback, result.failure = traceback.format_exc(), Failure.raised(exc)
+    # A rank whose collective broke because a peer went away did not cause the failure: it says so, and the
+    # launcher blames the peer.
+    result.secondary = result.raised_in_parallel and lost_peer(result.traceback + result.reason)
+    del ctx
+    gc.collect()  # the case's model first (its hooks make cycles): a group it still held would outlive destruction
+    meshes.for_world().settle(groups)
+    result.seconds = round(time.time() - started, 3)
+    return result
+
+
+def _passes(body, ctx: CaseContext) -> None:
+    """The order every adapter's case runs in (see `domain.adapter`)."""
+    result, phase = ctx.result, ctx.phase
+    with phase("reference"):
+        body.reference()
+    result.raised_in_parallel = True  # from here on a raise may leave peers inside a collective
+    with phase("parallel"):
+        body.parallelize()
+    with phase("checks"):
+        checks = list(body.structure_checks())
+    with phase("parallel"):
+        body.inference()  # first, as a pipeline calls the model; the training forward's graph is the backward's
+    with phase("parallel"):
+        body.training()
+    with phase("checks"):
+        checks += body.forward_checks()
+    if body.backward_skip() is None:
+        with phase("parallel"):
+            body.backward()
+    with phase("checks"):
+        checks += body.grads_checks()
+    result.checks = checks
+    result.raised_in_parallel = False
+
+
+def _settle_raised(result: RankResult, raised: list[Raised], case) -> None:
+    """After the passes: the first failing check types the case's failure; a pass that raised makes the case an
+    error (a control may raise once its bug is planted: its checks still decide detection)."""
+    failing = next((c for c in result.checks if c.status == Status.FAIL), None)
+    result.failure = failing and (failing.failure or Failure(FailureKind.CHECK, failing.id))
+    result.raised_in_parallel = bool(raised)
+    if raised and not case.control:
+        result.status, result.reason = RankStatus.ERROR, str(raised[0])
+
+
+def _attempt(step, check_id: CheckId, result: RankResult, raised: list):
+    """One step of the parallel model: (its value, None), or (None, Raised) typed as a failure of `check_id`, with
+    this rank's traceback kept (the first raise is the case's reason)."""
+    try:
+        return step(), None
+    except Exception as exc:
+        result.traceback = result.traceback or traceback.format_exc()
+        error = Raised(f"{type(exc).__name__}: {exc}", Failure.raised(exc, check_id))
+        raised.append(error)
+        return None, error
+
+
+class Phase:
+    """Adds the wall and CPU seconds spent inside each `with` to `result.timings[name]` and `[name_cpu]`
+    (re-enterable). CPU seconds are what a machine shared with other jobs does not blur."""
+
+    def __init__(self, result: RankResult, name: str):
+        self.result, self.name = result, name
+
+    def __enter__(self):
+        self.started, self.cpu = time.perf_counter(), time.process_time()
+
+    def __exit__(self, *exc):
+        add_time(self.result, self.name, time.perf_counter() - self.started, time.process_time() - self.cpu)
+
+
+def add_time(result: RankResult, name: str, wall: float, cpu: float) -> None:
+    for key, spent in ((name, wall), (f"{name}_cpu", cpu)):
+        result.timings[key] = round(result.timings.get(key, 0.0) + spent, 4)
