@@ -63,7 +63,9 @@ def test_a_library_entry_point_is_named_and_its_cause_identified():
        st.sampled_from(["base", "batch2"]), st.sampled_from(["fp32", "bf16"]))
 def test_case_round_trips_and_names_itself(layout, route, control, variant, dtype):
     case = Case("flux", "paracheck.fixtures:flux", layout, route, control, variant=variant, dtype=dtype, library="diffusers")
-    assert Case.from_json(case.to_json()) == case
+    from paracheck.domain.registry import parse_layout
+
+    assert Case.from_json(case.to_json(), parse_layout) == case
     assert case.id.startswith(f"flux-{layout.name}-{route.value}")
     assert (variant in case.id) == (variant != "base") and case.plain.control is None
 

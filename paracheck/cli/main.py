@@ -25,7 +25,7 @@ from paracheck.launch.protocol import Exit
 
 def parser() -> argparse.ArgumentParser:
     """The command line of every command (public for tests that build cases in process)."""
-    parser = argparse.ArgumentParser(prog="paracheck", description="Parallel correctness checks for diffusers and transformers models.")
+    parser = argparse.ArgumentParser(prog="paracheck", description="Parallel correctness checks: every rank of a parallel model against one device.")
     parser.add_argument("--version", action="version", version=f"paracheck {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run models over layouts and check every rank against one device")
@@ -33,26 +33,24 @@ def parser() -> argparse.ArgumentParser:
                      "Neuron devices, else gloo)")
     run.add_argument("--nproc", type=int, default=None, help="ranks in the world (default 4; under torchrun "
                      "its WORLD_SIZE)")
-    run.add_argument("--models", default="all", help="fixture names, comma separated; all (every library's, "
-                     "the transformers ones where transformers is installed), diffusers or transformers")
-    run.add_argument("--layouts", default="all", help="layouts like tp4,u4,tp2xu2, or all for --nproc")
+    run.add_argument("--models", default="all", help="fixture names, comma separated; all (every installed adapter's "
+                     "fixtures) or an adapter's name (its fixtures); see docs/cli.md")
+    run.add_argument("--layouts", default="all", help="layout names in each model's grammar (docs/layouts.md), "
+                     "or all for --nproc")
     run.add_argument("--route", default="auto", help="auto|native|composed|sharded-load")
     add_order(run)
-    run.add_argument("--spec", action="append", help="MODULE:FUNCTION returning (model_class, init_dict, inputs), or "
-                     "with library = 'transformers' (a found transformers case) (fixture, shape); repeat for several")
+    run.add_argument("--spec", action="append", help="MODULE:NAME: your own model, in its adapter's spec convention "
+                     "(docs/cli.md); repeat for several")
     run.add_argument("--no-grads", action="store_true", help="skip parity.grads")
     run.add_argument("--controls", action="store_true", help="also run every negative control")
     run.add_argument("--only-control", help="with --controls: run this control alone (and no plain cases)")
     run.add_argument("--dtype", default="fp32", help="fp32|bf16|fp16: the dtype the models run in")
-    run.add_argument("--attention-backend", default="auto", help="auto (CPU: paracheck's attention op, which "
-                     "returns the log-sum-exp ring needs; GPUs: native, or for ring the first usable of _native_cudnn, "
-                     "_native_flash, flash, sage) or a diffusers attention backend name")
-    run.add_argument("--variants", default=None, help="input variants: all, or some of base,batch2,masked,uneven,"
-                     "left_pad,right_pad,packed,embeds (each model runs the ones it offers); unset: every variant "
-                     "of the diffusers fixtures, base inputs of the transformers ones")
+    run.add_argument("--attention-backend", default="auto", help="auto (the library's own backend wherever one can run the "
+                     "layout on the device; see docs/cli.md) or a backend name of the model's library")
+    run.add_argument("--variants", default=None, help="input variants: all, or names (each model runs the ones it "
+                     "offers; docs/variants.md); unset: each adapter's default")
     run.add_argument("--cp-options", default="", help="the library's context-parallel options for every CP "
-                     "layout, name=value comma separated: ulysses_anything, ring_anything (true|false), "
-                     "rotate_method (allgather|alltoall), convert_to_fp32 (true|false)")
+                     "layout, name=value comma separated (docs/cli.md)")
     run.add_argument("--known-failures", default=None, help="TOML of declared upstream failures, or none "
                      "(default: the file paracheck ships)")
     run.add_argument("--report-json", help="write the JSON report here")

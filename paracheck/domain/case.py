@@ -88,11 +88,9 @@ class Case:
         return data
 
     @classmethod
-    def from_json(cls, data: dict, parse_layout=None) -> "Case":
-        """`parse_layout(library, name, order)` reads the layout in its library's grammar (default: the
-        registry's, `domain.registry.parse_layout`)."""
-        if parse_layout is None:
-            from paracheck.domain.registry import parse_layout
+    def from_json(cls, data: dict, parse_layout) -> "Case":
+        """`parse_layout(library, name, order)` reads the layout in its library's grammar (the registry's,
+        `domain.registry.parse_layout`)."""
         data = dict(data)
         layout = data.pop("layout")
         return cls(layout=parse_layout(data["library"], layout["name"], layout["order"]), **data)

@@ -39,6 +39,8 @@ class RankExit(enum.IntEnum):
 
 # Environment a rank is started with, beside torch's RANK / WORLD_SIZE / LOCAL_RANK.
 ENV_STORE = "PARACHECK_STORE"        # FileStore path of this world
+#: The rank side's entry module (`main(rundir)`), named by path by both start methods: it sits above the launcher.
+RANK_MODULE = "paracheck.rank.worker"
 ENV_TODO = "PARACHECK_TODO"          # todo file name of this world (case indices, in order)
 ENV_PG_TIMEOUT = "PARACHECK_PG_TIMEOUT"
 ENV_PROFILE = "PARACHECK_PROFILE"    # a folder: each rank writes its cProfile stats there (rank-R.prof)

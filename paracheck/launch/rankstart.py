@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+from paracheck.launch.protocol import RANK_MODULE
+
 
 def rank_entry(rundir_path: str, env: dict, log_path: str) -> None:
     """Own session (so one kill reaches all the rank starts), own log on fds 1 and 2, own environment."""
@@ -14,6 +16,7 @@ def rank_entry(rundir_path: str, env: dict, log_path: str) -> None:
     os.dup2(log, 2)
     os.close(log)
     os.environ.update(env)
-    from paracheck.rank.worker import main
+    import importlib
 
-    sys.exit(main(rundir_path))
+    # Named by path, as the fresh start names it on its command line: the rank side sits above the launcher.
+    sys.exit(importlib.import_module(RANK_MODULE).main(rundir_path))

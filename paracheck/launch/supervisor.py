@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from paracheck.launch.protocol import (ENV_STORE, ENV_TODO, EndKind, RankProgress, RankExit, RunDir, Todo, WorldEnd,
+from paracheck.launch.protocol import (ENV_STORE, ENV_TODO, RANK_MODULE, EndKind, RankProgress, RankExit, RunDir, Todo, WorldEnd,
                                        read_json, write_json)
 
 _POLL = 0.05
@@ -65,7 +65,7 @@ class _Rank:
             self.pid = self._proc.pid
         else:
             with open(log, "w") as handle:
-                self._proc = subprocess.Popen([sys.executable, "-m", "paracheck.rank.worker", rundir.path],
+                self._proc = subprocess.Popen([sys.executable, "-m", RANK_MODULE, rundir.path],
                                               env=dict(os.environ, **env), stdout=handle, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL, start_new_session=True)
             self.pid = self._proc.pid
