@@ -207,7 +207,8 @@ def _launch(args, backend, cases: list[Case], entries) -> int:
     meta = run_meta(backend, args.nproc, outcome)
     from paracheck.results.finish import finish
 
-    return finish(args, cases, [outcome.results[i] for i in range(len(cases))], outcome.events, entries, meta,
+    verdicts = progress.judged([outcome.results[i] for i in range(len(cases))])
+    return finish(args, verdicts, outcome.events, meta,
                   time.time() - started, f", ranks {outcome.start_method}, {outcome.references} references")
 
 

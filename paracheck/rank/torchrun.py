@@ -74,10 +74,10 @@ def run_as_rank(args, backend, cases, entries) -> int:
             progress.case_done(index, ranks)
     watchdog.case = None
     shutil.rmtree(workdir, ignore_errors=True)
-    return _finish(args, backend, cases, results, entries, store, rank, started)
+    return _finish(args, backend, cases, progress.judged(results) if rank == 0 else [], store, rank, started)
 
 
-def _finish(args, backend, cases, results, entries, store, rank: int, started: float) -> int:
+def _finish(args, backend, cases, verdicts, store, rank: int, started: float) -> int:
     import torch.distributed as dist
 
     if rank == 0:
@@ -85,7 +85,7 @@ def _finish(args, backend, cases, results, entries, store, rank: int, started: f
         from paracheck.results.finish import finish
 
         meta = dict(run_meta(backend, dist.get_world_size()), worlds=1, start_method="torchrun")
-        code = finish(args, cases, results, [], entries, meta, time.time() - started, ", ranks torchrun")
+        code = finish(args, verdicts, [], meta, time.time() - started, ", ranks torchrun")
         store.set(STORE_EXIT_KEY, str(int(code)))
     else:
         store.wait(["paracheck/exit"], timedelta(seconds=args.timeout * max(len(cases), 1)))

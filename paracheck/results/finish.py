@@ -4,12 +4,11 @@ summary printed, the reports written; returns the exit code."""
 from __future__ import annotations
 
 from paracheck.results import report
-from paracheck.results.verdict import judge
 
 
-def finish(args, cases, results, events, entries, meta: dict, seconds: float, extra: str) -> int:
-    """Verdicts from every case's rank results, then the table, notes, reports; returns the exit code."""
-    verdicts = judge(cases, results, entries)
+def finish(args, verdicts, events, meta: dict, seconds: float, extra: str) -> int:
+    """The table, notes and reports of every case's verdict (each judged once, as it finished: `Progress`);
+    returns the exit code."""
     base = [] if args.backend == "auto" else ["--backend", args.backend]
     base += ["--nproc", str(args.nproc)] + (["--no-grads"] if args.no_grads else [])
     replays = {v.id: report.replay_command(v, base) for v in verdicts}

@@ -16,9 +16,11 @@ class Progress:
         self.bar = bar if bar is not None else (sys.stderr if sys.stderr.isatty() and not quiet else None)
         self.done, self.failing, self.started = 0, 0, time.time()
         self.plain = {}  # plain verdicts so far, so a control's line can say inconclusive
+        self.verdicts: dict = {}  # index -> the case's verdict, judged once, when it finished
 
     def case_done(self, index: int, ranks) -> None:
         [verdict] = judge([self.cases[index]], [ranks], self.entries, self.plain)
+        self.verdicts[index] = verdict
         self.done += 1
         self.failing += verdict.status.failing
         if not self.quiet:
@@ -42,6 +44,13 @@ class Progress:
         if self.bar is not None:
             self.bar.write("\r\x1b[K")
             self.bar.flush()
+
+    def judged(self, results: list) -> list:
+        """Every case's verdict in order: the one judged when it finished, or (a case never handed over) now."""
+        missing = [i for i in range(len(self.cases)) if i not in self.verdicts]
+        late = judge([self.cases[i] for i in missing], [results[i] for i in missing], self.entries, self.plain)
+        self.verdicts.update(zip(missing, late))
+        return [self.verdicts[i] for i in range(len(self.cases))]
 
     def close(self) -> None:
         self._clear()

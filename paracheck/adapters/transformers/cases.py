@@ -46,16 +46,22 @@ def expand(model: str, layouts_text: str, world: int, variants, controls: bool =
         offered = tuple(getattr(load_factory(factory), "variants", ("base",)))
     elif model not in FIXTURES:
         raise ValueError(f"--models {model}: transformers fixtures are {', '.join(FIXTURES)}")
-    names = [only_control] if only_control else (list(CONTROLS) if controls else [])
+    names = [c for c in ([only_control] if only_control else (list(CONTROLS) if controls else [])) if c in CONTROLS]
+    return cases_on(model, factory or factory_of(model), layouts(fixture, layouts_text, world),
+                    [v for v in offered if v in variants], lambda layout: names, plain=not only_control, grads=grads,
+                    dtype=dtype)
+
+
+def cases_on(model: str, factory: str, layouts, variants, controls, plain: bool = True, **fields) -> list[Case]:
+    """The one expansion, for run, explore's replays and the mixin: per layout and variant, the plain case (unless
+    `plain` is off), then one per control name `controls(layout)` gives (controls always run gradients)."""
     cases = []
-    for layout in layouts(fixture, layouts_text, world):
-        for variant in [v for v in offered if v in variants]:
-            fields = dict(layout=layout, route=Route.SHARDED_LOAD, variant=variant, library=LIBRARY, grads=grads,
-                          dtype=dtype)
-            if not only_control:
-                cases.append(Case(model, factory or factory_of(model), **fields))
-            cases += [Case(model, factory or factory_of(model), **dict(fields, control=c, grads=True)) for c in names
-                      if c in CONTROLS]
+    for layout in layouts:
+        for variant in variants:
+            common = dict(fields, layout=layout, route=Route.SHARDED_LOAD, variant=variant, library=LIBRARY)
+            if plain:
+                cases.append(Case(model, factory, **common))
+            cases += [Case(model, factory, **dict(common, control=c, grads=True)) for c in controls(layout)]
     return cases
 
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import os
 
-from paracheck.adapters.transformers import LIBRARY
 from paracheck.adapters.transformers.controls import applicable
 from paracheck.adapters.transformers.fixtures import SEED, VARIANTS
 from paracheck.adapters.transformers.layout import TfLayout, cp_supported, layouts_for
-from paracheck.domain.case import Case
-from paracheck.domain.records import Route
+from paracheck.adapters.transformers.cases import cases_on
 
 FACTORY = "payload"
 
@@ -50,13 +48,7 @@ def write_checkpoint(config, model_class, folder: str) -> str:
     return path
 
 
-def cases(name: str, checkpoint: str, layouts, variants, controls: bool, atol=None, rtol=None) -> list[Case]:
+def cases(name: str, checkpoint: str, layouts, variants, controls: bool, atol=None, rtol=None) -> list:
     """Per layout and variant: the plain case, then each control that applies to the layout."""
-    out = []
-    for layout in layouts:
-        for variant in variants:
-            fields = dict(layout=layout, route=Route.SHARDED_LOAD, variant=variant, library=LIBRARY,
-                          payload=checkpoint, atol=atol, rtol=rtol)
-            out.append(Case(name, FACTORY, **fields))
-            out += [Case(name, FACTORY, **dict(fields, control=c)) for c in (applicable(layout) if controls else [])]
-    return out
+    return cases_on(name, FACTORY, layouts, variants, applicable if controls else (lambda layout: []),
+                    payload=checkpoint, atol=atol, rtol=rtol)

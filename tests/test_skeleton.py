@@ -1,0 +1,134 @@
+"""The one per-case skeleton every adapter's case runs through (`rank.skeleton`), on a real one-rank gloo world:
+the pass order, the tolerance from the case's dtype and device with its overrides (0.0 included), a dtype the
+adapter does not run refused by name, a raise typed, and a lost peer blamed only once collectives began."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from paracheck.checks.compare import tolerance
+from paracheck.domain import registry
+from paracheck.domain.adapter import Refused
+from paracheck.domain.backends import get_backend
+from paracheck.domain.case import Case
+from paracheck.domain.layout import Layout
+from paracheck.domain.records import CheckId, CheckResult, RankStatus, Status
+from paracheck.rank import skeleton
+from paracheck.world.site import CaseSite
+
+PASSES = ("reference", "parallelize", "structure_checks", "inference", "training", "forward_checks",
+          "backward_skip", "backward", "grads_checks")
+
+
+class _Toy:
+    """An adapter whose body records what the skeleton calls, and raises where told."""
+    name, dtypes = "toy", ("fp32",)
+
+    def __init__(self, raise_in: str | None = None, error: Exception | None = None):
+        self.calls, self.raise_in, self.error, self.ctx = [], raise_in, error, None
+
+    def case_body(self, ctx):
+        self.ctx = ctx
+        toy = self
+
+        class Body:
+            def __getattr__(self, name):
+                def step():
+                    toy.calls.append(name)
+                    if name == toy.raise_in:
+                        raise toy.error
+                    if name.endswith("_checks"):
+                        return [CheckResult(CheckId.FORWARD, Status.PASS)] if name == "forward_checks" else []
+                    return None
+                return step
+
+        return contextlib.nullcontext(Body())
+
+
+@pytest.fixture
+def world(tmp_path):
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield CaseSite(0, str(tmp_path / "case"), str(tmp_path / "refs"), lambda key: True)
+    dist.destroy_process_group()
+
+
+def _run(monkeypatch, toy, site, **fields):
+    monkeypatch.setattr(registry, "adapter", lambda library: toy)
+    os.makedirs(site.workdir, exist_ok=True)
+    case = Case("m", "toy:factory", Layout.parse("u2"), library="toy", **fields)
+    return skeleton.run_case(case, get_backend("gloo"), site)
+
+
+def test_the_passes_run_in_order_and_the_checks_are_kept(monkeypatch, world):
+    toy = _Toy()
+    result = _run(monkeypatch, toy, world)
+    assert toy.calls == list(PASSES)
+    assert result.status == RankStatus.OK and [c.id for c in result.checks] == [CheckId.FORWARD]
+    assert {"reference", "parallel", "checks"} <= set(result.timings)
+
+
+def test_tolerance_comes_from_dtype_and_device_and_the_case_overrides_it_even_with_zero(monkeypatch, world):
+    toy = _Toy()
+    _run(monkeypatch, toy, world)
+    assert (toy.ctx.tolerance.atol, toy.ctx.tolerance.rtol) == tolerance(torch.float32, "cpu")
+    _run(monkeypatch, toy, world, atol=0.0, rtol=0.0)
+    assert (toy.ctx.tolerance.atol, toy.ctx.tolerance.rtol) == (0.0, 0.0)
+    case = Case("m", "f", Layout.parse("u2"), library="toy")
+    assert skeleton.case_tolerance(case, "cuda").atol == tolerance(torch.float32, "cuda")[0] != \
+        skeleton.case_tolerance(case, "cpu").atol
+
+
+def test_a_dtype_the_adapter_does_not_run_is_refused_by_name(monkeypatch, world):
+    toy = _Toy()
+    result = _run(monkeypatch, toy, world, dtype="bf16")
+    assert result.status == RankStatus.SKIP and toy.calls == []
+    assert result.reason == "--dtype bf16: the toy adapter runs fp32 only"
+
+
+def test_a_refusal_is_a_skip_in_the_adapters_words(monkeypatch, world):
+    result = _run(monkeypatch, _Toy("reference", Refused("the library refuses it")), world)
+    assert result.status == RankStatus.SKIP and result.reason == "the library refuses it"
+    assert not result.raised_in_parallel
+
+
+@pytest.mark.parametrize("where,secondary", [("reference", False), ("training", True)])
+def test_a_lost_peer_is_blamed_only_once_collectives_began(monkeypatch, world, where, secondary):
+    result = _run(monkeypatch, _Toy(where, RuntimeError("Connection closed by peer")), world)
+    assert result.status == RankStatus.ERROR and result.failure is not None
+    assert result.secondary is secondary and result.raised_in_parallel is secondary
+    assert "RuntimeError" in result.traceback
+
+
+def test_the_runs_dtype_reaches_every_adapters_cases():
+    """`--dtype bf16` over every library: each adapter's cases carry it (one that runs fp32 only is then refused
+    on its ranks by name, above), none silently runs fp32."""
+    from paracheck.cli.main import build_cases, parser
+
+    cases = build_cases(parser().parse_args(["run", "--dtype", "bf16", "--layouts", "tp2", "--nproc", "2"]),
+                        get_backend("gloo"))
+    assert {c.library for c in cases} >= {"diffusers", "transformers"}
+    assert {c.dtype for c in cases} == {"bf16"}
+
+
+@pytest.mark.slow
+def test_a_transformers_case_honours_a_zero_tolerance(tmp_path):
+    """A per-case atol/rtol of 0.0 is the tolerance, not "unset": a transformers case then fails on the ~1e-7 a
+    parallel sum differs by, with the tolerance it was held to reported."""
+    from paracheck.adapters.transformers.cases import factory_of
+    from paracheck.launch.launcher import Launcher
+    from paracheck.results.verdict import judge
+
+    layout = registry.parse_layout("transformers", "tp2")
+    case = Case("llama", factory_of("llama"), layout, route="sharded-load", library="transformers", atol=0.0, rtol=0.0)
+    outcome = Launcher(get_backend("gloo"), 2, 600).run([case])
+    [verdict] = judge([case], [outcome.results[0]], [])
+    logits = verdict.check(CheckId.FORWARD)
+    assert (logits.atol, logits.rtol) == (0.0, 0.0)
+    assert logits.status == Status.FAIL and 0 < logits.max_abs < 1e-5
