@@ -18,7 +18,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from paracheck.checks.compare import compare, problems_text
+from paracheck.checks.compare import compare
+from paracheck.checks.grads import compare_grads
 from paracheck.checks.traits import input_traits
 from paracheck.domain.adapter import CaseContext, Refused
 from paracheck.domain.records import CheckId, CheckResult, Route, Status
@@ -208,18 +209,5 @@ def _full(tensor):
 
 def _grads(model, ref_grads: dict, atol, rtol) -> CheckResult:
     """Every parameter's gradient, gathered where sharded, against the single-process one."""
-    problems, worst, worst_rel = [], 0.0, 0.0
-    for name, param in model.named_parameters():
-        grad, want = _full(param.grad), ref_grads.get(name)
-        if grad is None or want is None:
-            if (grad is None) != (want is None):
-                problems.append(f"{name}: gradient {'missing' if grad is None else 'where the reference has none'}")
-            continue
-        result = compare(CheckId.GRADS, grad, want, atol, rtol, name)
-        worst, worst_rel = max(worst, result.max_abs or 0.0), max(worst_rel, result.max_rel or 0.0)
-        if result.status != Status.PASS:
-            problems.append(f"{name} off by {result.max_abs:.1e}" if result.max_abs is not None else result.detail)
-    status = Status.FAIL if problems else Status.PASS
-    detail = f"gradients differ: {problems_text(problems)}" if problems else ""
-    return CheckResult(CheckId.GRADS, status, detail, worst, worst_rel, atol, rtol,
-                       data={"failing": len(problems)} if problems else {})
+    return compare_grads(((name, _full(p.grad), ref_grads.get(name)) for name, p in model.named_parameters()),
+                         atol, rtol)
