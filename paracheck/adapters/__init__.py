@@ -12,11 +12,13 @@ import importlib
 DEFAULT = "diffusers"
 #: library name -> "module:function" of its rank-side entry point.
 RANK_ENTRIES = {"diffusers": "paracheck.adapters.diffusers.rank:run_case",
-                "transformers": "paracheck.adapters.transformers.rank:run_case"}
+                "transformers": "paracheck.adapters.transformers.rank:run_case",
+                "torch": "paracheck.adapters.torch.rank:run_case"}
 LIBRARIES = tuple(RANK_ENTRIES)
 #: library name -> "module:attribute" of its negative controls (name -> `domain.control.Control`), torch-free.
 CONTROL_TABLES = {"diffusers": "paracheck.adapters.diffusers.controls:CONTROLS",
-                  "transformers": "paracheck.adapters.transformers.controls:CONTROLS"}
+                  "transformers": "paracheck.adapters.transformers.controls:CONTROLS",
+                  "torch": "paracheck.adapters.torch.controls:CONTROLS"}
 #: library name -> the torch-free module of its explore face: `explore_target(factory, layouts_text, world) ->
 #: (space, layouts)` and `explore_case(name, factory, space, layout, shape, dtype) -> Case`. diffusers has none:
 #: `explore.engine` fits its init dicts and CP splits itself.
@@ -57,6 +59,8 @@ def parse_layout(library: str, name: str, order: str = "cp-fastest"):
         from paracheck.adapters.transformers.layout import TfLayout
 
         return TfLayout.parse(name)
+    if library == "torch":
+        return _load("paracheck.adapters.torch.adapter:ADAPTER").parse_layout(name, order)
     from paracheck.domain.layout import Layout
 
     return Layout.parse(name, order)

@@ -144,10 +144,13 @@ def _check_attention_backend(name: str) -> None:
 def build_cases(args, backend) -> list[Case]:
     from paracheck.adapters.fixtures import library_of
 
-    models = named_models(args)
+    from paracheck.adapters.torch import cli as torch_cli
+
+    torch_models, models = torch_cli.split(args, named_models(args))
     adapted = [(m, f) for m, f in models if library_of(f) != "diffusers"]
     models = [(m, f) for m, f in models if library_of(f) == "diffusers"]
     layouts = _check_options(args, backend, diffusers=bool(models))
+    torch_cases = torch_cli.cases(args, torch_models)
     # fail fast, exit 2, before any rank starts
     built = {factory: call_factory(factory) for _, factory in models} if args.spec else {}
     if args.layouts.strip() != "all" and (args.spec or args.models != "all"):
@@ -158,7 +161,7 @@ def build_cases(args, backend) -> list[Case]:
     wanted = _wanted_variants(args.variants)
     # Unset --variants: the transformers fixtures' base inputs (their other variants on --variants all or by name).
     tf_wanted = ["base"] if args.variants is None else wanted
-    return _transformers_cases(args, adapted, tf_wanted) + [case for model, factory in models
+    return torch_cases + _transformers_cases(args, adapted, tf_wanted) + [case for model, factory in models
             for case in expand(model, factory, layouts, lambda layout: controls, plain=not args.only_control,
                                variants=[v for v in _offered(model, factory) if v in wanted],
                                route=args.route, grads=not args.no_grads, dtype=args.dtype, cp_options=args.cp_options,
