@@ -73,6 +73,7 @@ def _sum_not_mean(model, mesh, layout) -> str:
     """Gradients summed over the data-parallel ranks instead of averaged (a divide factor of 1)."""
     modules = _fsdp_modules(model)
     for module in modules:
+        module.set_force_sum_reduction_for_comms(True)  # scaled apart from the collective: gloo has no PREMUL_SUM
         module.set_gradient_divide_factor(1.0)
     return type(modules[-1]).__name__
 

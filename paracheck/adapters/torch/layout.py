@@ -2,8 +2,9 @@
 
 Torch-free. Tokens: `dp` (replicated data parallelism, HSDP's replicas), `fsdp` (sharded data parallelism),
 `cp` (context parallelism), `tp` (tensor parallelism). A name may list them in any order; the canonical name
-and the mesh write them dp, fsdp, cp, tp, slowest-varying first, as torchtitan lays out its mesh (tp fastest,
-so a TP group is neighbouring ranks). The mesh has one dimension per token of degree > 1, named by the token.
+writes them tp, cp, dp, fsdp (`tp2xfsdp2`, as the transformers adapter names its layouts), and the mesh lays
+them out dp, fsdp, cp, tp, slowest-varying first, as torchtitan does (tp fastest, so a TP group is
+neighbouring ranks). The mesh has one dimension per token of degree > 1, named by the token.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from dataclasses import dataclass
 
 from paracheck.domain.layout import degree_parts
 
-#: Tokens in mesh order, slowest-varying first (also the canonical name's order).
+#: Tokens in mesh order, slowest-varying first.
 TOKENS = ("dp", "fsdp", "cp", "tp")
+#: The order a canonical name writes them in.
+NAMED = ("tp", "cp", "dp", "fsdp")
 _PART = re.compile(r"^(dp|fsdp|cp|tp)([0-9]+)$")
 
 
@@ -43,11 +46,11 @@ class TorchLayout:
     @classmethod
     def parse(cls, text: str, order: str | None = None) -> "TorchLayout":
         """`tp2xfsdp2` -> TorchLayout(fsdp=2, tp=2); `order` is accepted for the kit's signature and ignored."""
-        return cls(**dict(degree_parts(text, _PART, TOKENS, "tp2xfsdp2", TorchLayoutError)))
+        return cls(**dict(degree_parts(text, _PART, NAMED, "tp2xfsdp2", TorchLayoutError)))
 
     @property
     def name(self) -> str:
-        return "x".join(f"{t}{getattr(self, t)}" for t in TOKENS if getattr(self, t) > 1) or "single"
+        return "x".join(f"{t}{getattr(self, t)}" for t in NAMED if getattr(self, t) > 1) or "single"
 
     def __str__(self) -> str:
         return self.name

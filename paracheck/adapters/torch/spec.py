@@ -79,6 +79,10 @@ def claims(obj) -> bool:
 
 def validate(path: str, obj) -> Spec:
     """`obj` as a `Spec`; SpecError names the first missing or malformed part."""
+    if isinstance(obj, type) and not callable(getattr(obj, "build", None)):
+        raise SpecError(f"--spec {path!r}: missing build() ({SHAPE})")
+    if isinstance(obj, type):
+        obj = obj()  # a class whose methods are the spec's functions (the pytest mixin's test classes)
     if isinstance(obj, Spec):
         spec = obj
     else:
