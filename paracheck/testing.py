@@ -293,3 +293,9 @@ def _failure(verdict, ranks, headline: str, replay: str) -> str:
         lines.append(verdict.traceback.strip().splitlines()[-1])
     lines.append(f"replay: {replay}")
     return "\n".join(lines)
+
+
+#: Public names for an adapter's own mixin (`paracheck.adapters.torch.mixin`): the base class and the verdict
+#: lookup its extra tests use.
+ParallelTesterMixin = _ParallelTesterMixin
+expect = _expect

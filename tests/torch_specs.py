@@ -51,3 +51,5 @@ def _parallelize_raises(model, mesh, layout):
 
 
 parallelize_raises = Spec(_build, _parallelize_raises, _inputs)
+#: TP only: on an fsdp layout it shards nothing (right numbers, computed redundantly), which structure.mesh names.
+tp_only = Spec(_build, _parallelize, _inputs)

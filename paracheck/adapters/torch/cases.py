@@ -25,7 +25,7 @@ def expand(request) -> list[Case]:
     cases = []
     for model, path in request.models:
         spec = specs.loaded(path)
-        layouts = _layouts(path, spec, request)
+        layouts = layouts_of(path, spec, request)
         wanted = [v for v in spec.variants if request.variants is None or v in request.variants]
         if not wanted:
             raise SpecError(f"--variants {','.join(request.variants)}: the spec {path!r} offers "
@@ -46,7 +46,7 @@ def expand(request) -> list[Case]:
     return cases
 
 
-def _layouts(path: str, spec, request) -> list:
+def layouts_of(path: str, spec, request) -> list:
     """`--layouts` read by the torch grammar; `all` is the spec's own layouts of this world, else every layout of
     the world (cp ones only where the spec declares them)."""
     try:

@@ -27,10 +27,10 @@ import pytest
 from paracheck.adapters.torch.controls import applicable
 from paracheck.adapters.torch.layout import TorchLayout
 from paracheck.domain.records import CheckId
-from paracheck.testing import _ParallelTesterMixin
+from paracheck.testing import ParallelTesterMixin
 
 
-class TorchParallelTesterMixin(_ParallelTesterMixin):
+class TorchParallelTesterMixin(ParallelTesterMixin):
     #: "module:attribute" of the spec; None: the test class itself is the spec.
     paracheck_spec: str | None = None
     paracheck_layouts: tuple[str, ...] | None = None
@@ -46,11 +46,11 @@ class TorchParallelTesterMixin(_ParallelTesterMixin):
         if cls.paracheck_layouts is not None:
             return [TorchLayout.parse(name) for name in cls.paracheck_layouts]
         from paracheck.adapters.torch import spec as specs
-        from paracheck.adapters.torch.cases import _layouts
+        from paracheck.adapters.torch.cases import layouts_of
         from paracheck.domain.adapter import CaseRequest
 
         path = cls._paracheck_spec_path()
-        return _layouts(path, specs.loaded(path), CaseRequest([], nproc=cls.paracheck_world))
+        return layouts_of(path, specs.loaded(path), CaseRequest([], nproc=cls.paracheck_world))
 
     @classmethod
     def _paracheck_layout(cls, name: str):
@@ -74,6 +74,6 @@ class TorchParallelTesterMixin(_ParallelTesterMixin):
 
     @pytest.mark.paracheck
     def test_paracheck_loss(self, paracheck_case, request):
-        from paracheck.testing import _expect
+        from paracheck.testing import expect
 
-        _expect(self, request, paracheck_case, (CheckId.LOSS,))
+        expect(self, request, paracheck_case, (CheckId.LOSS,))

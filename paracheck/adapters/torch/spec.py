@@ -55,8 +55,6 @@ def load(path: str):
         raise SpecError(f"--spec {path!r}: write MODULE:ATTRIBUTE, e.g. examples/llama_tp_fsdp.py:spec")
     try:
         if module_name.endswith(".py") or os.sep in module_name:
-            from paracheck.domain.case import _import_file  # one import per process, shared with factories
-
             module = _import_file(module_name)
         else:
             if os.getcwd() not in sys.path:
@@ -69,6 +67,24 @@ def load(path: str):
     if not hasattr(module, attribute):
         raise SpecError(f"--spec {path!r}: {module_name!r} has no {attribute!r}")
     return getattr(module, attribute)
+
+
+def _import_file(path: str):
+    """The module at `path`, run once per process (under the name `domain.case` gives a factory's file, so a
+    file that is both a factory and a spec is one module)."""
+    import importlib.util
+
+    if not os.path.exists(path):
+        raise SpecError(f"--spec: file {path!r} does not exist")
+    name = "paracheck_spec_" + os.path.splitext(os.path.basename(path))[0]
+    module = sys.modules.get(name)
+    if module is not None and os.path.abspath(getattr(module, "__file__", "") or "") == os.path.abspath(path):
+        return module
+    loader = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(loader)
+    sys.modules[name] = module
+    loader.loader.exec_module(module)
+    return module
 
 
 def claims(obj) -> bool:
