@@ -3,10 +3,11 @@
     paracheck run --spec examples/llama_tp_fsdp.py:spec --nproc 4
 
 The model: token embedding, per block RMSNorm -> attention (wq, wk, wv, wo; rotary positions) and RMSNorm ->
-SwiGLU MLP (w1, w2, w3), a final RMSNorm and the output head. `parallelize` applies tensor parallelism per block
-(ColwiseParallel on wq/wk/wv/w1/w3, RowwiseParallel on wo/w2, on the mesh's "tp" dimension; attention then runs
-n_heads / tp local heads), then `fully_shard` per block and on the whole model over the data-parallel dimensions
-("fsdp", with "dp" replicas: HSDP).
+SwiGLU MLP (w1, w2, w3), a final RMSNorm and the output head. `parallelize` applies tensor parallelism with
+sequence parallelism as torchtitan's `apply_tp` does (ColwiseParallel on wq/wk/wv/w1/w3, RowwiseParallel on wo/w2,
+SequenceParallel on the norms, PrepareModuleInput before attention and the MLP, on the mesh's "tp" dimension;
+attention then runs n_heads / tp local heads), then `fully_shard` per block and on the whole model over the
+data-parallel dimensions ("fsdp", with "dp" replicas: HSDP).
 """
 
 from __future__ import annotations
@@ -107,31 +108,65 @@ def build() -> Decoder:
     return model
 
 
-def block_plan():
-    """The per-block TP plan (torchtitan's, without sequence parallelism)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+def block_plan(sequence_parallel: bool = True) -> dict:
+    """One block's TP plan, torchtitan's: colwise q/k/v/w1/w3, rowwise wo/w2. With sequence parallelism (as
+    torchtitan always runs it) the norms are SequenceParallel (activations sharded on the sequence between the
+    layers), their output is gathered before attention and the MLP, and wo/w2 reduce-scatter back onto it."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
 
-    return {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+    plan = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(), "feed_forward.w1": ColwiseParallel(),
             "feed_forward.w2": RowwiseParallel(), "feed_forward.w3": ColwiseParallel()}
+    if sequence_parallel:
+        plan.update({
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                            desired_input_layouts=(Replicate(), None, None)),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        })
+    return plan
 
 
-def parallelize(model: Decoder, mesh, layout, plan=block_plan) -> Decoder:
+def model_plan(sequence_parallel: bool = True) -> dict:
+    """The model's own layers: the output head colwise with its logits gathered whole (no loss parallelism);
+    with sequence parallelism also the embedding rowwise (vocabulary sharded, output reduce-scattered onto the
+    sequence) and the final norm SequenceParallel."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    if not sequence_parallel:
+        return {"output": ColwiseParallel(output_layouts=Replicate())}
+    return {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}
+
+
+def parallelize(model: Decoder, mesh, layout, plan=block_plan, sequence_parallel: bool = True) -> Decoder:
+    """torchtitan's order: tensor parallelism on the "tp" dimension first, then FSDP over the data-parallel
+    dimensions, each block its own unit and the root last."""
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import parallelize_module
 
     if layout.tp > 1:
         tp_mesh = mesh["tp"]
+        parallelize_module(model, tp_mesh, model_plan(sequence_parallel))
         for block in model.layers.values():
-            parallelize_module(block, tp_mesh, plan())
-        parallelize_module(model, tp_mesh, {"output": ColwiseParallel(output_layouts=Replicate())})
+            parallelize_module(block, tp_mesh, plan(sequence_parallel))
     if layout.dp_dims:
         dp_mesh = mesh[layout.dp_dims]  # ("dp", "fsdp") is HSDP: replicas of an FSDP group
         for block in model.layers.values():
             fully_shard(block, mesh=dp_mesh)
         fully_shard(model, mesh=dp_mesh)
     return model
+
+
+def parallelize_no_sp(model: Decoder, mesh, layout) -> Decoder:
+    return parallelize(model, mesh, layout, sequence_parallel=False)
 
 
 def inputs(layout, variant: str = "base") -> dict:
@@ -147,3 +182,5 @@ def supports(layout) -> str | None:
 
 
 spec = Spec(build, parallelize, inputs, supports=supports)
+#: The same plan without sequence parallelism (activations replicated between the layers).
+spec_no_sp = Spec(build, parallelize_no_sp, inputs, supports=supports)

@@ -134,13 +134,13 @@ def test_a_missing_function_exits_2_in_one_line_naming_it(tmp_path):
 # -- real runs -----------------------------------------------------------------------------------
 
 
-def test_the_example_passes_every_layout_on_two_ranks_and_the_bug_fails_on_every_rank(tmp_path):
-    run = run_paracheck(["--spec", EXAMPLE, "--spec", BUG, "--spec", f"{SPECS}:parallelize_raises", "--spec",
-                         f"{SPECS}:tp_only",
+def test_the_example_passes_every_layout_on_two_ranks_and_each_bug_fails_on_every_rank(tmp_path):
+    run = run_paracheck(["--spec", EXAMPLE, "--spec", BUG, "--spec", BUG + "_norms", "--spec",
+                         f"{SPECS}:parallelize_raises", "--spec", f"{SPECS}:tp_only",
                          "--nproc", "2", "--layouts", "tp2,fsdp2", "--quiet"], tmp_path)
     assert run.code == 1, run.out
     names = {"llama_tp_fsdp.py:spec": "good", "llama_tp_fsdp_bug.py:spec": "bug", "parallelize_raises": "raises",
-             "tp_only": "tp_only"}
+             "tp_only": "tp_only", "spec_norms": "norms"}
     by = {(names[c["model"]], c["layout"]): c for c in run.report["cases"]}
     for layout in ("tp2", "fsdp2"):
         assert by["good", layout]["status"] == "pass", by["good", layout]
@@ -151,6 +151,9 @@ def test_the_example_passes_every_layout_on_two_ranks_and_the_bug_fails_on_every
     assert by["bug", "tp2"]["status"] == "fail" and bug["parity.forward"]["failed_ranks"] == [0, 1]
     assert bug["structure.tp_shards"]["status"] == "pass"  # the weights are right; the missing reduce is not
     assert by["bug", "fsdp2"]["status"] == "skip"  # the bug example declares the layouts that show it
+    norms = {c["id"]: c for c in by["norms", "tp2"]["checks"]}  # sequence-parallel norms' grads never all-reduced
+    assert norms["parity.forward"]["status"] == "pass" and norms["parity.grads"]["failed_ranks"] == [0, 1]
+    assert "layers.0.attention_norm.weight" in norms["parity.grads"]["detail"]
     idle = {c["id"]: c for c in by["tp_only", "fsdp2"]["checks"]}
     assert idle["structure.mesh"]["status"] == "fail" and idle["parity.forward"]["status"] == "pass"
     assert "no parameter is sharded on the fsdp dimension" in idle["structure.mesh"]["detail"]
