@@ -5,14 +5,16 @@
 
 The model is torchtitan's `debugmodel` flavour shrunk to 2 layers (dim 256, 16 heads, vocabulary 2048). Its
 config asks for flex attention (0.3.0 refuses "sdpa" for language models), but flex attention has no backward
-on CPU, so each block's inner attention is swapped for torchtitan's own causal `ScaledDotProductAttention`
-module after building. It is wrapped in a module whose forward gives it positions, so the kit sees a plain
+on CPU, so each block's inner attention config is swapped for torchtitan's own causal
+`ScaledDotProductAttention` (keeping the sharding declaration torchtitan gave it) before building. It is wrapped in a module whose forward gives it positions, so the kit sees a plain
 tokens -> logits module. `parallelize` hands torchtitan's `parallelize_llama` a `ParallelDims` of the
 layout's degrees; torchtitan builds its own meshes from it (its dimension names "fsdp" and "tp" match the
 kit's tokens), in fp32 (mixed precision off), without compile or activation checkpointing.
 
-torchtitan picks its device type once at import (`tools.utils.device_type`, "cuda" when no accelerator is
-found); on a CPU rank this spec points its mesh builder at "cpu".
+Two bends for CPU ranks, both outside torchtitan's plan: torchtitan picks its device type once at import
+(`tools.utils.device_type`, "cuda" when no accelerator is found), so the spec points its mesh builder at "cpu";
+and torchtitan's FSDP reduces with PREMUL_SUM, which gloo lacks, so the spec asks FSDP for SUM reductions
+scaled apart (`set_force_sum_reduction_for_comms`), the same average.
 """
 
 from __future__ import annotations
@@ -42,20 +44,27 @@ class WithPositions(nn.Module):
 def _config():
     import dataclasses
 
+    from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.llama3 import llama3_configs
+    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
     config = llama3_configs["debugmodel"](attn_backend="flex")
-    return dataclasses.replace(config, layers=config.layers[:LAYERS]) if isinstance(config.layers, list) else config
+    config = dataclasses.replace(config, layers=config.layers[:LAYERS])
+    # What torchtitan's trainer does before building (`update_from_config`, whose import of the trainer needs
+    # torchdata): fill every sub-config's sharding declarations, the plan `parallelize_llama` applies, sequence
+    # parallelism on, as its default is.
+    set_llama3_sharding_config(config, enable_sp=True)
+    for layer in config.layers:
+        # torchtitan's own causal SDPA module in place of flex attention (no backward on CPU), keeping the
+        # local_map declaration the sharding config gave the inner attention.
+        layer.attention.inner_attention = ScaledDotProductAttention.Config(
+            sharding_config=layer.attention.inner_attention.sharding_config)
+    return config
 
 
 def build() -> nn.Module:
-    from torchtitan.models.common.attention import ScaledDotProductAttention
-
     model = _config().build()
     model.init_states()
-    for block in model.layers.values():
-        # torchtitan's own causal SDPA module: flex attention has no backward on CPU.
-        block.attention.inner_attention = ScaledDotProductAttention(ScaledDotProductAttention.Config())
     return WithPositions(model)
 
 
@@ -74,11 +83,24 @@ def parallelize(model: WithPositions, mesh, layout):
     parallelize_llama(model.inner, parallel_dims=dims, training=training, parallelism=parallelism,
                       compile_config=CompileConfig(enable=False), ac_config=None,
                       dump_folder=tempfile.gettempdir())
+    if mesh.device_type == "cpu":
+        _sum_reductions(model)
     return model
+
+
+def _sum_reductions(model) -> None:
+    """torchtitan sets FSDP's gradient divide factor, which reduces with PREMUL_SUM; gloo has none, so FSDP is
+    told to reduce with SUM and scale apart (the same average)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)
 
 
 def inputs(layout, variant: str = "base") -> dict:
     return {"tokens": torch.randint(0, 2048, (BATCH, SEQ))}
 
 
-spec = Spec(build, parallelize, inputs, layouts=("tp2", "fsdp2", "tp4", "fsdp4", "tp2xfsdp2"))
+#: torchtitan's FSDP sums gradients (divide factor 1; its trainer scales the loss by the global token count).
+spec = Spec(build, parallelize, inputs, layouts=("tp2", "fsdp2", "tp4", "fsdp4", "tp2xfsdp2"), grad_reduction="sum")

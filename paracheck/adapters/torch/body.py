@@ -9,8 +9,10 @@ reference's outputs.
 
 The loss is a mean over the batch (the default one is, a spec's own must be): each data-parallel rank's loss is
 the mean over its shard, and FSDP averages gradients over the data-parallel ranks, so the averaged gradient is
-the gradient of the global mean, which is what the reference differentiates. No factor is applied; `parity.loss`
-checks the mean of the local losses against the reference's loss, so a loss that is not a mean shows there.
+the gradient of the global mean, which is what the reference differentiates. No factor is applied, unless the
+spec says its plan sums gradients (`grad_reduction = "sum"`, torchtitan's), when each rank's loss is divided
+by dp x fsdp first. `parity.loss` checks the mean of the local losses against the reference's loss, so a loss
+that is not a mean shows there.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ class TorchBody:
         returned = self.spec.parallelize(self.copy, self.mesh, layout)
         self.model = returned if isinstance(returned, torch.nn.Module) else self.copy
         if self.case.control:
-            planted = PLANTS[self.case.control](self.model, self.mesh, layout)
+            planted = PLANTS[self.case.control](self.model, self.mesh, layout, self.spec)
             self.ctx.result.findings.append(f"{self.case.control} planted in {planted}")
         return [structure.check_mesh(self.mesh, layout, self.model),
                 structure.check_shards(self.model, self.ref_params, self.atol, self.rtol)]
@@ -135,7 +137,9 @@ class TorchBody:
         return None if self.local_loss is not None else "the training forward did not run"
 
     def backward(self) -> None:
-        self.local_loss.backward()
+        # A plan that sums over the data-parallel ranks is handed each rank's share of the global mean.
+        share = self.layout.dp_degree if self.spec.grad_reduction == "sum" else 1
+        (self.local_loss / share).backward()
 
     def grads_checks(self) -> list[CheckResult]:
         problems, worst, worst_rel = [], 0.0, 0.0

@@ -32,7 +32,7 @@ def _tp_sharded(model, mesh):
     raise Refused("no parameter is sharded on the tp dimension: nothing to swap")
 
 
-def _swap_tp_shard(model, mesh, layout) -> str:
+def _swap_tp_shard(model, mesh, layout, spec) -> str:
     """Rank t of each TP group takes rank t+1's local shard of one parameter: a plan that numbers TP ranks
     in another order than the mesh does."""
     import torch
@@ -58,7 +58,7 @@ def _fsdp_modules(model):
     return found
 
 
-def _skip_dp_reduce(model, mesh, layout) -> str:
+def _skip_dp_reduce(model, mesh, layout, spec) -> str:
     """The data-parallel gradient reduction left off: HSDP's replica all-reduce, or FSDP's gradient sync."""
     modules = _fsdp_modules(model)
     for module in modules:
@@ -69,8 +69,10 @@ def _skip_dp_reduce(model, mesh, layout) -> str:
     return type(modules[-1]).__name__
 
 
-def _sum_not_mean(model, mesh, layout) -> str:
+def _sum_not_mean(model, mesh, layout, spec) -> str:
     """Gradients summed over the data-parallel ranks instead of averaged (a divide factor of 1)."""
+    if spec.grad_reduction == "sum":
+        raise Refused("the spec's plan already sums gradients over the data-parallel ranks (grad_reduction)")
     modules = _fsdp_modules(model)
     for module in modules:
         module.set_force_sum_reduction_for_comms(True)  # scaled apart from the collective: gloo has no PREMUL_SUM
@@ -91,7 +93,7 @@ _ENTRIES = (
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}
-#: control name -> planter(model, mesh, layout) -> the parameter or module class it planted in.
+#: control name -> planter(model, mesh, layout, spec) -> the parameter or module class it planted in.
 PLANTS: dict[str, Callable] = {c.name: p for c, p in _ENTRIES}
 
 

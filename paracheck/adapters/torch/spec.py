@@ -12,6 +12,9 @@ rank starts, and every error is one line naming the spec, what is wrong and the 
     layouts = ("tp2", ...)         -> optional: the layouts it runs (others are skips naming them)
     supports(layout) -> str | None -> optional: why it refuses `layout` (a skip in those words)
     variants = ("base", ...)       -> optional: the variants `inputs` takes
+    grad_reduction = "mean"        -> optional: "sum" where the plan sums gradients over the data-parallel
+                                      ranks (torchtitan's FSDP); the kit then divides each rank's loss by
+                                      dp x fsdp before its backward, as torchtitan's global token count does
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from paracheck.domain.case import SpecError
 
 #: The functions a spec must have, with the signature each error names.
 REQUIRED = {"build": "build()", "parallelize": "parallelize(model, mesh, layout)", "inputs": "inputs(layout, variant)"}
+REDUCTIONS = ("mean", "sum")
 SHAPE = "a torch spec names build(), parallelize(model, mesh, layout), inputs(layout, variant) and optionally " \
         "loss(output, inputs)"
 
@@ -40,6 +44,9 @@ class Spec:
     layouts: tuple[str, ...] | None = None
     supports: Callable | None = None
     variants: tuple[str, ...] = ("base",)
+    #: How the spec's data-parallel gradient reduction combines the ranks: "mean" (fully_shard's default) or
+    #: "sum" (torchtitan's: a divide factor of 1, the loss scaled by the global token count instead).
+    grad_reduction: str = "mean"
 
     #: Which adapter runs it (`adapters.fixtures.library_of` reads this).
     library = "torch"
@@ -107,7 +114,8 @@ def validate(path: str, obj) -> Spec:
             raise SpecError(f"--spec {path!r}: missing {', '.join(missing)} ({SHAPE})")
         spec = Spec(**{name: getattr(obj, name) for name in REQUIRED},
                     loss=getattr(obj, "loss", None), layouts=getattr(obj, "layouts", None),
-                    supports=getattr(obj, "supports", None), variants=tuple(getattr(obj, "variants", ("base",))))
+                    supports=getattr(obj, "supports", None), variants=tuple(getattr(obj, "variants", ("base",))),
+                    grad_reduction=getattr(obj, "grad_reduction", "mean"))
     for name in REQUIRED:
         if not callable(getattr(spec, name)):
             raise SpecError(f"--spec {path!r}: {REQUIRED[name]} is not callable ({SHAPE})")
@@ -121,6 +129,9 @@ def validate(path: str, obj) -> Spec:
                 TorchLayout.parse(name)
             except TorchLayoutError as exc:
                 raise SpecError(f"--spec {path!r}: its layouts: {exc}") from None
+    if spec.grad_reduction not in REDUCTIONS:
+        raise SpecError(f"--spec {path!r}: grad_reduction {spec.grad_reduction!r} must be one of "
+                        f"{', '.join(REDUCTIONS)}")
     if not spec.variants or not all(isinstance(v, str) for v in spec.variants):
         raise SpecError(f"--spec {path!r}: variants must be a non-empty tuple of names")
     return spec

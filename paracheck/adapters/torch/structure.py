@@ -28,11 +28,11 @@ def check_mesh(mesh, layout, model) -> CheckResult:
     for name, param in model.named_parameters():
         if not isinstance(param, DTensor):
             continue
-        dims = tuple(param.device_mesh.mesh_dim_names or ())
-        wrong = [d for d, n in zip(dims, param.device_mesh.mesh.shape) if sizes.get(d) != n]
+        dims, shape = tuple(param.device_mesh.mesh_dim_names or ()), tuple(param.device_mesh.mesh.shape)
+        # A dimension of size 1 divides nothing (torchtitan keeps "pp" and "dp_replicate" of degree 1 in its mesh).
+        wrong = [d for d, n in zip(dims, shape) if n > 1 and sizes.get(d) != n and not _flattened(set(sizes), d)]
         if wrong or not dims:
-            problems.append(f"{name}: on mesh {dict(zip(dims, param.device_mesh.mesh.shape.tolist()))}, not a slice "
-                            f"of the layout's")
+            problems.append(f"{name}: on mesh {dict(zip(dims, shape))}, not a slice of the layout's")
         sharded |= {d for d, p in zip(dims, param.placements) if p.is_shard()}
     for token in ("tp", "fsdp"):
         if getattr(layout, token) > 1 and token not in sharded and not _flattened(sharded, token):
@@ -40,9 +40,9 @@ def check_mesh(mesh, layout, model) -> CheckResult:
     return _result(CheckId.MESH, problems, "mesh")
 
 
-def _flattened(sharded: set[str], token: str) -> bool:
-    """A flattened data-parallel dimension (`dp_fsdp`, torchtitan's `dp_shard_cp`) counts for its parts."""
-    return any(token in d.split("_") for d in sharded)
+def _flattened(names: set[str], token: str) -> bool:
+    """A flattened dimension (`dp_fsdp`) counts for its parts, and a part for it."""
+    return any(token in d.split("_") or d in token.split("_") for d in names)
 
 
 def check_shards(model, reference: dict, atol: float, rtol: float) -> CheckResult:
