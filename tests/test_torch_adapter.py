@@ -85,6 +85,7 @@ def test_the_adapter_object_keeps_the_protocol():
     ("no_parallelize", r"missing parallelize\(model, mesh, layout\)"),
     ("no_build", r"missing build\(\)"),
     ("bad_layouts", "its layouts: layout 'tp2xring2'"),
+    ("bad_reduction", "grad_reduction 'avg' must be one of mean, sum"),
 ])
 def test_a_malformed_spec_names_what_is_missing(name, words):
     with pytest.raises(SpecError, match=words):
