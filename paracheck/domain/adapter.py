@@ -148,6 +148,9 @@ class Adapter(Protocol):
     def controls(self) -> dict:
         """Negative controls by name (`domain.control.Control`)."""
 
+    def case_options(self, case) -> list[str]:
+        """The `paracheck run` options beyond the generic ones that pick `case` out again (replay commands)."""
+
     def case_body(self, ctx: CaseContext) -> ContextManager[CaseBody]:
         """Rank side: a `with` block (the library's scopes for one case) yielding the case's `CaseBody`."""
 

@@ -34,6 +34,8 @@ class Control:
     #: A bug planted in the attention backend the case runs, diffusers' own or the kit's
     #: (one of `attention.FAULTS`).
     attention_fault: str | None = None
+    #: The module or parameter the bug is planted in, where it is known before the case runs.
+    plants_in: str | None = None
 
     def skip_reason(self, layout: Layout, route: Route | None = None) -> str | None:
         """Why this control cannot run on `layout` (and `route`, once resolved); None when it can."""

@@ -62,10 +62,6 @@ class DiffusersAdapter:
             args += ["--cp-options", options.options_text(case.cp_options)]
         return args
 
-    def known_fields(self, case: Case) -> dict:
-        """What a known-failures entry may match on for this adapter's cases, beyond the generic fields."""
-        return {"cp_options": (options.options_text(case.cp_options),)}
-
     def case_body(self, ctx):
         from paracheck.adapters.diffusers.body import case_body
 

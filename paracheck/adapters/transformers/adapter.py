@@ -62,9 +62,6 @@ class TransformersAdapter:
     def case_options(self, case) -> list[str]:
         return []
 
-    def known_fields(self, case) -> dict:
-        return {}
-
     def case_body(self, ctx):
         from paracheck.adapters.transformers.body import case_body
 

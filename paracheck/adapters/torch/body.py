@@ -1,0 +1,226 @@
+"""One torch case on one rank: the spec's module on one device, then its own parallelize on the layout's mesh.
+
+Passes, in the order `domain.adapter` documents: the reference (`build()` under a fixed seed, run on the GLOBAL
+batch: no_grad, then training and the backward of the loss), the parallel copy (a deep copy, same weights, given
+to the spec's `parallelize(model, mesh, layout)`; a control planted after it; structure checks), its no_grad
+forward, its training forward, the forward checks, its backward, the gradient checks. Each data-parallel rank
+runs its shard of the batch (dim 0, `dp_index` of `dp_degree` equal shards) and is held to that slice of the
+reference's outputs.
+
+The loss is a mean over the batch (the default one is, a spec's own must be): each data-parallel rank's loss is
+the mean over its shard, and FSDP averages gradients over the data-parallel ranks, so the averaged gradient is
+the gradient of the global mean, which is what the reference differentiates. No factor is applied, unless the
+spec says its plan sums gradients (`grad_reduction = "sum"`, torchtitan's), when each rank's loss is divided
+by dp x fsdp first. `parity.loss` checks the mean of the local losses against the reference's loss, so a loss
+that is not a mean shows there.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from paracheck.adapters.torch import spec as specs
+from paracheck.adapters.torch import structure
+from paracheck.adapters.torch.controls import CONTROLS, PLANTS
+from paracheck.checks.compare import compare
+from paracheck.checks.grads import compare_grads
+from paracheck.domain.adapter import Refused
+from paracheck.domain.records import CheckId, CheckResult, Route, Status
+from paracheck.world import meshes
+from paracheck.world.meshes import MeshKey
+from paracheck.world.site import local_device
+
+SEED = 0
+
+
+def default_loss(output, inputs):
+    """The first output's squares, weighted along its last dimension (so that a gradient permuted along it, a
+    shard from the wrong rank, does not sum to the same value), summed over each sample and averaged over the
+    batch: a mean over the batch, as data parallelism needs, with gradients of order one rather than one over
+    the element count, so the fp32 tolerance's relative part, not its absolute floor, holds them."""
+    out = _leaves(output)[0][1]
+    out = out.full_tensor() if hasattr(out, "full_tensor") else out
+    out = out.float()
+    ramp = torch.linspace(0.5, 1.5, out.shape[-1], device=out.device, dtype=out.dtype)
+    return (out.pow(2) * ramp).sum() / out.shape[0]
+
+
+@contextmanager
+def case_body(ctx):
+    yield TorchBody(ctx)
+
+
+class TorchBody:
+    def __init__(self, ctx):
+        self.ctx, self.case, self.layout = ctx, ctx.case, ctx.case.layout
+        self.rank = dist.get_rank()
+        self.atol, self.rtol = ctx.tolerance.atol, ctx.tolerance.rtol
+        self.spec = specs.loaded(self.case.factory)
+        self.loss_fn = self.spec.loss or default_loss
+        self.device = local_device(ctx.backend)
+        self.infer = self.train = self.local_loss = None
+
+    # -- reference ------------------------------------------------------------------------------------
+    def reference(self) -> None:
+        layout, case = self.layout, self.case
+        reason = specs.refusal(self.spec, layout)
+        control = CONTROLS[case.control] if case.control else None
+        reason = reason or (control.skip_reason(layout) if control else None)
+        if reason:
+            raise Refused(reason)
+        batch = specs.call_inputs(case.factory, self.spec, layout, case.variant)
+        if (problem := specs.split_problem(batch, layout)):
+            raise Refused(problem)
+        self.batch = _to(batch, self.device)
+        self.mine = _shard(self.batch, layout.dp_index(self.rank), layout.dp_degree)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(SEED)
+            model = self.spec.build()
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"the spec's build() must return an nn.Module, got {type(model).__name__}")
+        model = model.to(self.device, torch.float32)
+        self.ctx.result.model_class = type(model).__name__
+        self.copy = copy.deepcopy(model)  # the same weights, before any gradient exists
+        self.ref_params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        with torch.no_grad():
+            self.ref_infer = _detached(_call(model, self.batch))
+        out = _call(model, self.batch)
+        loss = self.loss_fn(out, self.batch)
+        loss.backward()
+        self.ref_train, self.ref_loss = _detached(out), loss.detach()
+        self.ref_grads = {n: (p.grad.detach().clone() if p.grad is not None else None)
+                          for n, p in model.named_parameters()}
+
+    # -- the parallel model ---------------------------------------------------------------------------
+    def parallelize(self) -> None:
+        layout = self.layout
+        self.ctx.result.route = Route.NATIVE
+        self.mesh = meshes.for_world().mesh(MeshKey(self.device.type, layout.mesh_shape, layout.mesh_dims))
+        returned = self.spec.parallelize(self.copy, self.mesh, layout)
+        self.model = returned if isinstance(returned, torch.nn.Module) else self.copy
+        if self.case.control:
+            planted = PLANTS[self.case.control](self.model, self.mesh, layout, self.spec)
+            self.ctx.result.findings.append(f"{self.case.control} planted in {planted}")
+
+    def structure_checks(self) -> list[CheckResult]:
+        return [structure.check_mesh(self.mesh, self.layout, self.model),
+                structure.check_shards(self.model, self.ref_params, self.atol, self.rtol)]
+
+    def inference(self) -> None:
+        with torch.no_grad():
+            self.infer = _full(_call(self.model, self.mine))
+
+    def training(self) -> None:
+        for param in self.model.parameters():
+            param.grad = None
+        out = _call(self.model, self.mine)
+        self.train = _full(out)
+        self.local_loss = self.loss_fn(out, self.mine)
+
+    def forward_checks(self) -> list[CheckResult]:
+        index, degree = self.layout.dp_index(self.rank), self.layout.dp_degree
+        checks = []
+        if self.infer is not None:
+            checks.append(self._outputs(CheckId.INFERENCE, self.infer, _shard(self.ref_infer, index, degree),
+                                        "no_grad output"))
+        if self.train is not None:
+            checks.append(self._outputs(CheckId.FORWARD, self.train, _shard(self.ref_train, index, degree), "output"))
+            checks.append(self._loss())
+        return checks
+
+    def backward_skip(self) -> str | None:
+        if not self.case.grads:
+            return "--no-grads"
+        return None if self.local_loss is not None else "the training forward did not run"
+
+    def backward(self) -> None:
+        # A plan that sums over the data-parallel ranks is handed each rank's share of the global mean.
+        share = self.layout.dp_degree if self.spec.grad_reduction == "sum" else 1
+        (self.local_loss / share).backward()
+
+    def grads_checks(self) -> list[CheckResult]:
+        pairs = ((name, _full(p.grad), self.ref_grads.get(name)) for name, p in self.model.named_parameters())
+        return [compare_grads(pairs, self.atol, self.rtol)]
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def _outputs(self, check_id, actual, expected, what: str) -> CheckResult:
+        have, want = _leaves(actual), _leaves(expected)
+        if [k for k, _ in have] != [k for k, _ in want]:
+            return CheckResult(check_id, Status.FAIL, f"{what}: parts {[k for k, _ in have]} != reference's "
+                                                      f"{[k for k, _ in want]}")
+        results = [compare(check_id, a, b, self.atol, self.rtol, f"{what}{k}") for (k, a), (_, b) in zip(have, want)]
+        failed = next((r for r in results if r.status != Status.PASS), None)
+        worst = max(results, key=lambda r: r.max_abs or 0.0)
+        out = failed or worst
+        out.max_abs = max((r.max_abs or 0.0) for r in results)
+        out.max_rel = max((r.max_rel or 0.0) for r in results)
+        return out
+
+    def _loss(self) -> CheckResult:
+        value = _full(self.local_loss).detach().float().clone()
+        dist.all_reduce(value)  # each batch shard's loss is counted once per rank that holds it: world / dp times
+        mean = value / self.layout.world
+        return compare(CheckId.LOSS, mean, self.ref_loss.float(), self.atol, self.rtol, "loss (mean over dp ranks)")
+
+
+def _call(model, batch):
+    return model(**batch) if isinstance(batch, dict) else model(batch)
+
+
+def _to(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+def _shard(value, index: int, degree: int):
+    """Shard `index` of `degree` equal shards on dim 0 of every tensor in `value` (nested tuples and dicts)."""
+    if degree == 1:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.chunk(degree, dim=0)[index] if value.dim() >= 1 else value
+    if isinstance(value, dict):
+        return {k: _shard(v, index, degree) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_shard(v, index, degree) for v in value)
+    return value
+
+
+def _full(value):
+    """DTensors gathered whole (differentiably), anywhere in nested tuples and dicts."""
+    if value is None:
+        return None
+    if hasattr(value, "full_tensor"):
+        return value.full_tensor()
+    if isinstance(value, dict):
+        return {k: _full(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_full(v) for v in value)
+    return value
+
+
+def _detached(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, dict):
+        return {k: _detached(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detached(v) for v in value)
+    return value
+
+
+def _leaves(value, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """(path, tensor) for every tensor in an output: `""` for a tensor, `[0]`, `['logits']` inside others."""
+    if isinstance(value, torch.Tensor):
+        return [(prefix, value)]
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{prefix}[{k!r}]")]
+    if isinstance(value, (tuple, list)):
+        return [leaf for i, v in enumerate(value) for leaf in _leaves(v, f"{prefix}[{i}]")]
+    if hasattr(value, "items"):  # ModelOutput-like mappings
+        return _leaves(dict(value.items()), prefix)
+    return []

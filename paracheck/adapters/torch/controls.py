@@ -1,0 +1,101 @@
+"""Negative controls for the torch adapter: bugs planted in a correctly parallelized user module, and the checks
+that must catch each. How each is planted lives in `PLANTS` (model, mesh, layout -> what was planted in), run
+right after the spec's own parallelize. No module outside this one names these controls.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from paracheck.domain.adapter import Refused
+from paracheck.domain.control import Control
+from paracheck.domain.records import CheckId
+
+
+def _needs_tp(layout) -> str | None:
+    return None if layout.tp > 1 else f"layout {layout} has no tensor parallelism"
+
+
+def _needs_dp(layout) -> str | None:
+    return None if layout.dp_degree > 1 else f"layout {layout} has no data parallelism"
+
+
+def _tp_sharded(model, mesh):
+    """The first parameter (in `named_parameters` order, the same on every rank) sharded on the `tp` dimension."""
+    from torch.distributed.tensor import DTensor
+
+    for name, param in model.named_parameters():
+        if isinstance(param, DTensor) and "tp" in (param.device_mesh.mesh_dim_names or ()):
+            index = param.device_mesh.mesh_dim_names.index("tp")
+            if param.placements[index].is_shard():
+                return name, param
+    raise Refused("no parameter is sharded on the tp dimension: nothing to swap")
+
+
+def _swap_tp_shard(model, mesh, layout, spec) -> str:
+    """Rank t of each TP group takes rank t+1's local shard of one parameter: a plan that numbers TP ranks
+    in another order than the mesh does."""
+    import torch
+    import torch.distributed as dist
+
+    name, param = _tp_sharded(model, mesh)
+    local = param._local_tensor  # the shard itself (FSDP2 keeps it a view of its sharded storage)
+    group = mesh.get_group("tp")
+    pieces = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, local.detach().contiguous(), group=group)
+    mine = dist.get_group_rank(group, dist.get_rank())
+    with torch.no_grad():
+        local.copy_(pieces[(mine + 1) % len(pieces)])
+    return name
+
+
+def _fsdp_modules(model):
+    from torch.distributed.fsdp import FSDPModule
+
+    found = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not found:
+        raise Refused("the spec's parallelize calls no fully_shard: no data-parallel reduction to leave off")
+    return found
+
+
+def _skip_dp_reduce(model, mesh, layout, spec) -> str:
+    """The data-parallel gradient reduction left off: HSDP's replica all-reduce, or FSDP's gradient sync."""
+    modules = _fsdp_modules(model)
+    for module in modules:
+        if layout.dp > 1 and layout.fsdp > 1:
+            module.set_requires_all_reduce(False)
+        else:
+            module.set_requires_gradient_sync(False)
+    return type(modules[-1]).__name__
+
+
+def _sum_not_mean(model, mesh, layout, spec) -> str:
+    """Gradients summed over the data-parallel ranks instead of averaged (a divide factor of 1)."""
+    if spec.grad_reduction == "sum":
+        raise Refused("the spec's plan already sums gradients over the data-parallel ranks (grad_reduction)")
+    modules = _fsdp_modules(model)
+    for module in modules:
+        module.set_force_sum_reduction_for_comms(True)  # scaled apart from the collective: gloo has no PREMUL_SUM
+        module.set_gradient_divide_factor(1.0)
+    return type(modules[-1]).__name__
+
+
+_ENTRIES = (
+    (Control("torch-shard-swap", "one tensor-parallel parameter's local shard taken from the next TP rank (the "
+             "first parameter sharded on tp): every rank holds a shard, none the one its coordinate names",
+             (CheckId.TP_SHARDS, CheckId.FORWARD), _needs_tp), _swap_tp_shard),
+    (Control("torch-skip-dp-reduce", "data-parallel gradient reduction left off (HSDP: the replicas' all-reduce; "
+             "FSDP: gradient sync, so no sharded gradient is written)", (CheckId.GRADS,), _needs_dp),
+     _skip_dp_reduce),
+    (Control("torch-grad-sum", "FSDP's gradient divide factor set to 1: gradients summed over the data-parallel "
+             "ranks, not averaged (dp x fsdp times too large), outputs exact", (CheckId.GRADS,), _needs_dp),
+     _sum_not_mean),
+)
+
+CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}
+#: control name -> planter(model, mesh, layout, spec) -> the parameter or module class it planted in.
+PLANTS: dict[str, Callable] = {c.name: p for c, p in _ENTRIES}
+
+
+def applicable(layout) -> list[str]:
+    return [name for name, control in CONTROLS.items() if control.applies(layout) is None]

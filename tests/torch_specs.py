@@ -1,0 +1,56 @@
+"""Specs for the torch adapter's tests: broken ones (each breaks one rule) and one whose parallelize raises."""
+
+import torch
+from torch import nn
+
+from paracheck.adapters.torch.spec import Spec
+
+
+def _build():
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def _parallelize(model, mesh, layout):
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    if layout.tp > 1:
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    return model
+
+
+def _inputs(layout, variant):
+    return {"input": torch.randn(4, 8)}
+
+
+class no_parallelize:
+    library = "torch"
+    build = staticmethod(_build)
+    inputs = staticmethod(_inputs)
+
+
+class no_build:
+    parallelize = staticmethod(_parallelize)
+    inputs = staticmethod(_inputs)
+
+
+def _raises(layout, variant):
+    raise KeyError("vocab")
+
+
+inputs_raise = Spec(_build, _parallelize, _raises)
+inputs_list = Spec(_build, _parallelize, lambda layout, variant: [torch.randn(4, 8)])
+only_tp4 = Spec(_build, _parallelize, _inputs, layouts=("tp4",))
+refuses_tp = Spec(_build, _parallelize, _inputs, supports=lambda layout: "no TP here" if layout.tp > 1 else None)
+bad_reduction = Spec(_build, _parallelize, _inputs, grad_reduction="avg")
+bad_layouts = Spec(_build, _parallelize, _inputs, layouts=("tp2xring2",))
+batch_odd = Spec(_build, _parallelize, lambda layout, variant: torch.randn(3, 8))
+mlp = Spec(_build, _parallelize, _inputs, layouts=("tp2",))
+
+
+def _parallelize_raises(model, mesh, layout):
+    raise RuntimeError("plan names a module 'mlp.fc9' the model lacks")
+
+
+parallelize_raises = Spec(_build, _parallelize_raises, _inputs)
+#: TP only: on an fsdp layout it shards nothing (right numbers, computed redundantly), which structure.mesh names.
+tp_only = Spec(_build, _parallelize, _inputs)
