@@ -97,6 +97,7 @@ def notes(verdicts: list[Verdict], replays: dict[str, str]) -> str:
     out = []
     for v in verdicts:
         out.extend(_case_notes(v, replays.get(v.id, "")))
+    out.extend(_xfail_groups(verdicts))
     out.extend(_skip_groups(verdicts))
     return "\n".join(out)
 
@@ -113,11 +114,38 @@ def _case_notes(v: Verdict, replay: str) -> list[str]:
         if v.traceback:
             out.append("      " + v.traceback.strip().splitlines()[-1])
         out.append(f"      replay: {replay}")
-    elif v.status in (CaseStatus.XFAIL, CaseStatus.XPASS, CaseStatus.INCONCLUSIVE):
+    elif v.status in (CaseStatus.XPASS, CaseStatus.INCONCLUSIVE):
         out.append(f"{v.status.value:5} {label}: {v.reason}")
     for f in ([] if v.case.control else v.findings):  # a control's inputs are its plain case's
         out.append(f"note  {label}: input not split on {ranks_named(f.ranks)}: {f.message}")
     return out
+
+
+def _xfail_groups(verdicts: list[Verdict]) -> list[str]:
+    """One line per known failure (the entries that explain a case, their reasons once), then the cases it
+    covers, model by model (`covered`)."""
+    groups: dict[str, list[Verdict]] = {}
+    for v in verdicts:
+        if v.status == CaseStatus.XFAIL:
+            groups.setdefault(v.known or v.reason, []).append(v)
+    return [f"xfail {known}\n      {covered(cases)}" for known, cases in groups.items()]
+
+
+def covered(verdicts: list[Verdict]) -> str:
+    """Cases compactly, as model (with its variant or dtype where not the default) x layouts:
+    `flux r4, tp2xr4; flux uneven r4`. A layout one model runs by several routes is named with each."""
+    by_model: dict[str, list[Verdict]] = {}
+    for v in verdicts:
+        c = v.case
+        extra = [x for x in (c.variant if c.variant != "base" else "", c.dtype if c.dtype != "fp32" else "") if x]
+        by_model.setdefault(" ".join([c.model, *extra]), []).append(v)
+    parts = []
+    for model, cases in by_model.items():
+        names = [v.case.layout.name for v in cases]
+        if len(set(names)) < len(names):
+            names = [f"{v.case.layout.name} {v.route.value}" for v in cases]
+        parts.append(f"{model} {', '.join(dict.fromkeys(names))}")
+    return "; ".join(parts)
 
 
 def _skip_groups(verdicts: list[Verdict]) -> list[str]:
