@@ -190,8 +190,8 @@ def test_xfails_group_by_their_known_failure_its_reason_once():
     verdicts = judge(cases, results, [ring, mask])
     assert [v.status for v in verdicts] == [CaseStatus.XFAIL] * 4
     lines = report.notes(verdicts, {}).splitlines()
-    assert lines == ["xfail ring backward rotates the wrong way [lib 1.0]", "      flux r4, tp2xr4; wan r4",
-                     "xfail the mask is not rotated", "      qwenimage u4"]
+    assert lines == ["xfail ring backward rotates the wrong way [lib 1.0]", "      flux: r4, tp2xr4; wan: r4",
+                     "xfail the mask is not rotated", "      qwenimage: u4"]
 
 
 def test_covered_names_a_route_only_where_one_model_runs_a_layout_by_several():
@@ -201,4 +201,5 @@ def test_covered_names_a_route_only_where_one_model_runs_a_layout_by_several():
     native, loaded = merge(_case(layout=tp4), _ranks({CheckId.GRADS: [0]})), merge(_case(layout=tp4), _ranks({}))
     loaded.route = Route.SHARDED_LOAD
     uneven = merge(Case("flux", "paracheck.fixtures:flux", U4, variant="uneven", dtype="bf16"), _ranks({}))
-    assert report.covered([native, loaded, uneven]) == "flux tp4 native, tp4 sharded-load; flux uneven bf16 u4"
+    wan = merge(_case(model="wan", layout=U4), _ranks({}))
+    assert report.covered([native, loaded, uneven, wan]) == "flux: tp4 native, tp4 sharded-load; flux uneven bf16, wan: u4"
