@@ -295,3 +295,21 @@ def test_numbers_are_read_defensively():
     assert plots.number(True) is None and plots.number("1e-3") is None and plots.number(None) is None
     assert plots.number(2) == 2.0 and math.isnan(plots.number(float("nan")))
     assert localization()["forward"]["first"] == FIRST
+
+
+@needs_matplotlib
+def test_paracheck_report_imports_no_torch(html_run, tmp_path):
+    """The page of a report is drawn without torch (plots included), in a process of its own."""
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+    from tests.test_torchfree import PROBE
+
+    run, _ = html_run
+    source = tmp_path / "run.json"
+    source.write_text(json.dumps(sample(run.report)))
+    argv = ["report", str(source), "--html", str(tmp_path / "out.html")]
+    out = subprocess.run([sys.executable, "-c", PROBE, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.stdout.split()[-2:] == ["NO-TORCH", "0"], out.stdout + out.stderr
+    assert "<svg" in (tmp_path / "out.html").read_text()
