@@ -313,3 +313,47 @@ def test_paracheck_report_imports_no_torch(html_run, tmp_path):
     out = subprocess.run([sys.executable, "-c", PROBE, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.stdout.split()[-2:] == ["NO-TORCH", "0"], out.stdout + out.stderr
     assert "<svg" in (tmp_path / "out.html").read_text()
+
+
+def _rank_side_names(loc: dict) -> dict:
+    """The same localization written with the rank side's own names: `module`/`param`, `within`, and
+    `first`/`last_agreeing` as the module's whole entry."""
+    fwd, grads = loc["forward"], loc["grads"]
+    modules = [{"module": m["name"], "max_abs": m["max_abs"], "max_rel": m["max_rel"], "within": m["ok"]}
+               for m in fwd["modules"]]
+    by_name = {m["module"]: m for m in modules}
+    return {"forward": dict(fwd, modules=modules, first=by_name[fwd["first"]], last_agreeing=by_name[fwd["last_agreeing"]],
+                            origin=fwd["first"], not_compared=[{"module": m["name"], "why": m["why"]}
+                                                               for m in fwd["not_compared"]]),
+            "inference": dict(fwd, modules=modules, first=by_name[fwd["first"]]),
+            "grads": dict(grads, params=[{"param": p["name"], "max_abs": p["max_abs"], "max_rel": p["max_rel"],
+                                          "within": p["ok"], "over": 2.0} for p in grads["params"]])}
+
+
+def test_a_localization_in_the_rank_sides_own_names_reads_the_same():
+    from paracheck.results import localized
+
+    schema, other = localized.read(localization()), localized.read(_rank_side_names(localization()))
+    assert other["forward"]["modules"] == schema["forward"]["modules"]
+    assert json.dumps(other["grads"]["params"]) == json.dumps(schema["grads"]["params"])  # NaN included
+    assert (other["forward"]["first"], other["forward"]["last_agreeing"]) == \
+        (schema["forward"]["first"], schema["forward"]["last_agreeing"]) == (FIRST, "transformer_blocks.1.norm1")
+    assert other["forward"]["not_compared"] == schema["forward"]["not_compared"]
+    assert other["inference"]["first"] == FIRST and "inference" not in schema
+    assert localized.read("garbage") == {} and localized.read({"forward": 3}) == {}
+
+
+@needs_matplotlib
+def test_the_no_grad_forward_gets_its_own_plot(html_run):
+    run, _ = html_run
+    data = sample(run.report)
+    fail = next(c for c in data["cases"] if c["status"] == "fail")
+    fail["localization"] = _rank_side_names(localization())
+    page = Page(html.render(data))
+    detail = page.find("tr", "detail", id=page.find("tr", "case", data_status="fail")[0]["attrs"]["id"] + "-detail")[0]
+    assert len(page.inside(detail, "figure", "forward-plot")) == 2 and page.inside(detail, "figure", "grads-plot")
+    assert [Page.text(h) for h in page.inside(detail, "h3")] == [
+        "Forward, module by module (on ranks 0-1)", "No-grad forward, module by module (on ranks 0-1)",
+        "Gradients, parameter by parameter (on rank 1)"]
+    ids = [e["attrs"]["id"] for e in page.elements if "id" in e["attrs"]]
+    assert len(ids) == len(set(ids))

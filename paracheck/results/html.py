@@ -15,7 +15,7 @@ import re
 from html import escape
 
 from paracheck.launch.attribution import ranks_text
-from paracheck.results import plots
+from paracheck.results import localized, plots
 from paracheck.results.plots import ints, items
 from paracheck.results.report import models_by_layouts, who
 
@@ -241,54 +241,58 @@ def _checks(case: dict) -> str:
 
 
 def _localization(case: dict, loc: dict, anchor: str, with_plots: bool) -> str:
+    found = localized.read(loc)
     parts = ['<div class="localization">']
-    forward, grads = loc.get("forward"), loc.get("grads")
-    if isinstance(forward, dict):
-        parts.append(_forward_part(forward, anchor, with_plots))
-    if isinstance(grads, dict):
+    for part, title in localized.FORWARD_PARTS:
+        if part in found:
+            parts.append(_forward_part(found[part], title, f"{anchor}-{part}", with_plots))
+    if "grads" in found:
         check = _check(case, "parity.grads")
-        parts.append(_grads_part(grads, check, anchor, with_plots))
+        parts.append(_grads_part(found["grads"], check, anchor, with_plots))
     return "\n".join(parts) + "</div>"
 
 
 def _from_ranks(part: dict) -> str:
-    ranks = ints(part.get("ranks"))
+    ranks = part["ranks"]
     return f" (on {'rank' if len(ranks) == 1 else 'ranks'} {ranks_text(ranks)})" if ranks else ""
 
 
-def _forward_part(forward: dict, anchor: str, with_plots: bool) -> str:
-    modules = items(forward.get("modules"))
-    first, last = forward.get("first"), forward.get("last_agreeing")
+def _forward_part(forward: dict, title: str, prefix: str, with_plots: bool) -> str:
+    modules = forward["modules"]
+    first, last, origin = forward["first"], forward["last_agreeing"], forward["origin"]
     where = (f'first module beyond tolerance: <code class="first">{_e(first)}</code>' if first else
              "no module beyond tolerance")
+    if origin and origin != first:
+        where += f', arising in <code class="origin">{_e(origin)}</code> (its inputs agree)'
     if last:
         where += f'; last agreeing: <code>{_e(last)}</code>'
-    head = (f'<h3>Forward, module by module{_e(_from_ranks(forward))}</h3><p class="where">{where} '
-            f'(atol <span class="num">{_number(forward.get("atol"))}</span>, rtol <span class="num">'
-            f'{_number(forward.get("rtol"))}</span>, {len(modules)} modules compared)</p>')
-    plot = _plot(lambda: plots.forward_svg(forward, f"{anchor}-fwd"), "forward-plot", with_plots, modules)
-    skipped = items(forward.get("not_compared"))
+    head = (f'<h3>{_e(title)}, module by module{_e(_from_ranks(forward))}</h3><p class="where">{where} '
+            f'(atol <span class="num">{_number(forward["atol"])}</span>, rtol <span class="num">'
+            f'{_number(forward["rtol"])}</span>, {_n(len(modules), "module")} compared)</p>')
+    plot = _plot(lambda: plots.forward_svg(forward, prefix), "forward-plot", with_plots, modules)
+    skipped = forward["not_compared"]
     rest = ""
     if skipped:
-        lines = "".join(f"<li><code>{_e(m.get('name'))}</code>: {_e(m.get('why'))}</li>" for m in skipped)
+        lines = "".join(f"<li><code>{_e(m['name'])}</code>: {_e(m['why'])}</li>" for m in skipped)
         rest = f"<details><summary>{_n(len(skipped), 'module')} not compared</summary><ul>{lines}</ul></details>"
     return head + plot + rest
 
 
 def _grads_part(grads: dict, check: dict, anchor: str, with_plots: bool) -> str:
-    params = items(grads.get("params"))
-    beyond = sum(p.get("ok") is False for p in params)
+    params = grads["params"]
+    beyond = sum(p["ok"] is False for p in params)
     head = (f'<h3>Gradients, parameter by parameter{_e(_from_ranks(grads))}</h3>'
             f'<p class="where"><span class="num">{beyond}</span> of <span class="num">{len(params)}</span> '
-            f"parameters beyond tolerance" + (f"; {_e(grads['pattern'])}" if grads.get("pattern") else "") + "</p>")
-    plot = _plot(lambda: plots.grads_svg(grads, check.get("atol"), check.get("rtol"), f"{anchor}-grad"),
+            f"parameters beyond tolerance" + (f"; {_e(grads['pattern'])}" if grads["pattern"] else "") + "</p>")
+    plot = _plot(lambda: plots.grads_svg(grads, check.get("atol"), check.get("rtol"), f"{anchor}-grads"),
                  "grads-plot", with_plots, params)
-    rows = "".join(f'<tr><td><code>{_e(p.get("name"))}</code></td><td class="num">{_number(p.get("max_abs"))}</td>'
-                   f'<td class="num">{_number(p.get("max_rel"))}</td><td>{"" if p.get("ok") is None else "ok" if p["ok"] else "beyond"}</td></tr>'
-                   for p in params)
+    state = {True: "ok", False: "beyond", None: ""}
+    rows = "".join(f'<tr><td><code>{_e(p["name"])}</code></td><td class="num">{_number(p["max_abs"])}</td>'
+                   f'<td class="num">{_number(p["max_rel"])}</td><td>{state[p["ok"]]}</td>'
+                   f'<td>{_e(p["why"])}</td></tr>' for p in params)
     table = (f"<details><summary>every parameter ({len(params)})</summary><table class=\"params\"><thead><tr>"
-             f"<th>parameter</th><th>max_abs</th><th>max_rel</th><th></th></tr></thead><tbody>{rows}</tbody></table>"
-             "</details>") if params else ""
+             "<th>parameter</th><th>max_abs</th><th>max_rel</th><th></th><th></th></tr></thead>"
+             f"<tbody>{rows}</tbody></table></details>") if params else ""
     return head + plot + table
 
 
