@@ -269,7 +269,7 @@ def _forward_part(forward: dict, title: str, prefix: str, with_plots: bool) -> s
     head = (f'<h3>{_e(title)}, module by module{_e(_from_ranks(forward))}</h3><p class="where">{where} '
             f'(atol <span class="num">{_number(forward["atol"])}</span>, rtol <span class="num">'
             f'{_number(forward["rtol"])}</span>, {_n(len(modules), "module")} compared)</p>')
-    plot = _plot(lambda: plots.forward_svg(forward, prefix), "forward-plot", with_plots, modules)
+    plot = _plot(lambda: plots.forward_svg(forward, prefix, title.lower()), "forward-plot", with_plots, modules)
     skipped = forward["not_compared"]
     rest = ""
     if skipped:

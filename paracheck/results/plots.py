@@ -5,8 +5,8 @@ tolerance drawn.
 matplotlib is optional (the `html` extra) and imported here only, inside the functions, without pyplot:
 a `Figure` on the SVG canvas, so no GUI backend is chosen and the process's backend is left alone.
 `available()` says whether it can be imported. The data is read defensively (a report may come from
-another version): numbers that are missing are left out, zeros are drawn at the floor, and NaN or
-infinity at the top, marked. Torch-free.
+another version): numbers that are missing are left out, exact zeros are drawn a decade below the
+rest, on a line saying so, and NaN or infinity above them all, marked. Torch-free.
 """
 
 from __future__ import annotations
@@ -47,33 +47,35 @@ def ints(value) -> list[int]:
     return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
 
 
-def forward_svg(forward: dict, prefix: str) -> str:
-    """Per-module forward error (max_abs, and max_rel where given), modules in execution order, the
-    tolerance as horizontal lines and the first module beyond it marked. `prefix` keeps the SVG's ids apart
-    from every other plot's in the page."""
+def forward_svg(forward: dict, prefix: str, title: str = "forward") -> str:
+    """Per-module error (max_abs, and max_rel where given) of a forward-like pass called `title`, modules in
+    execution order, the tolerance as horizontal lines and the first module beyond it marked. `prefix` keeps
+    the SVG's ids apart from every other plot's in the page."""
     modules = items(forward.get("modules"))
     names = [str(m.get("name", "?")) for m in modules]
     atol, rtol = number(forward.get("atol")), number(forward.get("rtol"))
     fig, ax = _figure(width=max(6.4, min(16.0, 0.16 * len(names) + 2.5)), height=3.4)
     xs = list(range(len(names)))
-    floor, top = _range([m.get("max_abs") for m in modules] + [m.get("max_rel") for m in modules], [atol, rtol])
-    _series(ax, xs, [m.get("max_abs") for m in modules], [m.get("ok") for m in modules], floor, top, "max_abs", "o")
+    scale = Scale([m.get("max_abs") for m in modules] + [m.get("max_rel") for m in modules], [atol, rtol])
+    oks = [m.get("ok") for m in modules]
+    _series(ax, xs, [m.get("max_abs") for m in modules], oks, scale, "max_abs", "o")
     if any(number(m.get("max_rel")) is not None for m in modules):
-        _series(ax, xs, [m.get("max_rel") for m in modules], [m.get("ok") for m in modules], floor, top, "max_rel",
-                "x", line=False)
+        _series(ax, xs, [m.get("max_rel") for m in modules], oks, scale, "max_rel", "x", line=False)
     _tolerance(ax, atol, rtol, horizontal=True)
     first = forward.get("first")
     if first in names:
-        i = names.index(first)
-        ax.axvline(i, color=BAD_COLOR, linestyle=":", linewidth=1.2, label=f"first beyond tolerance: {first}")
+        ax.axvline(names.index(first), color=BAD_COLOR, linestyle=":", linewidth=1.2,
+                   label=f"first beyond tolerance: {first}")
     last = forward.get("last_agreeing")
     if last in names:
         ax.axvline(names.index(last), color=OK_COLOR, linestyle=":", linewidth=1.0, label=f"last agreeing: {last}")
     _labels(ax, names, first)
-    ax.set_ylim(floor / 2, top * 3)
+    ax.set_yscale("log")
+    ax.set_ylim(*scale.limits)
+    scale.ticks(ax.yaxis)
     ax.set_xlim(-0.6, max(len(names) - 0.4, 0.6))
     ax.set_ylabel("error vs one device")
-    ax.set_title(f"forward: error per module, in execution order ({len(names)} compared)", loc="left")
+    ax.set_title(f"{title}: error per module, in execution order ({len(names)} compared)", loc="left")
     ax.legend(loc="upper left", fontsize=7, framealpha=0.9)
     return _svg(fig, prefix)
 
@@ -87,19 +89,20 @@ def grads_svg(grads: dict, atol, rtol, prefix: str, top: int = TOP_PARAMS) -> st
     atol, rtol = number(atol), number(rtol)
     fig, ax = _figure(width=7.5, height=0.22 * len(shown) + 1.3)
     ys = list(range(len(shown)))
-    floor, ceiling = _range([p.get("max_abs") for p in shown] + [p.get("max_rel") for p in shown], [atol, rtol])
-    values = [_placed(p.get("max_abs"), floor, ceiling) for p in shown]
-    colors = [_color(p.get("ok")) for p in shown]
-    ax.barh(ys, [v if v is not None else 0 for v in values], left=floor / 2, color=colors, height=0.65,
-            label="max_abs")
-    rel = [_placed(p.get("max_rel"), floor, ceiling) for p in shown]
+    scale = Scale([p.get("max_abs") for p in shown] + [p.get("max_rel") for p in shown], [atol, rtol])
+    values = [scale.place(p.get("max_abs")) for p in shown]
+    left = scale.limits[0]
+    ax.barh(ys, [v - left if v is not None else 0 for v in values], left=left,
+            color=[_color(p.get("ok")) for p in shown], height=0.65, label="max_abs")
+    rel = [scale.place(p.get("max_rel")) for p in shown]
     if any(r is not None for r in rel):
         ax.scatter([r for r in rel if r is not None], [y for y, r in zip(ys, rel) if r is not None], marker="x",
                    color="#212121", s=14, zorder=3, label="max_rel")
-    _offscale(ax, [p.get("max_abs") for p in shown], ys, ceiling, horizontal=False)
+    _marks(ax, [p.get("max_abs") for p in shown], ys, scale, horizontal=False)
     _tolerance(ax, atol, rtol, horizontal=False)
     ax.set_xscale("log")
-    ax.set_xlim(floor / 2, ceiling * 3)
+    ax.set_xlim(*scale.limits)
+    scale.ticks(ax.xaxis)
     ax.set_yticks(ys, names, fontsize=7)
     ax.set_ylim(len(shown) - 0.5, -0.5)
     ax.set_xlabel("error vs one device")
@@ -118,57 +121,89 @@ def _figure(width: float, height: float):
     return fig, fig.add_subplot()
 
 
-def _range(values, tolerances) -> tuple[float, float]:
-    """The finite positive span the axis shows: the figures and the tolerances, or a decade around 1e-6."""
-    finite = [v for v in map(number, values + tolerances) if v is not None and math.isfinite(v) and v > 0]
-    if not finite:
-        return 1e-7, 1e-5
-    return min(finite), max(finite)
+class Scale:
+    """A log axis for some figures and tolerances: it spans the finite positive ones (a decade around 1e-6
+    where there are none), an exact zero is drawn a decade below them all, NaN and infinity above."""
+
+    def __init__(self, values, tolerances):
+        finite = [v for v in map(number, list(values) + list(tolerances)) if v is not None and math.isfinite(v)
+                  and v > 0]
+        self.low, self.high = (min(finite), max(finite)) if finite else (1e-7, 1e-5)
+        self.zeros = any(number(v) == 0 for v in values)
+        # Half a decade off the decades, so the zero tick never sits on one.
+        self.zero, self.over = self.low / 10 ** 1.5, self.high * 10
+
+    @property
+    def limits(self) -> tuple[float, float]:
+        return self.zero / 3, self.over * 3
+
+    def ticks(self, axis) -> None:
+        """Decade ticks, and the exact zeros' level ticked `0` where some figure is zero."""
+        lo, hi = self.limits
+        decades = list(range(math.ceil(math.log10(lo)), math.floor(math.log10(hi)) + 1))
+        step = max(1, math.ceil(len(decades) / 12))
+        ticks = [10.0 ** k for k in decades[::step]]
+        labels = [f"$10^{{{k}}}$" for k in decades[::step]]
+        if self.zeros:
+            ticks, labels = [self.zero] + ticks, ["0"] + labels
+        axis.set_ticks(ticks, labels)
+        axis.set_minor_locator(_null_locator())
+
+    def place(self, value) -> float | None:
+        """Where a figure is drawn: itself, zero at `zero`, NaN or infinity at `over`; None: not drawn."""
+        v = number(value)
+        if v is None:
+            return None
+        if not math.isfinite(v):
+            return self.over
+        return v if v > 0 else self.zero
 
 
-def _placed(value, floor: float, ceiling: float) -> float | None:
-    """Where a figure is drawn: itself, zero at the floor, NaN or infinity at the ceiling."""
-    v = number(value)
-    if v is None:
-        return None
-    if not math.isfinite(v):
-        return ceiling * 2
-    return v if v > 0 else floor / 1.5
+def _null_locator():
+    from matplotlib.ticker import NullLocator
+
+    return NullLocator()
 
 
 def _color(ok) -> str:
     return OK_COLOR if ok is True else BAD_COLOR if ok is False else UNKNOWN_COLOR
 
 
-def _series(ax, xs, values, oks, floor, top, label, marker, line=True) -> None:
-    placed = [_placed(v, floor, top) for v in values]
+def _series(ax, xs, values, oks, scale: Scale, label: str, marker: str, line: bool = True) -> None:
+    placed = [scale.place(v) for v in values]
+    drawn = [(x, p, ok) for x, p, ok in zip(xs, placed, oks) if p is not None]
+    if line and drawn:
+        ax.plot([x for x, _, _ in drawn], [p for _, p, _ in drawn], color="#9e9e9e", linewidth=0.8, zorder=1)
+    if drawn:
+        ax.scatter([x for x, _, _ in drawn], [p for _, p, _ in drawn], c=[_color(ok) for _, _, ok in drawn],
+                   marker=marker, s=18 if line else 14, zorder=2, label=label)
     if line:
-        ax.plot([x for x, p in zip(xs, placed) if p is not None], [p for p in placed if p is not None],
-                color="#9e9e9e", linewidth=0.8, zorder=1)
-    ax.scatter([x for x, p in zip(xs, placed) if p is not None], [p for p in placed if p is not None],
-               c=[_color(ok) for ok, p in zip(oks, placed) if p is not None], marker=marker, s=18 if line else 14,
-               zorder=2, label=label)
-    _offscale(ax, values, xs, top, horizontal=True)
-    ax.set_yscale("log")
+        _marks(ax, values, xs, scale, horizontal=True)
 
 
-def _offscale(ax, values, positions, ceiling, horizontal: bool) -> None:
-    """NaN and infinity, drawn at the top of the axis as a marked triangle."""
-    bad = [p for p, v in zip(positions, values) if number(v) is not None and not math.isfinite(number(v))]
+def _marks(ax, values, positions, scale: Scale, horizontal: bool) -> None:
+    """Label the exact zeros (drawn at the bottom) and mark NaN and infinity (at the top) with a triangle."""
+    figures = [(p, number(v)) for p, v in zip(positions, values) if number(v) is not None]
+    zeros = [p for p, v in figures if v == 0]
+    bad = [p for p, v in figures if not math.isfinite(v)]
+    line = ax.axhline if horizontal else ax.axvline
+    if zeros:
+        line(scale.zero, color="#bdbdbd", linewidth=0.8, linestyle="-", zorder=0)
     if bad:
-        xs, ys = (bad, [ceiling * 2] * len(bad)) if horizontal else ([ceiling * 2] * len(bad), bad)
+        at = [scale.over] * len(bad)
+        xs, ys = (bad, at) if horizontal else (at, bad)
         ax.scatter(xs, ys, marker="^" if horizontal else ">", color=BAD_COLOR, s=40, zorder=4, label="nan or inf")
 
 
 def _tolerance(ax, atol, rtol, horizontal: bool) -> None:
     line = ax.axhline if horizontal else ax.axvline
-    if atol is not None and atol > 0:
+    if atol is not None and math.isfinite(atol) and atol > 0:
         same = rtol is not None and math.isclose(atol, rtol)
         line(atol, color=TOL_COLOR, linestyle="--", linewidth=1.0,
              label=f"atol = rtol = {atol:.0e}" if same else f"atol {atol:.0e}")
         if same:
             return
-    if rtol is not None and rtol > 0:
+    if rtol is not None and math.isfinite(rtol) and rtol > 0:
         line(rtol, color=TOL_COLOR, linestyle="-.", linewidth=0.9, label=f"rtol {rtol:.0e} (for max_rel)")
 
 
