@@ -357,3 +357,12 @@ def test_the_no_grad_forward_gets_its_own_plot(html_run):
         "Gradients, parameter by parameter (on rank 1)"]
     ids = [e["attrs"]["id"] for e in page.elements if "id" in e["attrs"]]
     assert len(ids) == len(set(ids))
+
+
+def test_a_filter_option_matches_its_rows_whatever_the_value():
+    """Each filter option's value is the text its rows carry, for any model or layout (None included)."""
+    cases = [{"status": "pass", "model": m, "layout": l} for m, l in (("a b", "tp2"), (None, "u2"), ('x"<', 3))]
+    page = Page(html.render({"cases": cases}, with_plots=False))
+    for key in ("model", "layout"):
+        values = [o["attrs"]["value"] for o in page.inside(page.find("select", id=f"f-{key}")[0], "option")][1:]
+        assert values == [r["attrs"][f"data-{key}"] for r in page.find("tr", "case")]

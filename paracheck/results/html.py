@@ -149,8 +149,8 @@ def _columns(cases: list[dict]) -> list[tuple[str, object]]:
 
 def _cases(cases: list[dict], with_plots: bool) -> str:
     cols = _columns(cases)
-    models = list(dict.fromkeys(str(c.get("model")) for c in cases))
-    layouts = list(dict.fromkeys(str(c.get("layout")) for c in cases))
+    models = list(dict.fromkeys(_key(c, "model") for c in cases))
+    layouts = list(dict.fromkeys(_key(c, "layout") for c in cases))
     statuses = [s for s in ORDER if any(c["status"] == s for c in cases)]
     statuses += [s for s in dict.fromkeys(c["status"] for c in cases) if s not in statuses]
     filters = (_select("model", models, []) + _select("layout", layouts, [])
@@ -176,6 +176,11 @@ def _select(name: str, values: list[str], extra: list[tuple[str, str]]) -> str:
     return f'<label>{_e(name)} <select id="f-{name}" name="{name}">{inner}</select></label> '
 
 
+def _key(case: dict, field: str) -> str:
+    """What a filter matches a case's `field` by: the same text in its option and in the row."""
+    return str(case.get(field))
+
+
 def _opens(case: dict) -> bool:
     return case["status"] in OPENS or isinstance(case.get("localization"), dict)
 
@@ -197,7 +202,7 @@ def _row(case: dict, i: int, cols) -> str:
               f'<td class="num">{_e(ranks_text(ranks) if ranks else "")}</td>',
               f'<td class="num">{_number(forward.get("max_abs"))}</td>',
               f'<td class="reason" title="{_e(case.get("reason"))}">{_e(case.get("reason"))}</td>']
-    data = (f'data-model="{_e(case.get("model"))}" data-layout="{_e(case.get("layout"))}" '
+    data = (f'data-model="{_e(_key(case, "model"))}" data-layout="{_e(_key(case, "layout"))}" '
             f'data-status="{_e(status)}" data-failing="{int(status in FAILING)}"')
     return (f'<tr class="case row-{_e(status)}{" expandable" if opens else ""}" id="{_anchor(case, i)}" {data}>'
             + "".join(cells) + "</tr>")
