@@ -171,6 +171,20 @@ def test_known_failures_grouped_with_their_cases_and_a_reproduction(page_text):
     assert "WanTransformer3DModel has no _tp_plan wan: tp2" in Page.text(skips)
 
 
+def test_skips_of_a_missing_plan_group_by_it_as_the_terminal_does(html_run):
+    run, _ = html_run
+    data = sample(run.report)
+    skip = next(c for c in data["cases"] if c["status"] == "skip")
+    more = [dict(skip, model=m, layout=l, reason=f"{m} reworded ({l})", failure={"kind": "skip", "missing_plan": "_tp_plan"})
+            for m, l in (("wan", "tp2"), ("ltx", "tp2"), ("wan", "tp2xu2"), ("ltx", "tp2xu2"), ("qwen", "tp2"))]
+    data["cases"] += more
+    page = Page(html.render(data, with_plots=False))
+    [skips] = page.find("section", id="skips")
+    assert [Page.text(li) for li in page.inside(skips, "li")] == [
+        "wan, ltx: no _tp_plan, so tp2, tp2xu2 cannot run", "qwen: no _tp_plan, so tp2 cannot run",
+        "WanTransformer3DModel has no _tp_plan wan: tp2"]
+
+
 def test_nothing_is_fetched_and_ids_are_unique(page_text):
     assert external_references(page_text) == []
     assert "http:" not in page_text and "https:" not in page_text and page_text.isascii()

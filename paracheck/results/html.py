@@ -201,7 +201,7 @@ def _row(case: dict, i: int, cols) -> str:
     cells += [f'<td><span class="status s-{_e(status)}">{_e(status)}</span></td>',
               f'<td class="num">{_e(ranks_text(ranks) if ranks else "")}</td>',
               f'<td class="num">{_number(forward.get("max_abs"))}</td>',
-              f'<td class="reason" title="{_e(case.get("reason"))}">{_e(case.get("reason"))}</td>']
+              f'<td class="reason" title="{_e(case.get("reason"))}"><div class="clamp">{_e(case.get("reason"))}</div></td>']
     data = (f'data-model="{_e(_key(case, "model"))}" data-layout="{_e(_key(case, "layout"))}" '
             f'data-status="{_e(status)}" data-failing="{int(status in FAILING)}"')
     return (f'<tr class="case row-{_e(status)}{" expandable" if opens else ""}" id="{_anchor(case, i)}" {data}>'
@@ -342,17 +342,33 @@ def _known(cases: list[dict]) -> str:
 
 
 def _skips(cases: list[dict]) -> str:
-    groups: dict[str, list[dict]] = {}
-    for c in cases:
-        if c["status"] == "skip":
-            groups.setdefault(str(c.get("reason")), []).append(c)
-    if not groups:
+    """The skips, as the terminal groups them: a model that lacks a plan (the typed `failure.missing_plan`)
+    once for every layout it cannot take, models alike together; any other skip grouped by its reason."""
+    skipped = [c for c in cases if c["status"] == "skip"]
+    if not skipped:
         return ""
-    lines = "".join(f'<li>{_e(reason)}<br><span class="covers">{_e(covered(members))}</span></li>'
-                    for reason, members in groups.items())
-    total = sum(map(len, groups.values()))
-    return (f'<section id="skips"><details><summary><h2>Skipped: {_n(total, "case")}, {_n(len(groups), "reason")}</h2>'
-            f"</summary><ul>{lines}</ul></details></section>")
+    never: dict[str, dict[str, list[str]]] = {}
+    reasons: dict[str, list[dict]] = {}
+    for c in skipped:
+        failure = c.get("failure") if isinstance(c.get("failure"), dict) else {}
+        if failure.get("missing_plan"):
+            layouts = never.setdefault(str(failure["missing_plan"]), {}).setdefault(_key(c, "model"), [])
+            if _key(c, "layout") not in layouts:
+                layouts.append(_key(c, "layout"))
+        else:
+            reasons.setdefault(str(c.get("reason")), []).append(c)
+    lines = [f"<li>{_e(never_line)}</li>" for plan, by_model in never.items() for never_line in _never(plan, by_model)]
+    lines += [f'<li>{_e(reason)}<br><span class="covers">{_e(covered(members))}</span></li>'
+              for reason, members in reasons.items()]
+    return (f'<section id="skips"><details><summary><h2>Skipped: {_n(len(skipped), "case")}</h2></summary>'
+            f'<ul>{"".join(lines)}</ul></details></section>')
+
+
+def _never(plan: str, by_model: dict[str, list[str]]) -> list[str]:
+    models: dict[tuple[str, ...], list[str]] = {}
+    for model, layouts in by_model.items():
+        models.setdefault(tuple(layouts), []).append(model)
+    return [f"{', '.join(ms)}: no {plan}, so {', '.join(layouts)} cannot run" for layouts, ms in models.items()]
 
 
 CSS = """
@@ -372,7 +388,8 @@ code{font-size:.92em;background:#f5f5f5;padding:0 .25em;border-radius:3px}pre{ba
 table{border-collapse:collapse}th,td{padding:.2em .6em;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
 th{background:#fafafa;position:sticky;top:0}td.num{text-align:right;white-space:nowrap}
 td.reason{max-width:52em;overflow-wrap:anywhere;color:#424242}
-table.cases>tbody>tr>td.reason{display:-webkit-box;-webkit-line-clamp:2;-webkit-box-orient:vertical;overflow:hidden}
+table.cases>thead th,table.cases>tbody>tr.case>td:not(.reason){white-space:nowrap}
+.clamp{display:-webkit-box;-webkit-line-clamp:2;-webkit-box-orient:vertical;overflow:hidden}
 tr.row-fail,tr.row-error,tr.row-missed{background:#fff5f5}
 tr.expandable{cursor:pointer}tr.expandable:hover{background:#f3f6fb}
 .toggle{border:0;background:none;cursor:pointer;font-size:1em;padding:0 .2em;width:1.2em}
