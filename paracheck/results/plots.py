@@ -140,8 +140,10 @@ class Scale:
     def ticks(self, axis) -> None:
         """Decade ticks, and the exact zeros' level ticked `0` where some figure is zero."""
         lo, hi = self.limits
-        decades = list(range(math.ceil(math.log10(lo)), math.floor(math.log10(hi)) + 1))
-        step = max(1, math.ceil(len(decades) / 12))
+        # Below the smallest figure only the zeros' tick, so no decade crowds it.
+        bottom = self.low * (1 - 1e-9) if self.zeros else lo
+        decades = list(range(math.ceil(math.log10(bottom)), math.floor(math.log10(hi)) + 1))
+        step = max(1, math.ceil(len(decades) / 8))
         ticks = [10.0 ** k for k in decades[::step]]
         labels = [f"$10^{{{k}}}$" for k in decades[::step]]
         if self.zeros:
