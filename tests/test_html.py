@@ -380,3 +380,12 @@ def test_a_filter_option_matches_its_rows_whatever_the_value():
     for key in ("model", "layout"):
         values = [o["attrs"]["value"] for o in page.inside(page.find("select", id=f"f-{key}")[0], "option")][1:]
         assert values == [r["attrs"][f"data-{key}"] for r in page.find("tr", "case")]
+
+
+def test_a_url_in_a_known_failure_is_text_not_a_reference(html_run):
+    run, _ = html_run
+    data = sample(run.report)
+    url = "https://github.com/example/project/issues/1"
+    next(c for c in data["cases"] if c["status"] == "xfail")["known_failure"] = f"a bug [{url}]"
+    text = html.render(data, with_plots=False)
+    assert url in text and external_references(text) == [] and not Page(text).find("a", href=url)
