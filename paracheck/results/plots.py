@@ -18,6 +18,8 @@ import re
 OK_COLOR, BAD_COLOR, UNKNOWN_COLOR, TOL_COLOR = "#2e7d32", "#c62828", "#757575", "#1565c0"
 #: Parameters the gradient plot shows (worst first); the rest are counted in its title.
 TOP_PARAMS = 20
+#: The forward plot's module labels' size (points).
+TICK_POINTS = 6.5
 #: Module names the forward plot labels before it labels only every k-th (and the first beyond tolerance).
 MAX_LABELS = 60
 
@@ -54,7 +56,9 @@ def forward_svg(forward: dict, prefix: str, title: str = "forward") -> str:
     modules = items(forward.get("modules"))
     names = [str(m.get("name", "?")) for m in modules]
     atol, rtol = number(forward.get("atol")), number(forward.get("rtol"))
-    fig, ax = _figure(width=max(6.4, min(16.0, 0.16 * len(names) + 2.5)), height=3.4)
+    labels = _text_inches(names, TICK_POINTS)
+    fig, ax = _figure(plot_width=max(5.5, min(15.0, 0.16 * len(names) + 1.5)), plot_height=2.6, left=0.8,
+                      bottom=labels + 0.15)
     xs = list(range(len(names)))
     scale = Scale([m.get("max_abs") for m in modules] + [m.get("max_rel") for m in modules], [atol, rtol])
     oks = [m.get("ok") for m in modules]
@@ -87,7 +91,8 @@ def grads_svg(grads: dict, atol, rtol, prefix: str, top: int = TOP_PARAMS) -> st
     shown = params[:top]
     names = [str(p.get("name", "?")) for p in shown]
     atol, rtol = number(atol), number(rtol)
-    fig, ax = _figure(width=7.5, height=0.22 * len(shown) + 1.3)
+    fig, ax = _figure(plot_width=5.0, plot_height=0.22 * len(shown) + 0.3, left=_text_inches(names, 7) + 0.2,
+                      bottom=0.55)
     ys = list(range(len(shown)))
     scale = Scale([p.get("max_abs") for p in shown] + [p.get("max_rel") for p in shown], [atol, rtol])
     values = [scale.place(p.get("max_abs")) for p in shown]
@@ -112,13 +117,24 @@ def grads_svg(grads: dict, atol, rtol, prefix: str, top: int = TOP_PARAMS) -> st
     return _svg(fig, prefix)
 
 
-def _figure(width: float, height: float):
+def _figure(plot_width: float, plot_height: float, left: float, bottom: float, top: float = 0.3,
+            right: float = 0.2):
+    """A figure whose axes are `plot_width` x `plot_height` inches with the margins given (inches): laid out
+    from the labels' lengths, since a tight bounding box would draw every figure twice."""
     from matplotlib.backends.backend_svg import FigureCanvasSVG
     from matplotlib.figure import Figure
 
+    width, height = left + plot_width + right, bottom + plot_height + top
     fig = Figure(figsize=(width, height), dpi=72)
     FigureCanvasSVG(fig)
+    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height)
     return fig, fig.add_subplot()
+
+
+def _text_inches(names: list[str], points: float) -> float:
+    """About how long the longest of `names` is in DejaVu Sans at `points` (0.6 em a character, a little
+    wide, so a label is never cut)."""
+    return max((len(n) for n in names), default=1) * points * 0.6 / 72
 
 
 class Scale:
@@ -212,7 +228,7 @@ def _tolerance(ax, atol, rtol, horizontal: bool) -> None:
 def _labels(ax, names: list[str], first) -> None:
     step = max(1, math.ceil(len(names) / MAX_LABELS))
     ticks = [i for i, n in enumerate(names) if i % step == 0 or n == first]
-    ax.set_xticks(ticks, [names[i] for i in ticks], rotation=90, fontsize=6.5)
+    ax.set_xticks(ticks, [names[i] for i in ticks], rotation=90, fontsize=TICK_POINTS)
     for tick, i in zip(ax.get_xticklabels(), ticks):
         if names[i] == first:
             tick.set_color(BAD_COLOR)
@@ -226,7 +242,7 @@ def _svg(fig, prefix: str) -> str:
 
     buffer = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": prefix}):
-        fig.savefig(buffer, format="svg", bbox_inches="tight",
+        fig.savefig(buffer, format="svg",
                     metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
     text = buffer.getvalue()
     text = text[text.index("<svg"):]
