@@ -246,6 +246,10 @@ def _svg(fig, prefix: str) -> str:
                     metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
     text = buffer.getvalue()
     text = text[text.index("<svg"):]
+    # Smaller, the same drawing: no indentation between elements, and the sans-serif fallback list that
+    # every label repeats cut to three names.
+    text = re.sub(r">\s+<", "><", text)
+    text = re.sub(r"font-family: '[^;\"]*sans-serif", "font-family: 'DejaVu Sans', Arial, sans-serif", text)
     text = re.sub(r'\s+xmlns(:xlink)?="[^"]*"', "", text, count=2)
     referenced = set(re.findall(r'(?:href="#|url\(#)([^")]+)', text))
     text = re.sub(r' id="([^"]+)"', lambda m: f' id="{prefix}-{m.group(1)}"' if m.group(1) in referenced else "",
