@@ -21,3 +21,13 @@ def default_run(tmp_path_factory):
     inputs, in one launch. The other five fixtures and the variants have their own runs (test_run.py)."""
     return run_paracheck(["--controls", "--variants", "base", "--models", "flux,flux2,qwenimage,wan,ltx"],
                          tmp_path_factory.mktemp("default"))
+
+
+@pytest.fixture(scope="session")
+def html_run(tmp_path_factory):
+    """A tiny real run (one control, 2 ranks) that writes its JSON and HTML reports, for the HTML tests."""
+    tmp = tmp_path_factory.mktemp("html")
+    run = run_paracheck(["--models", "flux", "--layouts", "tp2", "--nproc", "2", "--variants", "base", "--controls",
+                         "--only-control", "backward-only", "--html", str(tmp / "run.html")], tmp)
+    assert run.code == 0 and run.report, run.out
+    return run, tmp / "run.html"

@@ -28,6 +28,7 @@ print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', code)
     (["run", "--dtype", "fp8"], 2),
     (["run", "--models", "sd3"], 2),
     (["run", "--known-failures", "/no/such.toml"], 2),
+    (["report", "/no/such.json", "--html", "/tmp/paracheck-never-written.html"], 2),
 ])
 def test_no_torch_import(argv, code):
     out = subprocess.run([sys.executable, "-c", PROBE, *argv], cwd=ROOT, capture_output=True, text=True).stdout

@@ -172,3 +172,34 @@ def test_judging_case_by_case_agrees_with_judging_the_whole_run():
     one_by_one = [judge([c], [r], [ENTRY], plain_so_far)[0] for c, r in zip(cases, results)]
     assert [v.status for v in whole] == [v.status for v in one_by_one] == [CaseStatus.XFAIL, CaseStatus.INCONCLUSIVE]
     assert list(plain_so_far) == [cases[0]]
+
+
+def test_xfails_group_by_their_known_failure_its_reason_once():
+    """One line per known failure and the cases it covers, model x layouts, as skips are grouped: the
+    ring-backward reason is printed once however many cases it explains."""
+    from paracheck.results import report
+
+    ring = known.KnownFailure("ring backward rotates the wrong way", layout="*r4*", check="parity.grads",
+                              upstream="lib 1.0")
+    mask = known.KnownFailure("the mask is not rotated", model="qwen*", check="parity.forward")
+    cases = [_case(model=m, layout=Layout.parse(l)) for m, l in (("flux", "r4"), ("flux", "tp2xr4"),
+                                                                 ("wan", "r4"), ("qwenimage", "u4"))]
+    results = [_ranks({CheckId.FORWARD: [], CheckId.GRADS: [0, 1, 2, 3]})] * 3 + [_ranks({CheckId.FORWARD: [2]})]
+    from paracheck.results.verdict import judge
+
+    verdicts = judge(cases, results, [ring, mask])
+    assert [v.status for v in verdicts] == [CaseStatus.XFAIL] * 4
+    lines = report.notes(verdicts, {}).splitlines()
+    assert lines == ["xfail ring backward rotates the wrong way [lib 1.0]", "      flux: r4, tp2xr4; wan: r4",
+                     "xfail the mask is not rotated", "      qwenimage: u4"]
+
+
+def test_covered_names_a_route_only_where_one_model_runs_a_layout_by_several():
+    from paracheck.results import report
+
+    tp4 = Layout.parse("tp4")
+    native, loaded = merge(_case(layout=tp4), _ranks({CheckId.GRADS: [0]})), merge(_case(layout=tp4), _ranks({}))
+    loaded.route = Route.SHARDED_LOAD
+    uneven = merge(Case("flux", "paracheck.fixtures:flux", U4, variant="uneven", dtype="bf16"), _ranks({}))
+    wan = merge(_case(model="wan", layout=U4), _ranks({}))
+    assert report.covered([native, loaded, uneven, wan]) == "flux: tp4 native, tp4 sharded-load; flux uneven bf16, wan: u4"

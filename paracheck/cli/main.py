@@ -1,4 +1,4 @@
-"""The command line: `paracheck run`, `paracheck explore`, `paracheck topology`. Exit codes are `protocol.Exit`.
+"""The command line: `paracheck run`, `paracheck explore`, `paracheck topology`, `paracheck report`. Exit codes are `protocol.Exit`.
 
 Parsing, usage errors and `topology` import no torch; `run` imports it only to load `--spec` factories.
 """
@@ -55,11 +55,15 @@ def parser() -> argparse.ArgumentParser:
                      "(default: the file paracheck ships)")
     run.add_argument("--report-json", help="write the JSON report here")
     run.add_argument("--junit", help="write JUnit XML here")
+    run.add_argument("--html", help="write the HTML report here (one self-contained file, opens offline)")
     add_timeout(run)
     run.add_argument("--quiet", action="store_true", help="no per-case lines: only the table and the summary")
     from paracheck.cli.explore import add_parser
 
     add_parser(sub)
+    from paracheck.cli.report import add_parser as add_report
+
+    add_report(sub)
     topo = sub.add_parser("topology", help="which layouts a backend can run for a world size and head count")
     topo.add_argument("--backend", required=True, help="gloo|nccl|neuron: whose topology rules apply "
                       "(with --simulate, a comma list judges one simulation by each)")
@@ -85,6 +89,10 @@ def main(argv=None) -> int:
     try:
         if args.command == "topology":
             return topology(args)
+        if args.command == "report":
+            from paracheck.cli.report import report
+
+            return report(args)
         if args.command == "explore":
             from paracheck.cli.explore import explore
 
@@ -179,6 +187,7 @@ def run(args) -> int:
     entries = known.load(known.SHIPPED if args.known_failures is None else args.known_failures)
     check_writable(args.report_json, "--report-json")
     check_writable(args.junit, "--junit")
+    check_writable(args.html, "--html")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from paracheck.rank.torchrun import run_as_rank
 

@@ -18,10 +18,14 @@ def finish(args, verdicts, events, meta: dict, seconds: float, extra: str) -> in
         print("\n" + text)
     for event in events:
         print(f"\nRUN BROKE ({event.kind}): {event.message}")
-    data = report.to_json(verdicts, meta, events)
+    data = report.to_json(verdicts, meta, events, replays)
     print("\n" + report.counts_line(verdicts, seconds, meta.get("worlds", 1), extra))
     if args.report_json:
         report.write_report(args.report_json, data)
     if args.junit:
         report.write_report(args.junit, report.to_junit(verdicts))
+    if getattr(args, "html", None):
+        from paracheck.results.html import render
+
+        report.write_report(args.html, render(data))
     return data["exit_code"]

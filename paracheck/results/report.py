@@ -94,6 +94,7 @@ def notes(verdicts: list[Verdict], replays: dict[str, str]) -> str:
     out = []
     for v in verdicts:
         out.extend(_case_notes(v, replays.get(v.id, "")))
+    out.extend(_xfail_groups(verdicts))
     out.extend(_skip_groups(verdicts))
     return "\n".join(out)
 
@@ -110,11 +111,56 @@ def _case_notes(v: Verdict, replay: str) -> list[str]:
         if v.traceback:
             out.append("      " + v.traceback.strip().splitlines()[-1])
         out.append(f"      replay: {replay}")
-    elif v.status in (CaseStatus.XFAIL, CaseStatus.XPASS, CaseStatus.INCONCLUSIVE):
+    elif v.status in (CaseStatus.XPASS, CaseStatus.INCONCLUSIVE):
         out.append(f"{v.status.value:5} {label}: {v.reason}")
     for f in ([] if v.case.control else v.findings):  # a control's inputs are its plain case's
         out.append(f"note  {label}: input not split on {ranks_named(f.ranks)}: {f.message}")
     return out
+
+
+def _xfail_groups(verdicts: list[Verdict]) -> list[str]:
+    """One line per known failure (the entries that explain a case, their reasons once), then the cases it
+    covers, model by model (`covered`)."""
+    groups: dict[str, list[Verdict]] = {}
+    for v in verdicts:
+        if v.status == CaseStatus.XFAIL:
+            groups.setdefault(v.known or v.reason, []).append(v)
+    return [f"xfail {known}\n      {covered(cases)}" for known, cases in groups.items()]
+
+
+def covered(verdicts: list[Verdict]) -> str:
+    """Cases compactly, model (with its variant or dtype where not the default) x layouts (`models_by_layouts`).
+    A layout one model runs by several routes is named with each route."""
+    by_model: dict[str, list[Verdict]] = {}
+    for v in verdicts:
+        c = v.case
+        by_model.setdefault(who(c.model, c.variant, c.dtype), []).append(v)
+    pairs = []
+    for model, cases in by_model.items():
+        names = [v.case.layout.name for v in cases]
+        if len(set(names)) < len(names):
+            names = [f"{v.case.layout.name} {v.route.value}" for v in cases]
+        pairs += [(model, name) for name in names]
+    return models_by_layouts(pairs)
+
+
+def who(model: str, variant: str | None, dtype: str | None) -> str:
+    """A model with its variant and dtype where they are not the defaults: `qwenimage masked bf16`."""
+    return " ".join([str(model)] + [str(x) for x in (variant if variant not in (None, "base") else "",
+                                                     dtype if dtype not in (None, "fp32") else "") if x])
+
+
+def models_by_layouts(pairs) -> str:
+    """(model, layout) pairs as `flux, wan: r4, tp2xr2; qwenimage masked: r4`: each model's layouts once, in
+    order, and models with the same layouts together."""
+    layouts: dict[str, list[str]] = {}
+    for model, layout in pairs:
+        if layout not in layouts.setdefault(model, []):
+            layouts[model].append(layout)
+    models: dict[tuple[str, ...], list[str]] = {}
+    for model, names in layouts.items():
+        models.setdefault(tuple(names), []).append(model)
+    return "; ".join(f"{', '.join(ms)}: {', '.join(names)}" for names, ms in models.items())
 
 
 def _skip_groups(verdicts: list[Verdict]) -> list[str]:
@@ -164,8 +210,11 @@ def counts_line(verdicts: list[Verdict], seconds: float, worlds: int, extra: str
     return f"{', '.join(parts)} in {seconds:.1f}s ({worlds} world{'s' if worlds != 1 else ''}{extra})"
 
 
-def to_json(verdicts: list[Verdict], meta: dict, events: list) -> dict:
-    return dict(meta, cases=[v.to_json() for v in verdicts], summary=summarize(verdicts),
+def to_json(verdicts: list[Verdict], meta: dict, events: list, replays: dict[str, str] | None = None) -> dict:
+    """The JSON report; `replays` (case id -> the command that runs it alone) adds each case's `replay`."""
+    cases = [dict(v.to_json(), **({"replay": replays[v.id]} if replays and v.id in replays else {}))
+             for v in verdicts]
+    return dict(meta, cases=cases, summary=summarize(verdicts),
                 events=[e.to_json() for e in events], exit_code=int(exit_code(verdicts, events)))
 
 

@@ -1,0 +1,469 @@
+"""The HTML report: a JSON report (`report.to_json`) as one self-contained page that opens offline.
+
+Everything is inline (CSS, a small script, SVG plots); the page references no URL and fetches nothing.
+It shows a summary line of counts by status, the run's metadata, the case table (failing cases first) with
+filters by model, layout and status, each failing case's details and localization (`plots`), the known
+failures with the cases they cover and a command that reproduces them, and the skips grouped by reason.
+
+`render` reads the report defensively (any field may be missing, the report may be another version's);
+`check_report` says what makes a JSON document no report at all. Torch-free; matplotlib only in `plots`.
+"""
+
+from __future__ import annotations
+
+import re
+from html import escape
+
+from paracheck.launch.attribution import ranks_text
+from paracheck.results import localized, plots
+from paracheck.results.plots import ints, items
+from paracheck.results.report import models_by_layouts, who
+
+#: Status order in the summary and the table: what needs a look first.
+ORDER = ("fail", "error", "missed", "xpass", "xfail", "inconclusive", "pass", "detected", "skip")
+LABEL = {"fail": "failed", "error": "errors", "missed": "missed", "xpass": "xpassed", "xfail": "xfailed",
+         "inconclusive": "inconclusive", "pass": "passed", "detected": "detected", "skip": "skipped"}
+FAILING = ("fail", "error", "missed")
+#: Statuses whose row opens to the case's details (any case with a localization opens too).
+OPENS = ("fail", "error", "missed", "xfail", "xpass", "inconclusive")
+NO_PLOTS = "Plots need matplotlib (pip install 'paracheck[html]'); the figures are in the tables."
+
+
+class ReportError(ValueError):
+    """A JSON document that is not a paracheck report."""
+
+
+def check_report(data) -> None:
+    """Raise `ReportError` naming what is missing where `data` is not a report `render` can show."""
+    if not isinstance(data, dict):
+        raise ReportError(f"not a paracheck report: the top level is a JSON {type(data).__name__}, not an object")
+    cases = data.get("cases")
+    if not isinstance(cases, list):
+        raise ReportError("not a paracheck report: no 'cases' list at the top level")
+    for i, case in enumerate(cases):
+        if not isinstance(case, dict) or not isinstance(case.get("status"), str):
+            raise ReportError(f"not a paracheck report: case {i + 1} is not an object with a 'status'")
+
+
+def render(data: dict, title: str = "paracheck report", with_plots: bool | None = None) -> str:
+    """The page for report `data` (checked by `check_report`), in ASCII (anything else as character
+    references), so no locale can garble it. `with_plots`: draw the localization plots (default: where
+    matplotlib can be imported; without it the page says the plots need it)."""
+    check_report(data)
+    cases = _ordered(data["cases"])
+    with_plots = plots.available() if with_plots is None else with_plots
+    body = [_header(data, cases, title), _events(data), _cases(cases, with_plots), _known(cases), _skips(cases),
+            f'<footer>paracheck {_e(data.get("paracheck", ""))} · one self-contained file: nothing here is fetched'
+            "</footer>"]
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{_e(title)}</title>\n'
+            f"<style>{CSS}</style>\n</head>\n<body>\n" + "\n".join(b for b in body if b)
+            + f"\n<script>{SCRIPT}</script>\n</body>\n</html>\n").encode("ascii", "xmlcharrefreplace").decode()
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _e(value) -> str:
+    return escape("" if value is None else str(value), quote=True)
+
+
+def _ordered(cases: list[dict]) -> list[dict]:
+    """Failing cases first, then by `ORDER`; run order within a status."""
+    rank = {s: i for i, s in enumerate(ORDER)}
+    return sorted(cases, key=lambda c: rank.get(c["status"], len(ORDER)))
+
+
+def _counts(cases: list[dict]) -> dict[str, int]:
+    counts = {s: 0 for s in ORDER}
+    for c in cases:
+        counts[c["status"]] = counts.get(c["status"], 0) + 1
+    return counts
+
+
+def _header(data: dict, cases: list[dict], title: str) -> str:
+    counts = _counts(cases)
+    badges = " ".join(f'<button type="button" class="badge s-{_e(s)}" data-status="{_e(s)}">'
+                      f'<span class="num">{n}</span> {_e(LABEL.get(s, s))}</button>'
+                      for s, n in counts.items() if n)
+    failing = sum(counts.get(s, 0) for s in FAILING)
+    verdict = (f'<span class="verdict bad">{failing} failing</span>' if failing else
+               '<span class="verdict good">nothing failing</span>')
+    code = data.get("exit_code")
+    return (f"<header><h1>{_e(title)}</h1>\n<p class=\"summary\" id=\"summary\">{verdict} "
+            f"<span class=\"num\">{len(cases)}</span> cases: {badges}"
+            + (f' · exit code <span class="num">{_e(code)}</span>' if code is not None else "")
+            + f"</p>\n<p class=\"meta\" id=\"meta\">{_meta(data)}</p></header>")
+
+
+def _meta(data: dict) -> str:
+    parts = []
+    if data.get("paracheck"):
+        parts.append(f"paracheck {_e(data['paracheck'])}")
+    if data.get("backend"):
+        parts.append(f"backend {_e(data['backend'])}")
+    if data.get("nproc") is not None:
+        parts.append(f'<span class="num">{_e(data["nproc"])}</span> ranks')
+    versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
+    parts += [f"{_e(k)} <span class=\"num\">{_e(v)}</span>" for k, v in versions.items() if v]
+    worlds = [_n(data["worlds"], "world")] if isinstance(data.get("worlds"), int) else []
+    if data.get("start_method"):
+        worlds.append(f"ranks by {_e(data['start_method'])}")
+    if isinstance(data.get("references"), int):
+        worlds.append(_n(data["references"], "reference"))
+    if worlds:
+        parts.append(", ".join(worlds))
+    return " · ".join(parts)
+
+
+def _events(data: dict) -> str:
+    events = items(data.get("events"))
+    if not events:
+        return ""
+    lines = "".join(f"<li><b>run broke ({_e(e.get('kind'))})</b>: {_e(e.get('message'))}</li>" for e in events)
+    return f'<section class="events" id="events"><h2>The run broke</h2><ul>{lines}</ul></section>'
+
+
+# -- the case table -----------------------------------------------------------------------------------
+
+
+def _forward(case: dict) -> dict:
+    return _check(case, "parity.forward")
+
+
+def _check(case: dict, check_id: str) -> dict:
+    return next((c for c in items(case.get("checks")) if c.get("id") == check_id), {})
+
+
+def _columns(cases: list[dict]) -> list[tuple[str, object]]:
+    """(heading, cell function); control and dtype only where some case has one."""
+    cols = [("model", lambda c: c.get("model")), ("layout", lambda c: c.get("layout")),
+            ("route", lambda c: c.get("route")), ("variant", lambda c: c.get("variant"))]
+    if any(c.get("dtype") not in (None, "fp32") for c in cases):
+        cols.append(("dtype", lambda c: c.get("dtype")))
+    if any(c.get("control") for c in cases):
+        cols.append(("control", lambda c: c.get("control") or ""))
+    return cols
+
+
+def _cases(cases: list[dict], with_plots: bool) -> str:
+    cols = _columns(cases)
+    models = list(dict.fromkeys(_key(c, "model") for c in cases))
+    layouts = list(dict.fromkeys(_key(c, "layout") for c in cases))
+    statuses = [s for s in ORDER if any(c["status"] == s for c in cases)]
+    statuses += [s for s in dict.fromkeys(c["status"] for c in cases) if s not in statuses]
+    filters = (_select("model", models, []) + _select("layout", layouts, [])
+               + _select("status", statuses, [("failing", "failing (fail, error, missed)")])
+               + f'<span id="shown" class="shown">{len(cases)} of {len(cases)} cases shown</span>')
+    head = "".join(f"<th>{_e(h)}</th>" for h, _ in cols) + \
+        "<th>status</th><th>failed ranks</th><th>max_abs</th><th>reason</th>"
+    rows = []
+    for i, case in enumerate(cases):
+        rows.append(_row(case, i, cols))
+        if _opens(case):
+            rows.append(f'<tr class="detail" id="{_anchor(case, i)}-detail" hidden><td colspan="{len(cols) + 4}">'
+                        f"{_detail(case, i, with_plots)}</td></tr>")
+    note = "" if with_plots else f'<p class="note" id="no-plots">{_e(NO_PLOTS)}</p>'
+    return (f'<section id="cases"><h2>Cases</h2>{note}<form class="filters" id="filters">{filters}</form>\n'
+            f'<table class="cases" id="case-table"><thead><tr>{head}</tr></thead>\n<tbody>\n'
+            + "\n".join(rows) + "\n</tbody></table></section>")
+
+
+def _select(name: str, values: list[str], extra: list[tuple[str, str]]) -> str:
+    options = [("", f"every {name}")] + extra + [(v, v) for v in values]
+    inner = "".join(f'<option value="{_e(v)}">{_e(text)}</option>' for v, text in options)
+    return f'<label>{_e(name)} <select id="f-{name}" name="{name}">{inner}</select></label> '
+
+
+def _key(case: dict, field: str) -> str:
+    """What a filter matches a case's `field` by: the same text in its option and in the row."""
+    return str(case.get(field))
+
+
+def _opens(case: dict) -> bool:
+    return case["status"] in OPENS or isinstance(case.get("localization"), dict)
+
+
+def _anchor(case: dict, i: int) -> str:
+    return "case-" + re.sub(r"[^A-Za-z0-9_-]", "_", str(case.get("id") or i)) + f"-{i}"
+
+
+def _row(case: dict, i: int, cols) -> str:
+    status = case["status"]
+    forward = _forward(case)
+    ranks = sorted({r for c in items(case.get("checks")) for r in ints(c.get("failed_ranks"))}
+                   | set(ints(case.get("error_ranks"))))
+    opens = _opens(case)
+    toggle = (f'<button type="button" class="toggle" aria-expanded="false" aria-controls="{_anchor(case, i)}-detail"'
+              f' title="details">▸</button> ' if opens else "")
+    cells = [f"<td>{toggle if j == 0 else ''}{_e(get(case))}</td>" for j, (_, get) in enumerate(cols)]
+    cells += [f'<td><span class="status s-{_e(status)}">{_e(status)}</span></td>',
+              f'<td class="num">{_e(ranks_text(ranks) if ranks else "")}</td>',
+              f'<td class="num">{_number(forward.get("max_abs"))}</td>',
+              f'<td class="reason" title="{_e(case.get("reason"))}"><div class="clamp">{_e(case.get("reason"))}</div></td>']
+    data = (f'data-model="{_e(_key(case, "model"))}" data-layout="{_e(_key(case, "layout"))}" '
+            f'data-status="{_e(status)}" data-failing="{int(status in FAILING)}"')
+    return (f'<tr class="case row-{_e(status)}{" expandable" if opens else ""}" id="{_anchor(case, i)}" {data}>'
+            + "".join(cells) + "</tr>")
+
+
+def _number(value) -> str:
+    v = plots.number(value)
+    return "" if v is None else _e(f"{v:.1e}")
+
+
+# -- one case's details -------------------------------------------------------------------------------
+
+
+def _detail(case: dict, i: int, with_plots: bool) -> str:
+    parts = [f'<p class="why"><b>{_e(case.get("id"))}</b>: {_e(case.get("reason"))}</p>']
+    if case.get("known_failure"):
+        parts.append(f'<p>known failure: {_e(case["known_failure"])}</p>')
+    if case.get("replay"):
+        parts.append(f'<p>reproduce: <code class="replay">{_e(case["replay"])}</code></p>')
+    parts.append(_checks(case))
+    localization = case.get("localization")
+    if isinstance(localization, dict):
+        parts.append(_localization(case, localization, _anchor(case, i), with_plots))
+    if case.get("traceback"):
+        parts.append(f"<details><summary>traceback</summary><pre>{_e(case['traceback'])}</pre></details>")
+    return "\n".join(parts)
+
+
+def _checks(case: dict) -> str:
+    checks = items(case.get("checks"))
+    if not checks:
+        return ""
+    rows = "".join(
+        f'<tr><td>{_e(c.get("id"))}</td><td><span class="status s-{_e(c.get("status"))}">{_e(c.get("status"))}'
+        f'</span></td><td class="num">{_e(ranks_text(ints(c.get("failed_ranks"))))}</td>'
+        f'<td class="num">{_number(c.get("max_abs"))}</td><td class="num">{_number(c.get("max_rel"))}</td>'
+        f'<td class="num">{_number(c.get("atol"))}</td><td class="num">{_number(c.get("rtol"))}</td>'
+        f'<td class="reason">{_e(c.get("detail"))}</td></tr>' for c in checks)
+    return ('<table class="checks"><thead><tr><th>check</th><th>status</th><th>failed ranks</th><th>max_abs</th>'
+            f"<th>max_rel</th><th>atol</th><th>rtol</th><th>detail</th></tr></thead><tbody>{rows}</tbody></table>")
+
+
+def _localization(case: dict, loc: dict, anchor: str, with_plots: bool) -> str:
+    found = localized.read(loc)
+    parts = ['<div class="localization">']
+    for part, title in localized.FORWARD_PARTS:
+        if part in found:
+            parts.append(_forward_part(found[part], title, f"{anchor}-{part}", with_plots))
+    if "grads" in found:
+        check = _check(case, "parity.grads")
+        parts.append(_grads_part(found["grads"], check, anchor, with_plots))
+    return "\n".join(parts) + "</div>"
+
+
+def _from_ranks(part: dict) -> str:
+    ranks = part["ranks"]
+    return f" (on {'rank' if len(ranks) == 1 else 'ranks'} {ranks_text(ranks)})" if ranks else ""
+
+
+def _forward_part(forward: dict, title: str, prefix: str, with_plots: bool) -> str:
+    modules = forward["modules"]
+    first, last, origin = forward["first"], forward["last_agreeing"], forward["origin"]
+    where = (f'first module beyond tolerance: <code class="first">{_e(first)}</code>' if first else
+             "no module beyond tolerance")
+    if origin and origin != first:
+        where += f', arising in <code class="origin">{_e(origin)}</code> (its inputs agree)'
+    if last:
+        where += f'; last agreeing: <code>{_e(last)}</code>'
+    head = (f'<h3>{_e(title)}, module by module{_e(_from_ranks(forward))}</h3><p class="where">{where} '
+            f'(atol <span class="num">{_number(forward["atol"])}</span>, rtol <span class="num">'
+            f'{_number(forward["rtol"])}</span>, {_n(len(modules), "module")} compared)</p>')
+    plot = _plot(lambda: plots.forward_svg(forward, prefix, title.lower()), "forward-plot", with_plots, modules)
+    skipped = forward["not_compared"]
+    rest = ""
+    if skipped:
+        lines = "".join(f"<li><code>{_e(m['name'])}</code>: {_e(m['why'])}</li>" for m in skipped)
+        rest = f"<details><summary>{_n(len(skipped), 'module')} not compared</summary><ul>{lines}</ul></details>"
+    return head + plot + rest
+
+
+def _grads_part(grads: dict, check: dict, anchor: str, with_plots: bool) -> str:
+    params = grads["params"]
+    beyond = sum(p["ok"] is False for p in params)
+    head = (f'<h3>Gradients, parameter by parameter{_e(_from_ranks(grads))}</h3>'
+            f'<p class="where"><span class="num">{beyond}</span> of <span class="num">{len(params)}</span> '
+            f"parameters beyond tolerance" + (f"; {_e(grads['pattern'])}" if grads["pattern"] else "") + "</p>")
+    plot = _plot(lambda: plots.grads_svg(grads, check.get("atol"), check.get("rtol"), f"{anchor}-grads"),
+                 "grads-plot", with_plots, params)
+    state = {True: "ok", False: "beyond", None: ""}
+    rows = "".join(f'<tr><td><code>{_e(p["name"])}</code></td><td class="num">{_number(p["max_abs"])}</td>'
+                   f'<td class="num">{_number(p["max_rel"])}</td><td>{state[p["ok"]]}</td>'
+                   f'<td>{_e(p["why"])}</td></tr>' for p in params)
+    table = (f"<details><summary>every parameter ({len(params)})</summary><table class=\"params\"><thead><tr>"
+             "<th>parameter</th><th>max_abs</th><th>max_rel</th><th></th><th></th></tr></thead>"
+             f"<tbody>{rows}</tbody></table></details>") if params else ""
+    return head + plot + table
+
+
+def _plot(draw, kind: str, with_plots: bool, items: list) -> str:
+    if not items:
+        return ""
+    if not with_plots:
+        return f'<p class="note">{_e(NO_PLOTS)}</p>'
+    return f'<figure class="{kind}">{draw()}</figure>'
+
+
+# -- known failures and skips -------------------------------------------------------------------------
+
+
+def covered(cases: list[dict]) -> str:
+    """Cases as model x layouts, as the terminal notes write them (`report.models_by_layouts`)."""
+    return models_by_layouts([(who(c.get("model"), c.get("variant"), c.get("dtype")), str(c.get("layout")))
+                              for c in cases])
+
+
+def _known(cases: list[dict]) -> str:
+    groups: dict[str, list[tuple[int, dict]]] = {}
+    for i, c in enumerate(cases):
+        if c["status"] in ("xfail", "xpass"):
+            key = ("passed: " if c["status"] == "xpass" else "") + str(c.get("known_failure") or c.get("reason"))
+            groups.setdefault(key, []).append((i, c))
+    if not groups:
+        return ""
+    entries = []
+    for key, members in groups.items():
+        links = ", ".join(f'<a href="#{_anchor(c, i)}">{_e(c.get("id"))}</a>' for i, c in members)
+        replay = next((c.get("replay") for _, c in members if c.get("replay")), None)
+        xpass = key.startswith("passed: ")
+        entries.append(
+            f'<li class="known{" xpass" if xpass else ""}"><p class="known-reason">'
+            + ("<b>declared but passed, remove the entry:</b> " if xpass else "")
+            + f'{_e(key.removeprefix("passed: "))}</p><p>covers <span class="num">{len(members)}</span> '
+            f'{"case" if len(members) == 1 else "cases"}: {_e(covered([c for _, c in members]))}</p>'
+            + (f'<p>reproduce: <code class="replay">{_e(replay)}</code></p>' if replay else "")
+            + f'<details><summary>the cases</summary><p class="links">{links}</p></details></li>')
+    return f'<section id="known"><h2>Known failures</h2><ul class="known-list">{"".join(entries)}</ul></section>'
+
+
+def _skips(cases: list[dict]) -> str:
+    """The skips, as the terminal groups them: a model that lacks a plan (the typed `failure.missing_plan`)
+    once for every layout it cannot take, models alike together; any other skip grouped by its reason."""
+    skipped = [c for c in cases if c["status"] == "skip"]
+    if not skipped:
+        return ""
+    never: dict[str, dict[str, list[str]]] = {}
+    reasons: dict[str, list[dict]] = {}
+    for c in skipped:
+        failure = c.get("failure") if isinstance(c.get("failure"), dict) else {}
+        if failure.get("missing_plan"):
+            layouts = never.setdefault(str(failure["missing_plan"]), {}).setdefault(_key(c, "model"), [])
+            if _key(c, "layout") not in layouts:
+                layouts.append(_key(c, "layout"))
+        else:
+            reasons.setdefault(str(c.get("reason")), []).append(c)
+    lines = [f"<li>{_e(never_line)}</li>" for plan, by_model in never.items() for never_line in _never(plan, by_model)]
+    lines += [f'<li>{_e(reason)}<br><span class="covers">{_e(covered(members))}</span></li>'
+              for reason, members in reasons.items()]
+    return (f'<section id="skips"><details><summary><h2>Skipped: {_n(len(skipped), "case")}</h2></summary>'
+            f'<ul>{"".join(lines)}</ul></details></section>')
+
+
+def _never(plan: str, by_model: dict[str, list[str]]) -> list[str]:
+    models: dict[tuple[str, ...], list[str]] = {}
+    for model, layouts in by_model.items():
+        models.setdefault(tuple(layouts), []).append(model)
+    return [f"{', '.join(ms)}: no {plan}, so {', '.join(layouts)} cannot run" for layouts, ms in models.items()]
+
+
+CSS = """
+:root{--bad:#c62828;--good:#2e7d32;--warn:#ef6c00;--known:#6a1b9a;--muted:#616161;--line:#e0e0e0}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:1.2em 2em;color:#212121}
+h1{font-size:1.4em;margin:0 0 .2em}h2{font-size:1.15em;margin:1.4em 0 .4em}h3{font-size:1em;margin:1em 0 .2em}
+.num,code,pre,td.num{font-family:ui-monospace,"DejaVu Sans Mono",Menlo,Consolas,monospace;font-variant-numeric:tabular-nums}
+code{font-size:.92em;background:#f5f5f5;padding:0 .25em;border-radius:3px}pre{background:#f5f5f5;padding:.6em;overflow:auto}
+.summary{font-size:1.05em;margin:.3em 0}.meta{color:var(--muted);margin:.2em 0}
+.verdict{font-weight:700;margin-right:.6em}.verdict.bad{color:var(--bad)}.verdict.good{color:var(--good)}
+.badge{border:1px solid var(--line);border-radius:1em;padding:.05em .6em;margin:0 .15em;background:#fafafa;cursor:pointer;font:inherit}
+.badge:hover{background:#eee}
+.s-fail,.s-error,.s-missed{color:var(--bad)}.s-xpass{color:var(--warn)}.s-xfail{color:var(--known)}
+.s-pass,.s-detected{color:var(--good)}.s-skip,.s-inconclusive{color:var(--muted)}
+.status{font-weight:600}tr.row-fail .status,tr.row-error .status,tr.row-missed .status{text-transform:uppercase}
+.filters{margin:.4em 0 .6em;display:flex;gap:1.2em;align-items:center;flex-wrap:wrap}.shown{color:var(--muted)}
+table{border-collapse:collapse}th,td{padding:.2em .6em;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
+th{background:#fafafa;position:sticky;top:0}td.num{text-align:right;white-space:nowrap}
+td.reason{max-width:52em;overflow-wrap:anywhere;color:#424242}
+table.cases>thead th,table.cases>tbody>tr.case>td:not(.reason){white-space:nowrap}
+.clamp{display:-webkit-box;-webkit-line-clamp:2;-webkit-box-orient:vertical;overflow:hidden}
+tr.row-fail,tr.row-error,tr.row-missed{background:#fff5f5}
+tr.expandable{cursor:pointer}tr.expandable:hover{background:#f3f6fb}
+.toggle{border:0;background:none;cursor:pointer;font-size:1em;padding:0 .2em;width:1.2em}
+tr.open .toggle{transform:rotate(90deg)}
+tr.detail>td{background:#fcfcfc;padding:.6em 1.2em 1em;border-left:3px solid #90a4ae}
+table.checks,table.params{font-size:.92em;margin:.4em 0}
+figure{margin:.4em 0;overflow-x:auto}svg.plot{max-width:100%;height:auto}
+.note{color:var(--warn)}.events{border:2px solid var(--bad);padding:.2em 1em;border-radius:4px}
+.known-list>li{margin:.6em 0}.known-reason{font-weight:600;margin:.1em 0}.known-list p{margin:.15em 0}
+li.xpass .known-reason{color:var(--warn)}.covers{color:var(--muted)}
+#skips summary h2{display:inline}footer{margin-top:2em;color:var(--muted);font-size:.9em}
+"""
+
+SCRIPT = """
+(function () {
+  "use strict";
+  var rows = Array.prototype.slice.call(document.querySelectorAll("tr.case"));
+  var keys = ["model", "layout", "status"];
+  var shown = document.getElementById("shown");
+  function filter(key) { return document.getElementById("f-" + key); }
+  function matches(row) {
+    return keys.every(function (key) {
+      var want = filter(key).value;
+      if (!want) return true;
+      if (key === "status" && want === "failing") return row.dataset.failing === "1";
+      return row.dataset[key] === want;
+    });
+  }
+  function detailOf(row) {
+    var next = row.nextElementSibling;
+    return next && next.classList.contains("detail") ? next : null;
+  }
+  function apply() {
+    var n = 0;
+    rows.forEach(function (row) {
+      var show = matches(row);
+      row.hidden = !show;
+      var detail = detailOf(row);
+      if (detail) detail.hidden = !show || !row.classList.contains("open");
+      if (show) n += 1;
+    });
+    shown.textContent = n + " of " + rows.length + " cases shown";
+  }
+  function toggle(row, open) {
+    var detail = detailOf(row);
+    if (!detail) return;
+    row.classList.toggle("open", open);
+    var button = row.querySelector("button.toggle");
+    if (button) button.setAttribute("aria-expanded", String(row.classList.contains("open")));
+    apply();
+  }
+  keys.forEach(function (key) { filter(key).addEventListener("change", apply); });
+  rows.forEach(function (row) {
+    if (row.classList.contains("expandable")) {
+      row.addEventListener("click", function () { toggle(row); });
+    }
+  });
+  Array.prototype.forEach.call(document.querySelectorAll("button.badge"), function (badge) {
+    badge.addEventListener("click", function () {
+      var select = filter("status");
+      select.value = select.value === badge.dataset.status ? "" : badge.dataset.status;
+      apply();
+    });
+  });
+  function openHash() {
+    var row = location.hash && document.getElementById(location.hash.slice(1));
+    if (row && row.classList.contains("case")) {
+      keys.forEach(function (key) { filter(key).value = ""; });
+      toggle(row, true);
+      row.scrollIntoView();
+    }
+  }
+  window.addEventListener("hashchange", openHash);
+  openHash();
+  apply();
+})();
+"""
