@@ -15,7 +15,7 @@ from paracheck import __version__
 from paracheck.domain.backends import BackendError, get_backend, missing_devices, resolve
 from paracheck.domain.case import (ROUTES, Case, FixtureUnavailable, SpecError, call_factory, expand,
                                    parse_cp_options)
-from paracheck.cli.common import (UsageError, add_order, add_timeout, check_choice, check_dtypes, check_order,
+from paracheck.cli.common import (UsageError, add_after_hang, add_order, add_timeout, check_choice, check_dtypes, check_order,
                                   check_timeout, check_writable, named_models, raise_interrupt)
 from paracheck.results.report import run_meta
 from paracheck.adapters import controls as adapter_controls
@@ -59,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--report-json", help="write the JSON report here")
     run.add_argument("--junit", help="write JUnit XML here")
     add_timeout(run)
+    add_after_hang(run)
     run.add_argument("--quiet", action="store_true", help="no per-case lines: only the table and the summary")
     from paracheck.cli.explore import add_parser
 
@@ -265,7 +266,7 @@ def _launch(args, backend, cases: list[Case], entries) -> int:
     from paracheck.results.progress import Progress
 
     progress = Progress(cases, quiet=args.quiet, entries=entries)
-    launcher = Launcher(backend, args.nproc, args.timeout, on_case=progress.case_done)
+    launcher = Launcher(backend, args.nproc, args.timeout, on_case=progress.case_done, after_hang=args.after_hang)
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     started = time.time()
     try:
