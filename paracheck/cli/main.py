@@ -22,6 +22,7 @@ from paracheck.adapters import controls as adapter_controls
 from paracheck.adapters.diffusers.controls import CONTROLS
 from paracheck.domain.layout import Layout, LayoutError, layouts_for, parse_layouts
 from paracheck.launch.protocol import Exit
+from paracheck.cli.tiers import add_all, choose as choose_tier
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--junit", help="write JUnit XML here")
     add_timeout(run)
     add_after_hang(run)
+    add_all(run)
     run.add_argument("--quiet", action="store_true", help="no per-case lines: only the table and the summary")
     from paracheck.cli.explore import add_parser
 
@@ -159,11 +161,11 @@ def build_cases(args, backend) -> list[Case]:
     wanted = _wanted_variants(args.variants)
     # Unset --variants: the transformers fixtures' base inputs (their other variants on --variants all or by name).
     tf_wanted = ["base"] if args.variants is None else wanted
-    return _transformers_cases(args, adapted, tf_wanted) + [case for model, factory in models
+    return choose_tier(args, _transformers_cases(args, adapted, tf_wanted) + [case for model, factory in models
             for case in expand(model, factory, layouts, lambda layout: controls, plain=not args.only_control,
                                variants=[v for v in _offered(model, factory) if v in wanted],
                                route=args.route, grads=not args.no_grads, dtype=args.dtype, cp_options=args.cp_options,
-                               attention_backend=args.attention_backend)]
+                               attention_backend=args.attention_backend)])
 
 
 def _transformers_cases(args, models, wanted) -> list[Case]:

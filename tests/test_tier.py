@@ -1,0 +1,97 @@
+"""The quick tier (`domain.tier.quick`): a pairwise cover of the full matrix, small and deterministic."""
+
+from dataclasses import replace
+
+from hypothesis import given, strategies as st
+
+from paracheck.domain.case import Case
+from paracheck.domain.layout import Layout
+from paracheck.domain.tier import layout_kind, needs_of, quick
+
+LAYOUTS = ["tp4", "u4", "r4", "tp2xu2", "tp2xr2", "r2xu2", "tp2", "u2", "r2"]
+VARIANTS = ["base", "batch2", "masked", "uneven"]
+
+
+@st.composite
+def matrices(draw):
+    """Models each offering some variants over some layouts (as fixtures do), controls on some layouts."""
+    cases = []
+    for m in range(draw(st.integers(1, 4))):
+        variants = draw(st.lists(st.sampled_from(VARIANTS), min_size=1, max_size=4, unique=True))
+        layouts = draw(st.lists(st.sampled_from(LAYOUTS), min_size=1, max_size=6, unique=True))
+        controls = draw(st.lists(st.sampled_from(["c1", "c2"]), max_size=2, unique=True))
+        for name in layouts:
+            for variant in variants:
+                plain = Case(f"m{m}", f"f:m{m}", Layout.parse(name), variant=variant)
+                cases.append(plain)
+                cases += [replace(plain, control=c) for c in controls if draw(st.booleans())]
+    return cases
+
+
+def _needs(cases, extras=()):
+    return set().union(*(needs_of(c, extras) for c in cases if c.control is None))
+
+
+@given(matrices(), st.data())
+def test_the_quick_tier_covers_every_pair_and_every_known_need(cases, data):
+    wanted = data.draw(st.sets(st.sampled_from(LAYOUTS)))
+    extras = [("on " + name, lambda c, name=name: c.layout.name == name and c.variant != "base") for name in wanted]
+    picked = quick(cases, extras)
+    assert _needs(picked, extras) == _needs(cases, extras)
+    assert all(c in cases for c in picked) and len(set(picked)) == len(picked)
+    assert [c for c in cases if c in picked] == picked  # the matrix's order
+    assert quick(list(cases), extras) == picked  # deterministic
+    # Every control still runs somewhere, and only beside a chosen plain case unless it had none.
+    assert {c.control for c in picked} == {c.control for c in cases}
+
+
+@given(matrices())
+def test_each_model_and_layout_gets_one_case_unless_a_pair_needs_another(cases):
+    picked = [c for c in quick(cases) if c.control is None]
+    cells = {(c.model, c.layout.name) for c in cases}
+    assert {(c.model, c.layout.name) for c in picked} == cells
+    extra = len(picked) - len(cells)
+    # One case per cell, plus at most one per (model, variant) or (kind, variant) pair no cell's case met.
+    assert extra <= len({n for n in _needs(cases) if n[0] != "model-layout"})
+    if extra:  # then dropping any extra case loses a pair
+        for c in picked:
+            rest = [p for p in picked if p != c]
+            if {(p.model, p.layout.name) for p in rest} == cells:
+                assert _needs(rest) != _needs(cases), c
+
+
+def test_a_case_that_only_declares_a_known_failure_again_is_left_to_the_full_matrix():
+    """Two ring layouts, each with base and batch2, and a failure declared for everything on r4: r4 runs once
+    (its one cell), and batch2 is met on r2, where it declares nothing again."""
+    r4, r2 = Layout.parse("r4"), Layout.parse("r2")
+    cases = [Case("m", "f:m", r4), Case("m", "f:m", r4, variant="batch2"),
+             Case("m", "f:m", r2), Case("m", "f:m", r2, variant="batch2")]
+    known = [("ring grads", lambda c: c.layout.name == "r4")]
+    picked = quick(cases, known)
+    assert [(c.layout.name, c.variant) for c in picked] == [("r4", "base"), ("r2", "batch2")]
+
+
+def test_a_matrix_without_plain_cases_is_kept_whole():
+    cases = [Case("m", "f:m", Layout.parse("u4"), control="c1")]
+    assert quick(cases) == cases
+
+
+def test_a_layout_kind_drops_the_degrees():
+    assert layout_kind("tp2xu2") == layout_kind("tp4xu2") == "tpxu" and layout_kind("dpr2xfsdp2") == "dprxfsdp"
+
+
+def test_the_default_run_covers_the_full_matrix_and_meets_every_known_failure_it_can():
+    """The real matrix: the default `paracheck run` against `--all`, and the shipped known failures."""
+    from paracheck.adapters.diffusers.fixtures_index import FIXTURE_CLASSES, FIXTURES
+    from paracheck.cli.main import build_cases, parser
+    from paracheck.domain.backends import get_backend
+    from paracheck.results import known
+
+    quick_cases = build_cases(parser().parse_args(["run"]), get_backend("gloo"))
+    full = build_cases(parser().parse_args(["run", "--all"]), get_backend("gloo"))
+    assert _needs(quick_cases) == _needs(full) and len(quick_cases) < len(full) / 2
+    assert len({(c.library, c.model, c.layout.name) for c in quick_cases}) == len(quick_cases)  # one variant each
+    classes = dict(zip(FIXTURES, FIXTURE_CLASSES))
+    for entry in known.load(known.SHIPPED):
+        if any(entry.may_meet(c, classes.get(c.model, "")) for c in full):
+            assert any(entry.may_meet(c, classes.get(c.model, "")) for c in quick_cases), entry.reason
