@@ -71,6 +71,16 @@ def test_a_case_that_only_declares_a_known_failure_again_is_left_to_the_full_mat
     assert [(c.layout.name, c.variant) for c in picked] == [("r4", "base"), ("r2", "batch2")]
 
 
+def test_a_case_known_to_skip_stands_in_for_no_pair():
+    """A model without a TP plan skips tp4: its cell still runs there, but its masked pair is met on u4."""
+    tp4, u4 = Layout.parse("tp4"), Layout.parse("u4")
+    cases = [Case("m", "f:m", tp4), Case("m", "f:m", tp4, variant="masked"),
+             Case("m", "f:m", u4), Case("m", "f:m", u4, variant="masked")]
+    picked = quick(cases, runs=lambda c: not c.layout.has_tp)
+    assert {(c.layout.name, c.variant) for c in picked if c.layout.name == "u4"} == {("u4", "base"), ("u4", "masked")}
+    assert len([c for c in picked if c.layout.name == "tp4"]) == 1
+
+
 def test_a_matrix_without_plain_cases_is_kept_whole():
     cases = [Case("m", "f:m", Layout.parse("u4"), control="c1")]
     assert quick(cases) == cases
@@ -82,16 +92,36 @@ def test_a_layout_kind_drops_the_degrees():
 
 def test_the_default_run_covers_the_full_matrix_and_meets_every_known_failure_it_can():
     """The real matrix: the default `paracheck run` against `--all`, and the shipped known failures."""
-    from paracheck.adapters.diffusers.fixtures_index import FIXTURE_CLASSES, FIXTURES
+    from paracheck.adapters.diffusers.fixtures_index import FIXTURE_CLASSES, FIXTURE_PLANS, FIXTURES
     from paracheck.cli.main import build_cases, parser
+    from paracheck.cli.tiers import runs
     from paracheck.domain.backends import get_backend
     from paracheck.results import known
 
     quick_cases = build_cases(parser().parse_args(["run"]), get_backend("gloo"))
     full = build_cases(parser().parse_args(["run", "--all"]), get_backend("gloo"))
-    assert _needs(quick_cases) == _needs(full) and len(quick_cases) < len(full) / 2
-    assert len({(c.library, c.model, c.layout.name) for c in quick_cases}) == len(quick_cases)  # one variant each
+    running = lambda c: runs(c, FIXTURES, FIXTURE_PLANS)  # noqa: E731
+    needs = lambda cases: set().union(*(needs_of(c, (), running) for c in cases if c.control is None))  # noqa: E731
+    assert needs(quick_cases) == needs(full) and len(quick_cases) < len(full) / 2
+    cells = {(c.library, c.model, c.layout.name) for c in full}
+    assert {(c.library, c.model, c.layout.name) for c in quick_cases} == cells
+    assert len(quick_cases) - len(cells) <= 10  # one variant each, but where a skip cell cannot meet a pair
     classes = dict(zip(FIXTURES, FIXTURE_CLASSES))
+    met = 0
     for entry in known.load(known.SHIPPED):
-        if any(entry.may_meet(c, classes.get(c.model, "")) for c in full):
-            assert any(entry.may_meet(c, classes.get(c.model, "")) for c in quick_cases), entry.reason
+        if any(running(c) and entry.may_meet(c, classes.get(c.model, "")) for c in full):
+            met += 1
+            assert any(running(c) and entry.may_meet(c, classes.get(c.model, "")) for c in quick_cases), entry.reason
+    assert met >= 10
+
+
+def test_the_fixture_plans_are_the_classes_own():
+    """The plans the quick tier reads before any rank starts are the ones the installed classes carry."""
+    import diffusers
+
+    from paracheck.adapters.diffusers.fixtures_index import FIXTURE_CLASSES, FIXTURE_PLANS, FIXTURES
+
+    for model, name in zip(FIXTURES, FIXTURE_CLASSES):
+        cls = getattr(diffusers, name)
+        have = tuple(p for p, attr in (("tp", "_tp_plan"), ("cp", "_cp_plan")) if getattr(cls, attr, None))
+        assert FIXTURE_PLANS[model] == have, (model, have)

@@ -26,22 +26,25 @@ def layout_kind(name: str) -> str:
     return re.sub(r"[0-9]+", "", name)
 
 
-def needs_of(case, extras: Iterable[Extra] = ()) -> frozenset:
-    """The needs one plain case meets."""
+def needs_of(case, extras: Iterable[Extra] = (), runs: Callable[[object], bool] = lambda case: True) -> frozenset:
+    """The needs one plain case meets; a case known to be a skip (`runs` says no) meets its cell alone."""
     lib, layout = getattr(case, "library", "diffusers"), case.layout.name
+    if not runs(case):
+        return frozenset({("model-layout", lib, case.model, layout)})
     met = {("model-layout", lib, case.model, layout), ("model-variant", lib, case.model, case.variant),
            ("kind-variant", lib, layout_kind(layout), case.variant)}
     met |= {("known", key) for key, holds in extras if holds(case)}
     return frozenset(met)
 
 
-def quick(cases: list, extras: Iterable[Extra] = ()) -> list:
-    """The quick tier of `cases` (the full matrix, in its order), in the same order."""
+def quick(cases: list, extras: Iterable[Extra] = (), runs: Callable[[object], bool] = lambda case: True) -> list:
+    """The quick tier of `cases` (the full matrix, in its order), in the same order. `runs(case)` is False for a
+    case known before it starts to be a skip (a model without the plan a layout needs): it stands in for no pair."""
     extras = list(extras)
     plain = [i for i, c in enumerate(cases) if c.control is None]
     if not plain:
         return list(cases)
-    met = {i: needs_of(cases[i], extras) for i in plain}
+    met = {i: needs_of(cases[i], extras, runs) for i in plain}
     todo = set().union(*met.values())
     chosen = _one_per_cell(cases, plain, met, todo)
     while todo:  # a pair no cell's one case could meet: the case meeting most of what is left
