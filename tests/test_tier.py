@@ -102,17 +102,19 @@ def test_the_default_run_covers_the_full_matrix_and_meets_every_known_failure_it
     full = build_cases(parser().parse_args(["run", "--all"]), get_backend("gloo"))
     running = lambda c: runs(c, FIXTURES, FIXTURE_PLANS)  # noqa: E731
     needs = lambda cases: set().union(*(needs_of(c, (), running) for c in cases if c.control is None))  # noqa: E731
-    assert needs(quick_cases) == needs(full) and len(quick_cases) < len(full) / 2
+    assert needs(quick_cases) == needs(full) and len(quick_cases) <= len(full) * 0.55
     cells = {(c.library, c.model, c.layout.name) for c in full}
     assert {(c.library, c.model, c.layout.name) for c in quick_cases} == cells
-    assert len(quick_cases) - len(cells) <= 10  # one variant each, but where a skip cell cannot meet a pair
+    assert len(quick_cases) - len(cells) <= 20  # one variant each, but where a skip cell or a known failure needs more
     classes = dict(zip(FIXTURES, FIXTURE_CLASSES))
     met = 0
     for entry in known.load(known.SHIPPED):
-        if any(running(c) and entry.may_meet(c, classes.get(c.model, "")) for c in full):
-            met += 1
-            assert any(running(c) and entry.may_meet(c, classes.get(c.model, "")) for c in quick_cases), entry.reason
-    assert met >= 10
+        for model in {c.model for c in full}:
+            if any(c.model == model and running(c) and entry.may_meet(c, classes.get(model, "")) for c in full):
+                met += 1
+                assert any(c.model == model and running(c) and entry.may_meet(c, classes.get(model, ""))
+                           for c in quick_cases), (model, entry.reason)
+    assert met >= 30
 
 
 def test_the_fixture_plans_are_the_classes_own():

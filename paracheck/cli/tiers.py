@@ -23,20 +23,24 @@ def choose(args, cases: list) -> list:
     def meets(entry, case) -> bool:  # a case that will be a skip meets no known failure either
         return runs(case, FIXTURES, FIXTURE_PLANS) and entry.may_meet(case, classes.get(case.model, ""))
 
-    extras = [(f"{i}:{e.reason[:40]}", _alone(e, entries, cases, meets)) for i, e in enumerate(entries)]
+    # Per model: whether an entry's failure shows can hang on the model's own inputs (what a message names,
+    # a mask a model always builds), which nothing before the ranks can tell.
+    extras = [(f"{i}:{model}", _alone(e, entries, [c for c in cases if c.model == model], meets, model))
+              for i, e in enumerate(entries) for model in dict.fromkeys(c.model for c in cases)]
     return quick(cases, extras, runs=lambda c: runs(c, FIXTURES, FIXTURE_PLANS))
 
 
-def _alone(entry, entries: list, cases: list, meets):
+def _alone(entry, entries: list, cases: list, meets, model: str):
     """Where the matrix has one, a case the report would declare under `entry`: of the entries naming one check
     that a case meets, the file's last is the one named (`known.apply`), so no later entry on that check may
     meet it; else any case meeting `entry`."""
     rivals = [e for e in entries[entries.index(entry) + 1:] if e.check == entry.check]
 
     def alone(case) -> bool:
-        return meets(entry, case) and not any(meets(e, case) for e in rivals)
+        return case.model == model and meets(entry, case) and not any(meets(e, case) for e in rivals)
 
-    return alone if any(alone(c) for c in cases if c.control is None) else (lambda case: meets(entry, case))
+    return alone if any(alone(c) for c in cases if c.control is None) else \
+        (lambda case: case.model == model and meets(entry, case))
 
 
 def runs(case, fixtures: dict, plans: dict) -> bool:
