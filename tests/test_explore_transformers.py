@@ -8,7 +8,7 @@ import re
 import shlex
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from paracheck.domain.registry import adapter, parse_layout
@@ -48,10 +48,14 @@ def test_drawn_token_rows_fit_the_layout_and_add_up(data):
     _rows(shape.length(SPACE, "tokens"), shape)
     assert SPACE.axes["tokens"].low <= shape.length(SPACE, "tokens") <= SPACE.axes["tokens"].high
     case = probe(d)
-    if case is not None:  # what the launcher rejects never reaches a rank; what it accepts, the rank takes
-        assert case.library == "transformers" and case.route == Route.SHARDED_LOAD and case.shape == shape
-        assert case.variant == shape.label and case.variant in VARIANTS
-        assert tf_cases.shape_problems(shape, layout.dp) == []
+    # What the launcher rejects never reaches a rank, and is rejected for a rule it breaks; the draws mostly
+    # fit (assume: were nearly all rejected, hypothesis's filter health check fails the test).
+    if case is None:
+        assert tf_cases.shape_problems(shape, layout.dp, SPACE), shape
+    assume(case is not None)
+    assert case.library == "transformers" and case.route == Route.SHARDED_LOAD and case.shape == shape
+    assert case.variant == shape.label and case.variant in VARIANTS
+    assert tf_cases.shape_problems(shape, layout.dp) == []
 
 
 @given(st.sampled_from([1, 2, 4]), st.data())

@@ -90,7 +90,7 @@ def test_ltx_fit_is_proved_by_a_forward():
 def test_raising_ltx_heads_alone_fails():
     """Why the tie exists: heads without cross_attention_dim is a shape error."""
     cls, init, inputs = fixtures.ltx()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
         cls(**dict(init, num_attention_heads=4))(**inputs, return_dict=False)
 
 
@@ -127,7 +127,7 @@ def test_ltx2_fit_raises_audio_heads_with_their_ties():
 def test_raising_ltx2_heads_alone_fails(heads_key):
     """Why each tie exists: a head count raised without its cross-attention dim is a shape error."""
     cls, init, inputs = fixtures.ltx2()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
         cls(**dict(init, **{heads_key: 4}))(**inputs, return_dict=False)
 
 

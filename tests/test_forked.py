@@ -7,9 +7,17 @@ import pytest
 
 from paracheck.rank.forked import fork_ranks
 
+# Each test forks ranks from the kit's fork server, whose start imports torch and both libraries.
+pytestmark = pytest.mark.slow
+
 
 def _sleeps(rank, seconds):
     time.sleep(seconds)
+
+
+def _writes(rank, folder):
+    with open(f"{folder}/rank{rank}", "w") as handle:
+        handle.write(str(rank))
 
 
 def _raises_on_rank_1(rank):
@@ -17,8 +25,10 @@ def _raises_on_rank_1(rank):
         raise ValueError("planted on rank 1")
 
 
-def test_every_rank_runs_and_returns():
-    fork_ranks(_sleeps, (0.1,), 2)
+def test_every_rank_runs_and_returns(tmp_path):
+    """Each rank leaves its mark, and only once every rank has does the call return."""
+    fork_ranks(_writes, (str(tmp_path),), 2)
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"rank0": "0", "rank1": "1"}
 
 
 def test_a_rank_that_raises_is_raised_here():

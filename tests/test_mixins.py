@@ -3,12 +3,16 @@ so every class exercises the fitting."""
 
 import textwrap
 
+import pytest
 import torch
 from diffusers import FluxTransformer2DModel, QwenImageTransformer2DModel, WanTransformer3DModel
 
 from paracheck.testing import ContextParallelTesterMixin, HybridParallelTesterMixin, TensorParallelTesterMixin
 
 pytest_plugins = ["pytester"]
+
+# Every class here and both pytester runs launch gloo worlds of ranks.
+pytestmark = pytest.mark.slow
 
 
 class FluxTransformerTesterConfig:

@@ -241,6 +241,23 @@ def test_every_control_is_detected_on_every_rank(gloo_verdicts, control, model, 
     assert all(c.failed_ranks == [0, 1, 2, 3] for c in tripped)
 
 
+def test_every_registered_control_is_planted_in_the_world_above():
+    """The registry, not this file's list, says which controls exist: one added there without a planted case
+    here fails now, instead of passing unnoticed."""
+    from paracheck.adapters import controls
+
+    assert set(controls("transformers")) == {c for c, _, _ in PLANTED}
+
+
+@pytest.mark.slow
+def test_every_registered_control_is_detected(gloo_verdicts):
+    from paracheck.adapters import controls
+
+    for name in controls("transformers"):
+        statuses = [v.status.value for k, v in gloo_verdicts.items() if k[3] == name]
+        assert "detected" in statuses and "missed" not in statuses, (name, statuses)
+
+
 @pytest.mark.slow
 def test_partial_norm_control_leaves_loss_and_logits_exact(gloo_verdicts):
     v = gloo_verdicts[("qwen3", "tp4", "base", "tf-norm-replicate")]

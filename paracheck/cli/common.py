@@ -27,6 +27,12 @@ def add_timeout(parser) -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds one case may run before it is a hang")
 
 
+def add_after_hang(parser) -> None:
+    parser.add_argument("--after-hang", default="skip", choices=("skip", "run"),
+                        help="after a case hangs, the cases left on its model and layout: skip (reported "
+                        "not run, with the reason; the default: a hang costs one timeout) or run")
+
+
 def check_choice(flag: str, value: str, allowed) -> None:
     if value not in allowed:
         raise UsageError(f"{flag} {value!r}: must be one of {', '.join(allowed)}")

@@ -16,11 +16,12 @@ from paracheck.domain.backends import BackendError, get_backend, missing_devices
 from paracheck.domain import registry
 from paracheck.domain.adapter import CaseRequest
 from paracheck.domain.case import ROUTES, Case, SpecError
-from paracheck.cli.common import (UsageError, add_order, add_timeout, check_choice, check_dtypes, check_order,
+from paracheck.cli.common import (UsageError, add_after_hang, add_order, add_timeout, check_choice, check_dtypes, check_order,
                                   check_timeout, check_writable, named_models, raise_interrupt)
 from paracheck.results.report import run_meta
 from paracheck.domain.layout import LayoutError, layouts_for, parse_layouts
 from paracheck.launch.protocol import Exit
+from paracheck.cli.tiers import add_all, choose as choose_tier
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,6 +58,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--junit", help="write JUnit XML here")
     run.add_argument("--html", help="write the HTML report here (one self-contained file, opens offline)")
     add_timeout(run)
+    add_after_hang(run)
+    add_all(run)
     run.add_argument("--quiet", action="store_true", help="no per-case lines: only the table and the summary")
     from paracheck.cli.explore import add_parser
 
@@ -147,7 +150,7 @@ def build_cases(args, backend) -> list[Case]:
             raise
         except ValueError as exc:  # the adapter's rules, each naming the argument
             raise UsageError(str(exc)) from exc
-    return cases
+    return choose_tier(args, cases)
 
 
 def _only_library(args, library: str, by_library: dict) -> bool:
@@ -200,7 +203,7 @@ def _launch(args, backend, cases: list[Case], entries) -> int:
     from paracheck.results.progress import Progress
 
     progress = Progress(cases, quiet=args.quiet, entries=entries)
-    launcher = Launcher(backend, args.nproc, args.timeout, on_case=progress.case_done)
+    launcher = Launcher(backend, args.nproc, args.timeout, on_case=progress.case_done, after_hang=args.after_hang)
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     started = time.time()
     try:

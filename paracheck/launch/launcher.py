@@ -34,14 +34,23 @@ class Outcome:
     start_seconds: float = 0.0
 
 
+#: What `after_hang` may say: "skip" the cases that would meet a hang again, or "run" them anyway.
+AFTER_HANG = ("skip", "run")
+
+
 class Launcher:
     def __init__(self, backend, nproc: int, timeout: float, startup_timeout: float = 300.0, keep: bool = False,
-                 on_case: Callable[[int, list[RankResult]], None] | None = None):
+                 on_case: Callable[[int, list[RankResult]], None] | None = None, after_hang: str = "skip"):
+        if after_hang not in AFTER_HANG:
+            raise ValueError(f"after_hang {after_hang!r}: must be one of {', '.join(AFTER_HANG)}")
         self.backend, self.nproc, self.timeout = backend, nproc, timeout
         self.startup_timeout, self.keep, self.on_case = startup_timeout, keep, on_case
+        self.after_hang = after_hang
         self.supervisor: Supervisor | None = None
+        self.cases: list[Case] = []
 
     def run(self, cases: list[Case]) -> Outcome:
+        self.cases = cases
         rundir = RunDir(tempfile.mkdtemp(prefix="paracheck-")).make()
         write_json(rundir.run, {"backend": self.backend.name, "timeout": self.timeout,
                                 "cases": [c.to_json() for c in cases]})
@@ -80,6 +89,17 @@ class Launcher:
             ranks, events = attribute(current, end, written, self.timeout)
             outcome.events.extend(events)
             self._finish(current, ranks, remaining, outcome)
+            if end.kind == EndKind.HANG and self.after_hang == "skip":
+                self._skip_after_hang(current, remaining, outcome)
+
+    def _skip_after_hang(self, hung: int, remaining: list[int], outcome: Outcome) -> None:
+        """A hang costs one timeout: the cases left that would meet it again are reported, not run."""
+        case = self.cases[hung]
+        reason = (f"not run: {case.id} hung past --timeout {self.timeout:g}s on this model and layout "
+                  "(--after-hang run runs it)")
+        for index in meets_hang_again([self.cases[i] for i in remaining], case, remaining):
+            self._finish(index, [RankResult(index, r, RankStatus.SKIP, reason=reason) for r in range(self.nproc)],
+                         remaining, outcome)
 
     def _collect(self, rundir: RunDir, remaining: list[int], outcome: Outcome) -> None:
         # Every rank writes its results in the order of `remaining` (its todo), so no case after the first
@@ -194,6 +214,13 @@ class _StartClock:
     def tick(self, supervisor) -> None:
         if not self.seconds and supervisor.progress():
             self.seconds = time.time() - self.started
+
+
+def meets_hang_again(cases: list[Case], hung: Case, indices: list[int]) -> list[int]:
+    """The indices (of `cases`, named by `indices`) of the cases on the hung case's model and layout: the
+    same model code over the same mesh, so the same stuck collective is the likely end."""
+    return [i for i, c in zip(indices, cases)
+            if (c.library, c.model, c.factory, c.layout.name) == (hung.library, hung.model, hung.factory, hung.layout.name)]
 
 
 def _current(progress: dict[int, RankProgress], remaining: list[int]) -> int | None:

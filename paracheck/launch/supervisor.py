@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from paracheck.launch import reaper
 from paracheck.launch.protocol import (ENV_STORE, ENV_TODO, RANK_MODULE, EndKind, RankProgress, RankExit, RunDir, Todo, WorldEnd,
                                        read_json, write_json)
 
@@ -63,12 +64,14 @@ class _Rank:
             with _no_main_module():
                 self._proc.start()
             self.pid = self._proc.pid
+            reaper.record_servers()
         else:
             with open(log, "w") as handle:
                 self._proc = subprocess.Popen([sys.executable, "-m", RANK_MODULE, rundir.path],
                                               env=dict(os.environ, **env), stdout=handle, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL, start_new_session=True)
             self.pid = self._proc.pid
+        reaper.record(self.pid)
 
     def poll(self) -> int | None:
         if isinstance(self._proc, subprocess.Popen):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import multiprocessing
 import time
 
+from paracheck.launch import reaper
+
 
 def fork_ranks(fn, args: tuple, world: int, timeout: float = 600.0) -> None:
     """Run `fn(rank, *args)` on `world` forked ranks and wait for all; a rank's raise is raised here with its
@@ -22,6 +24,9 @@ def fork_ranks(fn, args: tuple, world: int, timeout: float = 600.0) -> None:
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(["paracheck.rank.preload"])
     context = mp.start_processes(fn, args=args, nprocs=world, join=False, start_method="forkserver")
+    for process in context.processes:
+        reaper.record(process.pid)
+    reaper.record_servers()
     deadline = time.monotonic() + timeout
     while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
         if time.monotonic() >= deadline:

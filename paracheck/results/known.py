@@ -31,6 +31,10 @@ SHIPPED = os.path.join(os.path.dirname(__file__), "known_failures.toml")
 _MATCHED = ("library", "model", "layout", "variant", "dtype", "route", "cp_options")
 #: What `inputs` may require (found on the ranks by `checks.traits.input_traits`, for every library).
 INPUT_TRAITS = ("mask", "padded")
+#: Before a rank runs a case, the variants whose inputs may carry each trait (the libraries' masked and padded
+#: inputs; a base input may carry a mask of ones, which masks nothing out).
+VARIANT_TRAITS = {"mask": ("base", "masked", "uneven", "left_pad", "right_pad", "packed"),
+                  "padded": ("masked", "left_pad", "right_pad", "packed")}
 
 
 class KnownFailuresError(ValueError):
@@ -59,6 +63,19 @@ class KnownFailure:
                   "variant": (c.variant,), "dtype": (c.dtype,), "route": (verdict.route.value,),
                   "cp_options": (options_text(c.cp_options),), "library": (c.library,)}
         return set(self.inputs) <= set(verdict.inputs) and \
+            all(any(fnmatch.fnmatchcase(v, getattr(self, key)) for v in values[key]) for key in _MATCHED)
+
+    def may_meet(self, case, model_class: str = "") -> bool:
+        """Whether `case` can meet this entry, judged before any rank runs it: what only a rank knows (the
+        resolved route, what the inputs carry, the failure's text) is guessed from the case's route and
+        variant, so the answer errs towards yes."""
+        values = {"model": (case.model, model_class), "layout": (case.layout.name,), "variant": (case.variant,),
+                  "dtype": (case.dtype,), "route": (case.route.value,), "cp_options": (options_text(case.cp_options),),
+                  "library": (case.library,)}
+        if self.route != "*" and case.route.value == "auto":
+            values["route"] = ("auto", "native", "composed")  # what auto resolves to; sharded-load is asked for
+        carried = {trait for trait, variants in VARIANT_TRAITS.items() if case.variant in variants}
+        return set(self.inputs) <= carried and \
             all(any(fnmatch.fnmatchcase(v, getattr(self, key)) for v in values[key]) for key in _MATCHED)
 
     def message_matches(self, verdict) -> bool:

@@ -1,20 +1,61 @@
-"""Progress while a run goes: a line per finished case, and on a terminal a bar with what runs next."""
+"""Progress while a run goes: a line per finished case; on a terminal a bar with the cases done and left,
+the time left and what runs next; elsewhere (CI logs, --quiet) a plain line now and then saying the same."""
 
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 
 from paracheck.results import report
 from paracheck.results.verdict import judge
 
+#: A run shorter than this shows no progress line: its table comes soon enough.
+QUIET_FOR = 5.0
+#: Without a bar, a progress line at least this often (seconds), when a case finishes...
+EVERY_SECONDS = 30.0
+#: ...and each time this share of the cases more is done.
+EVERY_SHARE = 0.1
+
+
+@dataclass
+class Estimate:
+    """Seconds left, from the pace since the first case finished (the first pays for starting the world and
+    its first references, which the cases after it mostly do not)."""
+    first_done: float | None = None
+
+    def left(self, done: int, total: int, now: float, started: float) -> float | None:
+        if done == 1 and self.first_done is None:
+            self.first_done = now
+        if done == 0:
+            return None
+        if done == 1 or self.first_done is None or now <= self.first_done:
+            return (now - started) * (total - done) / done
+        return (now - self.first_done) / (done - 1) * (total - done)
+
+
+def duration(seconds: float | None) -> str:
+    """`~42s`, `~3m05s`, `~1h12m`; `?` before anything is known."""
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"~{seconds}s"
+    if seconds < 3600:
+        return f"~{seconds // 60}m{seconds % 60:02d}s"
+    return f"~{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
 
 class Progress:
-    def __init__(self, cases, quiet: bool = False, out=None, bar=None, entries=()):
+    def __init__(self, cases, quiet: bool = False, out=None, bar=None, entries=(), log=None, clock=time.time):
         self.cases, self.quiet, self.entries = cases, quiet, list(entries)
         self.out = out or sys.stdout
         self.bar = bar if bar is not None else (sys.stderr if sys.stderr.isatty() and not quiet else None)
-        self.done, self.failing, self.started = 0, 0, time.time()
+        # No bar (a CI log, a pipe, --quiet): a plain line now and then instead, on stderr beside the rest.
+        self.log = None if self.bar is not None else (log or sys.stderr)
+        self.clock = clock
+        self.done, self.failing, self.started = 0, 0, clock()
+        self.estimate, self.logged_at, self.logged_done = Estimate(), self.started, 0
         self.plain = {}  # plain verdicts so far, so a control's line can say inconclusive
         self.verdicts: dict = {}  # index -> the case's verdict, judged once, when it finished
 
@@ -26,19 +67,31 @@ class Progress:
         if not self.quiet:
             self._clear()
             print(report.progress_line(verdict, self.done, len(self.cases)), file=self.out, flush=True)
-        self._draw(index)
+        now = self.clock()
+        left = self.estimate.left(self.done, len(self.cases), now, self.started)
+        self._draw(index, left)
+        self._log(now, left)
 
-    def _draw(self, index: int) -> None:
+    def _draw(self, index: int, left: float | None) -> None:
         if self.bar is None:
             return
-        total, elapsed = len(self.cases), time.time() - self.started
-        left = elapsed / self.done * (total - self.done) if self.done else 0.0
+        total = len(self.cases)
         width = 24
         filled = int(width * self.done / max(total, 1))
         following = self.cases[index + 1].id if index + 1 < total else "-"
-        self.bar.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{total}  {self.failing} failing  "
-                       f"~{left:.0f}s left  next: {following}\x1b[K")
+        self.bar.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{total}, {total - self.done} left, "
+                       f"{duration(left)} to go  {self.failing} failing  next: {following}\x1b[K")
         self.bar.flush()
+
+    def _log(self, now: float, left: float | None) -> None:
+        total = len(self.cases)
+        if self.log is None or now - self.started < QUIET_FOR or self.done == total:
+            return
+        share = (self.done - self.logged_done) / max(total, 1)
+        if now - self.logged_at < EVERY_SECONDS and share < EVERY_SHARE:
+            return
+        self.logged_at, self.logged_done = now, self.done
+        print(progress_text(self.done, total, self.failing, now - self.started, left), file=self.log, flush=True)
 
     def _clear(self) -> None:
         if self.bar is not None:
@@ -54,3 +107,8 @@ class Progress:
 
     def close(self) -> None:
         self._clear()
+
+
+def progress_text(done: int, total: int, failing: int, elapsed: float, left: float | None) -> str:
+    return (f"paracheck: {done}/{total} cases done, {total - done} left, {failing} failing, "
+            f"{duration(elapsed)[1:]} so far, {duration(left)} left")

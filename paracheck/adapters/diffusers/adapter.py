@@ -62,6 +62,21 @@ class DiffusersAdapter:
             args += ["--cp-options", options.options_text(case.cp_options)]
         return args
 
+    def will_run(self, case) -> bool:
+        """False for a bundled fixture on a layout needing a plan its class lacks (a skip on the ranks)."""
+        from paracheck.adapters.diffusers.fixtures_index import FIXTURE_PLANS
+
+        if FIXTURES.get(case.model) != case.factory:
+            return True
+        have = FIXTURE_PLANS.get(case.model, ("tp", "cp"))
+        return (not case.layout.has_tp or "tp" in have) and (not case.layout.has_cp or "cp" in have)
+
+    def class_name(self, case) -> str:
+        """The model class a bundled fixture builds (known-failure entries may name it), without importing it."""
+        from paracheck.adapters.diffusers.fixtures_index import FIXTURE_CLASSES
+
+        return dict(zip(FIXTURES, FIXTURE_CLASSES)).get(case.model, "")
+
     def case_body(self, ctx):
         from paracheck.adapters.diffusers.body import case_body
 

@@ -24,6 +24,13 @@ FIXTURE_CLASSES = (
     "HeliosTransformer3DModel", "LTX2VideoTransformer3DModel", "MiniMaxH3Transformer3DModel",
 )
 
+#: The parallel plans each fixture's class carries in the diffusers the kit supports ("tp": `_tp_plan`, "cp":
+#: `_cp_plan`); a layout needing one it lacks is a skip. Read before any rank starts (the quick tier lets no such
+#: skip stand in for a pair it must meet); `tests/test_tier.py` checks it against the classes themselves.
+FIXTURE_PLANS: dict[str, tuple[str, ...]] = {
+    "flux": ("tp", "cp"), "flux2": ("tp", "cp"), "qwenimage": ("tp", "cp"), "qwenimage21": ("tp",),
+    "wan": ("cp",), "ltx": ("cp",), "chronoedit": ("cp",), "helios": ("cp",), "ltx2": ("cp",), "minimax_h3": ("cp",),
+}
 #: Input variants a fixture factory takes as `variant=` (same model class and init dict, so the same weights):
 #: base (the default inputs), batch2 (two samples at different timesteps), masked (batch 2, sample 1's text
 #: padded and masked out), uneven (a `_cp_plan`-split length that 2 and 4 ranks do not divide, batch 1).

@@ -1,0 +1,55 @@
+"""Which tier `paracheck run` runs: the quick tier (`domain.tier`) by default, the whole matrix on `--all` or when
+`--variants` names the inputs to run."""
+
+from __future__ import annotations
+
+
+def add_all(parser) -> None:
+    parser.add_argument("--all", action="store_true", help="the whole matrix: every variant of every model on every "
+                        "layout (default: the quick tier, every model and layout with one variant each, every "
+                        "(model, variant) and (layout kind, variant) pair and every declared known failure met once)")
+
+
+def choose(args, cases: list) -> list:
+    """`cases` as built (the full matrix), or their quick tier."""
+    if getattr(args, "all", False) or args.variants is not None:
+        return cases
+    from paracheck.domain.tier import quick
+    from paracheck.results import known
+
+    entries = known.load(known.SHIPPED if args.known_failures is None else args.known_failures)
+
+    def meets(entry, case) -> bool:  # a case that will be a skip meets no known failure either
+        return runs(case) and entry.may_meet(case, _ask(case, "class_name", ""))
+
+    # Per model: whether an entry's failure shows can hang on the model's own inputs (what a message names,
+    # a mask a model always builds), which nothing before the ranks can tell.
+    extras = [(f"{i}:{model}", _alone(e, entries, [c for c in cases if c.model == model], meets, model))
+              for i, e in enumerate(entries) for model in dict.fromkeys(c.model for c in cases)]
+    return quick(cases, extras, runs=runs)
+
+
+def _alone(entry, entries: list, cases: list, meets, model: str):
+    """Where the matrix has one, a case the report would declare under `entry`: of the entries naming one check
+    that a case meets, the file's last is the one named (`known.apply`), so no later entry on that check may
+    meet it; else any case meeting `entry`."""
+    rivals = [e for e in entries[entries.index(entry) + 1:] if e.check == entry.check]
+
+    def alone(case) -> bool:
+        return case.model == model and meets(entry, case) and not any(meets(e, case) for e in rivals)
+
+    return alone if any(alone(c) for c in cases if c.control is None) else \
+        (lambda case: case.model == model and meets(entry, case))
+
+
+def runs(case) -> bool:
+    """False for a case its adapter knows, before any rank starts, will be a skip (`Adapter.will_run`)."""
+    return _ask(case, "will_run", True)
+
+
+def _ask(case, what: str, default):
+    """An adapter's optional answer about a case: `will_run(case)`, `class_name(case)`; `default` without one."""
+    from paracheck.domain import registry
+
+    method = getattr(registry.adapter(case.library), what, None)
+    return default if method is None else method(case)

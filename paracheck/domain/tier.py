@@ -1,0 +1,103 @@
+"""The quick tier: a small, deterministic part of a full matrix of cases that still meets every pair that finds bugs.
+
+A bug that needs one layout and one input (a mask under Ulysses, an uneven length under ring) is met by any
+case holding that pair, so a pairwise cover keeps the matrix's teeth at a fraction of its cases: every
+(model, layout), (model, variant) and (layout kind, variant) pair of the full matrix's plain cases is met at
+least once, and so is every extra need the caller names (each declared known failure, so the table keeps
+showing it). Each (model, layout) cell gets one case first, its variant chosen greedily for the pairs it still
+meets; a pair no cell's choice met adds a case. A case that only re-declares a known failure another case
+already shows is not chosen where a case meeting nothing known covers the same pairs. Controls follow their
+plain case, and each control keeps one case at least. Pure and torch-free.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Callable, Iterable
+
+Need = tuple
+#: (key, predicate): a case meets the need `("known", key)` when the predicate holds for it.
+Extra = tuple[str, Callable[[object], bool]]
+
+
+def layout_kind(name: str) -> str:
+    """The kinds of parallelism a layout composes, its degrees left out: tp2xu2 and tp4xu2 are both `tpxu`."""
+    return re.sub(r"[0-9]+", "", name)
+
+
+def needs_of(case, extras: Iterable[Extra] = (), runs: Callable[[object], bool] = lambda case: True) -> frozenset:
+    """The needs one plain case meets; a case known to be a skip (`runs` says no) meets its cell alone."""
+    lib, layout = case.library, case.layout.name
+    if not runs(case):
+        return frozenset({("model-layout", lib, case.model, layout)})
+    met = {("model-layout", lib, case.model, layout), ("model-variant", lib, case.model, case.variant),
+           ("kind-variant", lib, layout_kind(layout), case.variant)}
+    met |= {("known", key) for key, holds in extras if holds(case)}
+    return frozenset(met)
+
+
+def quick(cases: list, extras: Iterable[Extra] = (), runs: Callable[[object], bool] = lambda case: True) -> list:
+    """The quick tier of `cases` (the full matrix, in its order), in the same order. `runs(case)` is False for a
+    case known before it starts to be a skip (a model without the plan a layout needs): it stands in for no pair."""
+    extras = list(extras)
+    plain = [i for i, c in enumerate(cases) if c.control is None]
+    if not plain:
+        return list(cases)
+    met = {i: needs_of(cases[i], extras, runs) for i in plain}
+    todo = set().union(*met.values())
+    chosen = _one_per_cell(cases, plain, met, todo)
+    while todo:  # a pair no cell's one case could meet: the case meeting most of what is left
+        best = min((i for i in plain if i not in chosen), key=lambda i: _rank(i, met, todo))
+        chosen.add(best)
+        todo -= met[best]
+    chosen = _prune(cases, chosen, met)
+    return [cases[i] for i in sorted(chosen | _controls(cases, chosen))]
+
+
+def _prune(cases: list, chosen: set[int], met: dict) -> set[int]:
+    """Drop each case another in its cell makes redundant (a cell's first pick, once an extra case meets its
+    needs too), known-failure cases first: what is left is each cell's one case or a case some need requires."""
+    def cell(i):
+        return cases[i].library, cases[i].model, cases[i].layout.name
+
+    kept = set(chosen)
+    for i in sorted(chosen, key=lambda i: (-sum(n[0] == "known" for n in met[i]), -i)):
+        rest = kept - {i}
+        if any(cell(j) == cell(i) for j in rest) and met[i] <= set().union(*(met[j] for j in rest)):
+            kept = rest
+    return kept
+
+
+def _one_per_cell(cases: list, plain: list[int], met: dict, todo: set) -> set[int]:
+    cells: dict[tuple, list[int]] = {}
+    for i in plain:
+        c = cases[i]
+        cells.setdefault((c.library, c.model, c.layout.name), []).append(i)
+    chosen: set[int] = set()
+    while cells:
+        cell, best = min(((cell, min(options, key=lambda i: _rank(i, met, todo))) for cell, options in cells.items()),
+                         key=lambda pair: _rank(pair[1], met, todo))
+        chosen.add(best)
+        todo -= met[best]
+        del cells[cell]
+    return chosen
+
+
+def _rank(i: int, met: dict, todo: set) -> tuple:
+    """Smaller is better: most needs still open, then the fewest known failures met (a case that declares one
+    again shows nothing new), then the matrix's own order."""
+    known = sum(1 for need in met[i] if need[0] == "known")
+    return (-len(met[i] & todo), known, i)
+
+
+def _controls(cases: list, chosen: set[int]) -> set[int]:
+    """The control cases whose plain case was chosen, and the first case of each control that got none."""
+    twins = {replace(cases[i], grads=True) for i in chosen}
+    picked = {i for i, c in enumerate(cases) if c.control is not None and c.plain in twins}
+    named = {cases[i].control for i in picked}
+    for i, c in enumerate(cases):
+        if c.control is not None and c.control not in named:
+            picked.add(i)
+            named.add(c.control)
+    return picked
