@@ -58,6 +58,10 @@ def parser() -> argparse.ArgumentParser:
                      "(default: the file paracheck ships)")
     run.add_argument("--report-json", help="write the JSON report here")
     run.add_argument("--junit", help="write JUnit XML here")
+    run.add_argument("--shard", help="I/N: run the I-th of N deterministic slices of the cases (a model's cases "
+                     "stay in one slice)")
+    run.add_argument("--resume", help="with --models transformers:all: leave out the cases this earlier JSON "
+                     "report holds (all but errors)")
     add_timeout(run)
     run.add_argument("--quiet", action="store_true", help="no per-case lines: only the table and the summary")
     from paracheck.cli.explore import add_parser
@@ -248,9 +252,13 @@ def run(args) -> int:
     from paracheck.results import known
 
     backend = resolve(args.backend)
-    cases = build_cases(args, backend)
-    check_library()
     entries = known.load(known.SHIPPED if args.known_failures is None else args.known_failures)
+    if args.models.startswith("transformers:"):  # every transformers causal-LM family (docs/support-matrix.md)
+        from paracheck.adapters.transformers.sweep import run_sweep
+
+        return run_sweep(args, backend, entries)
+    cases = _sharded(args, build_cases(args, backend))
+    check_library()
     check_writable(args.report_json, "--report-json")
     check_writable(args.junit, "--junit")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -258,6 +266,17 @@ def run(args) -> int:
 
         return run_as_rank(args, backend, cases, entries)
     return _launch(args, backend, cases, entries)
+
+
+def _sharded(args, cases: list[Case]) -> list[Case]:
+    from paracheck.domain.sharding import ShardError, parse_shard, shard
+
+    if not args.shard:
+        return cases
+    try:
+        return shard(cases, *parse_shard(args.shard), group=lambda case: case.model)
+    except ShardError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _launch(args, backend, cases: list[Case], entries) -> int:

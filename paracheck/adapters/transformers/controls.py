@@ -26,6 +26,8 @@ class Plant:
     #: The factor the local loss is multiplied by before backward, given the layout's dp. The right one is dp
     #: itself (FSDP2 averages gradients over the dp ranks; each local loss is a share of the global mean).
     loss_factor: Callable[[int], float] = float
+    #: single-process model -> why the bug cannot exist in it (the case is then skipped), else None.
+    needs_model: Callable | None = None
 
 
 def _needs_tp(layout) -> str | None:
@@ -48,6 +50,32 @@ def _skip_dp_reduce(model, layout) -> None:
                 module.set_requires_gradient_sync(False)
 
 
+def _rowwise_with_bias(model) -> list:
+    """The modules transformers runs row-parallel that hold a bias (gpt_neox's dense, phi's fc2, ...)."""
+    from paracheck.adapters.transformers.structure import style_of
+
+    plan = dict(getattr(model, "tp_plan", None) or {})
+    return [m for name, m in model.named_modules()
+            if (style_of(name, plan, False) or "").startswith("rowwise") and getattr(m, "bias", None) is not None]
+
+
+def _bias_before_reduce(model, layout) -> None:
+    """Each rank adds its row-parallel bias to its partial sum, so the all-reduce counts it tp times: the same
+    output as adding (tp - 1) more copies after transformers' own reduction, which is how it is planted. The
+    row-parallel modules of the loaded model are those whose weight is split on tp by input rows."""
+    for module in model.modules():
+        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+        if bias is None or not hasattr(weight, "placements") or "tp" not in (weight.device_mesh.mesh_dim_names or ()):
+            continue
+        placement = weight.placements[weight.device_mesh.mesh_dim_names.index("tp")]
+        if getattr(placement, "dim", None) in (1, -1) and weight.ndim == 2:
+            module.register_forward_hook(lambda m, args, out, extra=layout.tp - 1: out + extra * _local(m.bias))
+
+
+def _local(tensor):
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 _NORMS = ("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm")
 
 _ENTRIES = (
@@ -65,6 +93,11 @@ _ENTRIES = (
     (Control("tf-embed-replicate", "the input embedding planned replicate instead of embedding_rowwise: numbers "
              "exact, the vocabulary no longer sharded", (CheckId.TP_SHARDS,), _needs_tp),
      Plant(tp_plan={"model.embed_tokens": "replicate"}, needs_rules=("model.embed_tokens",))),
+    (Control("tf-rowwise-bias-before-reduce", "a row-parallel bias added on every rank before the reduction, "
+             "so the sum counts it tp times (placements exact)", (CheckId.INFERENCE, CheckId.FORWARD),
+             _needs_tp),
+     Plant(after_load=_bias_before_reduce, needs_model=lambda ref: None if _rowwise_with_bias(ref) else
+           "the model has no row-parallel module with a bias")),
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}
