@@ -70,6 +70,11 @@ class _ParallelTesterMixin:
     def _paracheck_applicable(cls, layout) -> list[str]:
         return applicable(layout)
 
+    @classmethod
+    def _paracheck_refusal(cls, layout) -> str | None:
+        """Why the class's model cannot take `layout` at all, known before any rank starts (None: it runs)."""
+        return None
+
     def _paracheck_cases(self, layouts, folder: str) -> list:
         """This class's cases on `layouts`, their models and inputs written under `folder` for the ranks."""
         from paracheck.adapters.diffusers.library import unsupported
@@ -143,12 +148,19 @@ class CausalLMParallelTesterMixin(_ParallelTesterMixin):
     def _paracheck_applicable(cls, layout) -> list[str]:
         return tf_applicable(layout)
 
+    @classmethod
+    def _paracheck_refusal(cls, layout) -> str | None:
+        from paracheck.pytest.causal_lm import refusal
+
+        return refusal(cls().get_config(), layout, cls.paracheck_dtype)
+
     def _paracheck_cases(self, layouts, folder: str) -> list:
         from paracheck.pytest.causal_lm import cases, check_variants, write_checkpoint
 
         cls = type(self)
         if cls.paracheck_dtype != "fp32":
             raise ValueError(f"paracheck_dtype {cls.paracheck_dtype!r}: the transformers adapter runs fp32 only")
+        layouts = [layout for layout in layouts if not cls._paracheck_refusal(layout)]
         path = write_checkpoint(self.get_config(), cls.model_class, folder)
         return cases(cls.__name__, path, layouts, check_variants(cls.paracheck_variants), cls.paracheck_controls,
                      cls.paracheck_atol, cls.paracheck_rtol)
@@ -199,6 +211,9 @@ def _expect(test, request, case: tuple, check_ids) -> None:
     missing = missing_devices(backend, layout.world)
     if missing:
         pytest.skip(f"{layout}: {missing}")
+    refused = type(test)._paracheck_refusal(layout)
+    if refused:  # decided from the config alone: no rank starts for it
+        pytest.skip(f"{layout}: {refused}")
     found = _results(test, backend, layout.world).get((layout.name, variant, control))
     if found is None:
         pytest.skip(f"the tester config has no inputs for variant {variant!r}: define "
