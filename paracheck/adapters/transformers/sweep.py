@@ -145,8 +145,9 @@ def _done(path: str) -> set:
             if c.get("status") != "error"}
 
 
-def build(family: Family, folder: str) -> str | None:
-    """Write the family's seeded checkpoint into `folder/<name>`; returns why it cannot be built, or None."""
+def build(family: Family, folder: str):
+    """Write the family's seeded checkpoint into `folder/<name>`; returns (status, why) where it cannot be
+    built, else None."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -157,8 +158,11 @@ def build(family: Family, folder: str) -> str | None:
             model = AutoModelForCausalLM.from_config(family.config, dtype=torch.float32)
             _nonzero_biases(model)
         model.save_pretrained(path)
-    except ImportError as exc:  # an optional dependency the family's modeling code needs
-        return f"{family.name} cannot be built here: {type(exc).__name__}: {exc}".splitlines()[0]
+    except ImportError as exc:  # an optional dependency the family's modeling code needs: a named skip
+        return RankStatus.SKIP, f"{family.name} cannot be built here: {type(exc).__name__}: {exc}".splitlines()[0]
+    except Exception as exc:  # the fitted tiny config does not build: the kit's tiny rule, reported as an error
+        return RankStatus.ERROR, (f"{family.name}: the fitted tiny config does not build: "
+                                  f"{type(exc).__name__}: {exc}").splitlines()[0]
     return None
 
 
@@ -188,13 +192,13 @@ def run_sweep(args, backend, entries) -> int:
     try:
         for n, family in enumerate(needed, 1):
             t0 = time.time()
-            why = build(family, folder)
-            _say(f"[family {n}/{len(needed)}] {family.name}: " + (f"skip: {why}" if why else
+            failed = build(family, folder)
+            _say(f"[family {n}/{len(needed)}] {family.name}: " + (f"{failed[0].value}: {failed[1]}" if failed else
                  f"built in {time.time() - t0:.1f}s ({', '.join(family.changes) or 'no size changed'})"))
             for i, case in enumerate(cases):
                 if case.model == family.name:
-                    if why and i not in refused:
-                        refused[i] = why
+                    if failed and i not in refused:
+                        refused[i] = failed
                     cases[i] = _with_payload(case, os.path.join(folder, family.name))
         runnable = [i for i in range(len(cases)) if i not in refused]
         launched = [cases[i] for i in runnable]
@@ -228,10 +232,11 @@ def _with_payload(case: Case, path: str) -> Case:
     return dataclasses.replace(case, payload=path)
 
 
-def _refusal(index: int, reason: str) -> list[RankResult]:
-    """A case decided before launch: one skip result, in the rule's words."""
-    return [RankResult(index, 0, RankStatus.SKIP, reason=reason, route=Route.SHARDED_LOAD,
-                       failure=Failure(FailureKind.SKIP))]
+def _refusal(index: int, decided) -> list[RankResult]:
+    """A case decided before launch: one skip result in the rule's words (or an error: the family did not build)."""
+    status, reason = decided if isinstance(decided, tuple) else (RankStatus.SKIP, decided)
+    kind = FailureKind.SKIP if status == RankStatus.SKIP else FailureKind.RAISE
+    return [RankResult(index, 0, status, reason=reason, route=Route.SHARDED_LOAD, failure=Failure(kind))]
 
 
 def _say(line: str) -> None:
