@@ -28,6 +28,17 @@ class Plant:
     loss_factor: Callable[[int], float] = float
     #: single-process model -> why the bug cannot exist in it (the case is then skipped), else None.
     needs_model: Callable | None = None
+    #: single-process model -> more rules for `tp_plan`, read from its modules (for plans whose keys differ
+    #: from family to family).
+    tp_plan_from: Callable | None = None
+
+    def bound(self, ref) -> "Plant":
+        """This plant with the rules `tp_plan_from` reads from the single-process model merged in."""
+        if self.tp_plan_from is None:
+            return self
+        import dataclasses
+
+        return dataclasses.replace(self, tp_plan={**self.tp_plan, **self.tp_plan_from(ref)}, tp_plan_from=None)
 
 
 def _needs_tp(layout) -> str | None:
@@ -72,6 +83,12 @@ def _bias_before_reduce(model, layout) -> None:
             module.register_forward_hook(lambda m, args, out, extra=layout.tp - 1: out + extra * _local(m.bias))
 
 
+def _packed_as_colwise(ref) -> dict:
+    """Every packed (fused gate and up) rule planned plain colwise: the fused weight split in one run of rows,
+    so one rank holds the gate halves and another the up halves, instead of each rank a slice of both."""
+    return {k: "colwise" for k, v in dict(getattr(ref, "tp_plan", None) or {}).items() if v == "packed_colwise"}
+
+
 def _local(tensor):
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
@@ -98,6 +115,11 @@ _ENTRIES = (
              _needs_tp),
      Plant(after_load=_bias_before_reduce, needs_model=lambda ref: None if _rowwise_with_bias(ref) else
            "the model has no row-parallel module with a bias")),
+    (Control("tf-packed-as-colwise", "a fused gate-and-up projection planned colwise instead of packed_colwise: "
+             "split in the wrong order, one rank holds the gates, another the ups (measured on qwen2_moe tp2: the "
+             "forward stays exact, the gradients do not)", (CheckId.TP_SHARDS, CheckId.GRADS), _needs_tp),
+     Plant(tp_plan_from=_packed_as_colwise, needs_model=lambda ref: None if _packed_as_colwise(ref) else
+           "the model's tp_plan has no packed_colwise rule")),
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}

@@ -304,6 +304,10 @@ def tiny(config_class, **overrides):
     for key, value in defaults.items():
         if key.endswith("_token_id") and _is_int(value) and value >= values.get(VOCAB_KEY, value + 1):
             values[key] = values[VOCAB_KEY] - 1  # an embedding's padding index must lie in the vocabulary
+    head_dim = values.get("head_dim") or 16
+    for key in ("rotary_dim", "rotary_emb_base_dim"):  # a rotary width wider than the shrunk head (codegen, gptj)
+        if _is_int(defaults.get(key)) and defaults[key] > head_dim:
+            values[key] = head_dim // 2
     if defaults.get("num_key_value_heads", 0) is None and "num_attention_heads" in values:
         values["num_key_value_heads"] = values["num_attention_heads"]  # a model may read it unresolved (nemotron)
     if "tie_word_embeddings" in defaults:

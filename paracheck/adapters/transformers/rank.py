@@ -92,6 +92,7 @@ def _run(case, backend, workdir: str, result: RankResult) -> None:
             raise Refused(f"{case.control}: {result.model_class}'s tp_plan has no rule for {', '.join(missing)}")
         if plant.needs_model and (why := plant.needs_model(ref)):
             raise Refused(f"{case.control}: {result.model_class}: {why}")
+        plant = plant.bound(ref)
     result.raised_in_parallel = True  # from here on a raise may leave peers inside a collective (a refusal resets it)
     with _phase(result, "parallel"):
         model = _load_parallel(path, layout, plant, backend)
