@@ -42,7 +42,7 @@ def cells(cases: dict) -> tuple[dict, dict]:
         if case["control"]:
             missed[key] += case["status"] == "missed"
         else:
-            table[key] = (case["status"], case.get("reason", ""), case.get("known", ""))
+            table[key] = (case["status"], case.get("reason", ""), case.get("known_failure", ""))
     return table, missed
 
 
