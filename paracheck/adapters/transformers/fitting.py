@@ -286,6 +286,10 @@ def tiny(config_class, **overrides):
             values[key] = 2
         elif key in ("n_group", "topk_group", "num_expert_group") and value > 1:
             values[key] = 1
+        elif "vocab_size" in key and key != VOCAB_KEY and value > 128:  # per-layer-input vocabularies (gemma4)
+            values[key] = 128
+        elif key == "hidden_size_per_layer_input" and value > 16:
+            values[key] = 16
         elif key.endswith("lora_rank") and value > 16:
             values[key] = 16
         elif key.endswith("shared_experts") and value > 1:
