@@ -45,6 +45,13 @@ def _needs_tp(layout) -> str | None:
     return None if layout.tp > 1 else f"layout {layout} has no tensor parallelism"
 
 
+def _needs_tp_without_ep(layout) -> str | None:
+    """TP where no expert plan takes over the experts' rules (under EP the experts' packed rule is not used)."""
+    if layout.ep > 1:
+        return f"layout {layout} runs the experts expert-parallel, so their tp rules do not apply"
+    return _needs_tp(layout)
+
+
 def _needs_dp(layout) -> str | None:
     return None if layout.dp > 1 and layout.pp == 1 else f"layout {layout} has no data parallelism"
 
@@ -117,7 +124,7 @@ _ENTRIES = (
            "the model has no row-parallel module with a bias")),
     (Control("tf-packed-as-colwise", "a fused gate-and-up projection planned colwise instead of packed_colwise: "
              "split in the wrong order, one rank holds the gates, another the ups (measured on qwen2_moe tp2: the "
-             "forward stays exact, the gradients do not)", (CheckId.TP_SHARDS, CheckId.GRADS), _needs_tp),
+             "forward stays exact, the gradients do not)", (CheckId.TP_SHARDS, CheckId.GRADS), _needs_tp_without_ep),
      Plant(tp_plan_from=_packed_as_colwise, needs_model=lambda ref: None if _packed_as_colwise(ref) else
            "the model's tp_plan has no packed_colwise rule")),
 )
