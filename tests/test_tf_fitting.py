@@ -77,7 +77,7 @@ def test_fit_returns_a_fitting_config_or_names_why(cls, need, heads, width, data
 def test_every_tiny_config_with_a_tp_plan_fits_four_ranks_or_names_why(cls):
     tiny = _tiny(cls)
     if isinstance(tiny, Unfittable):
-        assert "rejects the fitted sizes" in str(tiny)
+        assert "rejects the fitted sizes" in str(tiny) or "keeps its sizes in nested configs" in str(tiny)
         return
     need = Need(tp=4, pp=4 if cls.base_model_pp_plan else 1, ep=4 if getattr(cls, "base_model_ep_plan", None) else 1)
     try:

@@ -268,6 +268,10 @@ def tiny(config_class, **overrides):
         default = config_class()
     except Exception as exc:  # a config class whose own defaults its validators reject
         raise Unfittable(f"{config_class.__name__} rejects its own defaults: {exc}".splitlines()[0]) from exc
+    nested = [k for k, v in vars(default).items() if hasattr(v, "to_dict") and hasattr(v, "model_type")]
+    if nested and not sizes(default).get(HEADS):
+        raise Unfittable(f"{config_class.__name__} keeps its sizes in nested configs ({', '.join(nested)}); "
+                         "fit the nested text config's own family instead")
     defaults = _fields(default)
     small = {HEADS: 2, WIDTH: 32, VOCAB: 128, LAYERS: 2, EXPERTS: 4, HIDDEN: 64}
     found = sizes(default)

@@ -33,6 +33,8 @@ from paracheck.domain.records import Failure, FailureKind, RankResult, RankStatu
 from paracheck.domain.sharding import parse_shard, shard
 
 PREFIX = "transformers:"
+#: Parameters a tiny model may have (the largest fitted family has under 1M); above it a size was missed.
+MAX_PARAMETERS = 20_000_000
 
 
 @dataclass
@@ -153,6 +155,11 @@ def build(family: Family, folder: str):
 
     path = os.path.join(folder, family.name)
     try:
+        with torch.device("meta"):  # counted without memory first: a config the tiny rule missed is refused
+            count = sum(p.numel() for p in AutoModelForCausalLM.from_config(family.config).parameters())
+        if count > MAX_PARAMETERS:
+            return RankStatus.ERROR, (f"{family.name}: the fitted tiny config has {count:,} parameters (more "
+                                      f"than {MAX_PARAMETERS:,}): a size the tiny rule does not know")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             model = AutoModelForCausalLM.from_config(family.config, dtype=torch.float32)
