@@ -231,6 +231,8 @@ def _fit_layer_lists(values: dict, found: dict, changes: dict) -> None:
     old, new = values[layers_key], changes[layers_key]
     for key, value in values.items():
         value = changes.get(key, value)
+        if key.endswith(("_token_id", "_token_ids")):  # a list of token ids is not one entry per layer
+            continue
         if isinstance(value, list) and len(value) == old and old > 0:
             head = list(dict.fromkeys(value)) if new < old and _hashable(value) else []
             changes[key] = (head + [value[i % old] for i in range(new)])[:new]
