@@ -1,7 +1,7 @@
 """Every control an adapter registers is asserted detected, read from the registry (`paracheck.adapters.controls`),
 so a control added there cannot pass unnoticed as inconclusive or skipped."""
 
-from paracheck.adapters import controls
+from paracheck.domain.registry import controls
 from paracheck.domain.layout import Layout
 
 

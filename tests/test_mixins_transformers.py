@@ -4,6 +4,7 @@ launch for the class, one test per check and layout; and which layouts a config'
 import pytest
 
 transformers = pytest.importorskip("transformers")
+pytest_plugins = ["pytester"]
 
 from paracheck.adapters.transformers.mixin_cases import check_variants, plan_layouts  # noqa: E402
 from paracheck.testing import CausalLMParallelTesterMixin  # noqa: E402
@@ -45,3 +46,24 @@ def test_an_moe_config_is_offered_expert_parallel_layouts():
 def test_a_variant_the_adapter_has_no_inputs_for_names_itself_and_the_choices():
     with pytest.raises(ValueError, match=r"paracheck_variants \['batch2'\]: a causal LM's variants are base, "):
         check_variants(("base", "batch2"))
+
+
+def test_layouts_an_unadjusted_config_does_not_fit_are_skipped_with_the_rule_before_any_rank_starts(pytester):
+    pytester.makepyfile(test_unadjusted='''
+import transformers
+from paracheck.testing import CausalLMParallelTesterMixin
+
+class Tester:
+    def get_config(self):
+        return transformers.LlamaConfig(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False)
+
+class TestUnadjusted(Tester, CausalLMParallelTesterMixin):
+    paracheck_layouts = ("tp4", "pp4")
+''')
+    result = pytester.runpytest_inprocess("-q", "-rs", "-p", "no:cacheprovider")
+    text = result.stdout.str()
+    assert "tp4: num_attention_heads=2 does not fit tp=4: tp must divide each head count" in text
+    assert "pp4: num_hidden_layers=2 does not fit pp=4: every pipeline stage needs at least one layer" in text
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped", 0) >= 10 and not outcomes.get("failed") and not outcomes.get("error")

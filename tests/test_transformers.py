@@ -244,14 +244,14 @@ def test_every_control_is_detected_on_every_rank(gloo_verdicts, control, model, 
 def test_every_registered_control_is_planted_in_the_world_above():
     """The registry, not this file's list, says which controls exist: one added there without a planted case
     here fails now, instead of passing unnoticed."""
-    from paracheck.adapters import controls
+    from paracheck.domain.registry import controls
 
     assert set(controls("transformers")) == {c for c, _, _ in PLANTED}
 
 
 @pytest.mark.slow
 def test_every_registered_control_is_detected(gloo_verdicts):
-    from paracheck.adapters import controls
+    from paracheck.domain.registry import controls
 
     for name in controls("transformers"):
         statuses = [v.status.value for k, v in gloo_verdicts.items() if k[3] == name]

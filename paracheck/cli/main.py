@@ -57,6 +57,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--report-json", help="write the JSON report here")
     run.add_argument("--junit", help="write JUnit XML here")
     run.add_argument("--html", help="write the HTML report here (one self-contained file, opens offline)")
+    run.add_argument("--shard", help="I/N: run the I-th of N deterministic slices of the cases (a model's cases "
+                     "stay in one slice)")
+    run.add_argument("--resume", help="with --models LIBRARY:...: leave out the cases this earlier JSON "
+                     "report holds (all but errors)")
     add_timeout(run)
     add_after_hang(run)
     add_all(run)
@@ -185,9 +189,12 @@ def run(args) -> int:
     from paracheck.results import known
 
     backend = resolve(args.backend)
-    cases = build_cases(args, backend)
-    check_libraries(cases)
     entries = known.load(known.SHIPPED if args.known_failures is None else args.known_failures)
+    sweeper = _sweeper(args.models)
+    if sweeper is not None:  # LIBRARY:NAMES: an adapter's sweep over the library's own families
+        return sweeper.sweep(args, backend, entries)
+    cases = _sharded(args, build_cases(args, backend))
+    check_libraries(cases)
     check_writable(args.report_json, "--report-json")
     check_writable(args.junit, "--junit")
     check_writable(args.html, "--html")
@@ -196,6 +203,31 @@ def run(args) -> int:
 
         return run_as_rank(args, backend, cases, entries)
     return _launch(args, backend, cases, entries)
+
+
+def _sweeper(models: str):
+    """The adapter whose sweep `--models LIBRARY:NAMES` asks for (`Adapter.sweep`); None for other --models."""
+    library, sep, _ = models.partition(":")
+    if not sep:
+        return None
+    try:
+        adapter = registry.adapter(library)
+    except ValueError as exc:
+        raise UsageError(f"--models {models}: {exc}") from exc
+    if not hasattr(adapter, "sweep"):
+        raise UsageError(f"--models {models}: the {library} adapter has no sweep of its library's families")
+    return adapter
+
+
+def _sharded(args, cases: list[Case]) -> list[Case]:
+    from paracheck.domain.sharding import ShardError, parse_shard, shard
+
+    if not args.shard:
+        return cases
+    try:
+        return shard(cases, *parse_shard(args.shard), group=lambda case: case.model)
+    except ShardError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _launch(args, backend, cases: list[Case], entries) -> int:

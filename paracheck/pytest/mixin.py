@@ -53,6 +53,11 @@ class ParallelTesterMixin:
     def _paracheck_applicable(cls, layout) -> list[str]:
         raise NotImplementedError
 
+    @classmethod
+    def _paracheck_refusal(cls, layout) -> str | None:
+        """Why the class's model cannot take `layout` at all, known before any rank starts (None: it runs)."""
+        return None
+
     def _paracheck_cases(self, layouts, folder: str) -> list:
         """This class's cases on `layouts`, whatever the ranks need written under `folder`."""
         raise NotImplementedError
@@ -119,6 +124,9 @@ def expect(test, request, case: tuple, check_ids) -> None:
     missing = missing_devices(backend, layout.world)
     if missing:
         pytest.skip(f"{layout}: {missing}")
+    refused = type(test)._paracheck_refusal(layout)
+    if refused:  # decided from the config alone: no rank starts for it
+        pytest.skip(f"{layout}: {refused}")
     found = _results(test, backend, layout.world).get((layout.name, variant, control))
     if found is None:
         pytest.skip(f"the tester config has no inputs for variant {variant!r}: define "

@@ -85,6 +85,12 @@ class TransformersAdapter:
 
         return explore_case(name, factory, space, layout, shape, dtype)
 
+    def sweep(self, args, backend, entries) -> int:
+        """`paracheck run --models transformers:all` (or `:NAME,...`): every causal-LM family (`sweep`)."""
+        from paracheck.adapters.transformers.sweep import run_sweep
+
+        return run_sweep(args, backend, entries)
+
     def mixins(self) -> dict[str, str]:
         return {"CausalLMParallelTesterMixin": "paracheck.adapters.transformers.mixins:CausalLMParallelTesterMixin"}
 

@@ -80,6 +80,9 @@ class _Body:
         missing = [k for k in self.plant.needs_rules if k not in ref.tp_plan]
         if missing:
             raise Refused(f"{case.control}: {result.model_class}'s tp_plan has no rule for {', '.join(missing)}")
+        if self.plant.needs_model and (why := self.plant.needs_model(ref)):
+            raise Refused(f"{case.control}: {result.model_class}: {why}")
+        self.plant = self.plant.bound(ref)
 
     def parallelize(self) -> None:
         self.model = _load_parallel(self.path, self.layout, self.plant, self.ctx.backend)

@@ -26,10 +26,30 @@ class Plant:
     #: The factor the local loss is multiplied by before backward, given the layout's dp. The right one is dp
     #: itself (FSDP2 averages gradients over the dp ranks; each local loss is a share of the global mean).
     loss_factor: Callable[[int], float] = float
+    #: single-process model -> why the bug cannot exist in it (the case is then skipped), else None.
+    needs_model: Callable | None = None
+    #: single-process model -> more rules for `tp_plan`, read from its modules (for plans whose keys differ
+    #: from family to family).
+    tp_plan_from: Callable | None = None
+
+    def bound(self, ref) -> "Plant":
+        """This plant with the rules `tp_plan_from` reads from the single-process model merged in."""
+        if self.tp_plan_from is None:
+            return self
+        import dataclasses
+
+        return dataclasses.replace(self, tp_plan={**self.tp_plan, **self.tp_plan_from(ref)}, tp_plan_from=None)
 
 
 def _needs_tp(layout) -> str | None:
     return None if layout.tp > 1 else f"layout {layout} has no tensor parallelism"
+
+
+def _needs_tp_without_ep(layout) -> str | None:
+    """TP where no expert plan takes over the experts' rules (under EP the experts' packed rule is not used)."""
+    if layout.ep > 1:
+        return f"layout {layout} runs the experts expert-parallel, so their tp rules do not apply"
+    return _needs_tp(layout)
 
 
 def _needs_dp(layout) -> str | None:
@@ -46,6 +66,38 @@ def _skip_dp_reduce(model, layout) -> None:
                 module.set_requires_all_reduce(False)
             else:
                 module.set_requires_gradient_sync(False)
+
+
+def _rowwise_with_bias(model) -> list:
+    """The modules transformers runs row-parallel that hold a bias (gpt_neox's dense, phi's fc2, ...)."""
+    from paracheck.adapters.transformers.structure import style_of
+
+    plan = dict(getattr(model, "tp_plan", None) or {})
+    return [m for name, m in model.named_modules()
+            if (style_of(name, plan, False) or "").startswith("rowwise") and getattr(m, "bias", None) is not None]
+
+
+def _bias_before_reduce(model, layout) -> None:
+    """Each rank adds its row-parallel bias to its partial sum, so the all-reduce counts it tp times: the same
+    output as adding (tp - 1) more copies after transformers' own reduction, which is how it is planted. The
+    row-parallel modules of the loaded model are those whose weight is split on tp by input rows."""
+    for module in model.modules():
+        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+        if bias is None or not hasattr(weight, "placements") or "tp" not in (weight.device_mesh.mesh_dim_names or ()):
+            continue
+        placement = weight.placements[weight.device_mesh.mesh_dim_names.index("tp")]
+        if getattr(placement, "dim", None) in (1, -1) and weight.ndim == 2:
+            module.register_forward_hook(lambda m, args, out, extra=layout.tp - 1: out + extra * _local(m.bias))
+
+
+def _packed_as_colwise(ref) -> dict:
+    """Every packed (fused gate and up) rule planned plain colwise: the fused weight split in one run of rows,
+    so one rank holds the gate halves and another the up halves, instead of each rank a slice of both."""
+    return {k: "colwise" for k, v in dict(getattr(ref, "tp_plan", None) or {}).items() if v == "packed_colwise"}
+
+
+def _local(tensor):
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 _NORMS = ("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm")
@@ -65,6 +117,16 @@ _ENTRIES = (
     (Control("tf-embed-replicate", "the input embedding planned replicate instead of embedding_rowwise: numbers "
              "exact, the vocabulary no longer sharded", (CheckId.TP_SHARDS,), _needs_tp),
      Plant(tp_plan={"model.embed_tokens": "replicate"}, needs_rules=("model.embed_tokens",))),
+    (Control("tf-rowwise-bias-before-reduce", "a row-parallel bias added on every rank before the reduction, "
+             "so the sum counts it tp times (placements exact)", (CheckId.INFERENCE, CheckId.FORWARD),
+             _needs_tp),
+     Plant(after_load=_bias_before_reduce, needs_model=lambda ref: None if _rowwise_with_bias(ref) else
+           "the model has no row-parallel module with a bias")),
+    (Control("tf-packed-as-colwise", "a fused gate-and-up projection planned colwise instead of packed_colwise: "
+             "split in the wrong order, one rank holds the gates, another the ups (measured on qwen2_moe tp2: the "
+             "forward stays exact, the gradients do not)", (CheckId.TP_SHARDS, CheckId.GRADS), _needs_tp_without_ep),
+     Plant(tp_plan_from=_packed_as_colwise, needs_model=lambda ref: None if _packed_as_colwise(ref) else
+           "the model's tp_plan has no packed_colwise rule")),
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}

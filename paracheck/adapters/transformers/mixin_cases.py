@@ -26,6 +26,14 @@ def plan_layouts(config, world: int) -> list[TfLayout]:
     return [layout for layout in found if layout.tp == 1 or has["tp"]]
 
 
+def refusal(config, layout, dtype: str = "fp32") -> str | None:
+    """The fitting rule's sentence for a layout the user's config does not fit as it is (heads, widths, vocab by
+    tp; layers by pp; experts by ep), so the mixin skips it before any rank starts; None when it fits."""
+    from paracheck.adapters.transformers.fitting import Need, refusal as rule
+
+    return rule(config, Need.of(layout, dtype))
+
+
 def check_variants(variants) -> list[str]:
     """The mixin's `paracheck_variants`, each one the adapter makes inputs for; ValueError names the bad one."""
     unknown = [v for v in variants if v not in VARIANTS]

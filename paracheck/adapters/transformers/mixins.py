@@ -42,12 +42,19 @@ class CausalLMParallelTesterMixin(ParallelTesterMixin):
     def _paracheck_applicable(cls, layout) -> list[str]:
         return applicable(layout)
 
+    @classmethod
+    def _paracheck_refusal(cls, layout) -> str | None:
+        from paracheck.adapters.transformers.mixin_cases import refusal
+
+        return refusal(cls().get_config(), layout, cls.paracheck_dtype)
+
     def _paracheck_cases(self, layouts, folder: str) -> list:
         from paracheck.adapters.transformers.mixin_cases import cases, check_variants, write_checkpoint
 
         cls = type(self)
         if cls.paracheck_dtype != "fp32":
             raise ValueError(f"paracheck_dtype {cls.paracheck_dtype!r}: the transformers adapter runs fp32 only")
+        layouts = [layout for layout in layouts if not cls._paracheck_refusal(layout)]
         path = write_checkpoint(self.get_config(), cls.model_class, folder)
         return cases(cls.__name__, path, layouts, check_variants(cls.paracheck_variants), cls.paracheck_controls,
                      cls.paracheck_atol, cls.paracheck_rtol)

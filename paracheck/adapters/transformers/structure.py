@@ -109,8 +109,11 @@ def _tp_problems(name: str, param, ndim: int, style: str | None) -> list[str]:
     if name.endswith(".bias") and style.startswith("rowwise"):
         expected = None
     if expected is None:
-        if "tp" in _dims(param):
-            return [f"{name}: planned {style} (whole on every rank), but sharded on tp as {_placement(param, 'tp')}"]
+        # Whole on every rank: not on the tp mesh, or on it as Replicate (how transformers holds a row-parallel
+        # bias, added once after the reduction). Only a shard or a pending sum breaks what the plan means.
+        placement = _placement(param, "tp")
+        if placement is not None and type(placement).__name__ != "Replicate":
+            return [f"{name}: planned {style} (whole on every rank), but sharded on tp as {placement}"]
         return []
     kind, dim = expected
     return _on(name, param, "tp", kind, dim % ndim if dim < 0 else dim, style)

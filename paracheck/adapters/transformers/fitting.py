@@ -1,0 +1,373 @@
+"""Fitting a transformers causal-LM config to a layout: which sizes each degree splits, the rules they must keep,
+a fitted tiny config or a refusal naming the size, the degree and the rule.
+
+Torch-free at import and pure: it reads and builds `PretrainedConfig`s, never a model. A size is found by the
+config key that holds it (the config's own key, never an `attribute_map` alias), by role:
+
+- heads (`num_attention_heads`, `num_key_value_heads`, `n_head`, `linear_num_value_heads`, `mamba_n_heads`, ...):
+  split by tp, so tp must divide each;
+- widths (every `*intermediate_size`, `*ffn_hidden_size`, per layer where a list): split by tp (colwise then
+  rowwise), so tp must divide each. In a model with an expert plan each width's tp shard must also be a
+  multiple of `16 // itemsize` elements (4 in fp32, 8 in bf16), and so must `hidden_size`: the experts'
+  grouped matmul (`torch.nn.functional.grouped_mm`, reached from transformers' `integrations.moe._grouped_mm`)
+  refuses operands whose strides are not multiples of 16 bytes ("strides should be multiple of 16 bytes").
+  Measured on torch 2.13 CPU: the forward needs the contraction dimension aligned (a down projection's
+  contraction is the expert width's shard), the backward the output dimension too; any other size runs;
+- vocabulary (`vocab_size`): split by tp where the TP plan splits the embedding or the head;
+- layers (`num_hidden_layers`, `n_layer`, `num_layers`): split by pp, at least one per stage;
+- experts (`num_experts`, `num_local_experts`, `n_routed_experts`, `moe_num_experts`): split by ep;
+- batch (an input, not a config size): split by the data-parallel degree dpr x fsdp (`batch_misfits`).
+
+`misfits` checks a config as it is (the mixins, on the user's own config: a layout that does not fit is
+skipped before any rank starts); `fit` raises every size to the smallest value that keeps the rules (the
+sweep over every family's tiny config), keeping `hidden_size = heads x head_dim` where the config derives
+`head_dim`, and lengthening per-layer lists with the layer count. `tiny` shrinks a config class's defaults.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from paracheck.domain.records import Failure, FailureKind
+
+HEADS, WIDTH, VOCAB, LAYERS, EXPERTS, HIDDEN = "heads", "width", "vocabulary", "layers", "experts", "hidden"
+
+_ROLES = (
+    (HEADS, re.compile(r"^(?:\w+_)?(?:n|num)(?:_\w+)?_heads$|^n_head$")),
+    (WIDTH, re.compile(r"^(?:\w+_)?(?:intermediate_size|ffn_hidden_size)(?:_\w+)?$")),
+    (VOCAB, re.compile(r"^vocab_size$")),
+    (LAYERS, re.compile(r"^(?:num_hidden_layers|n_layer|num_layers)$")),
+    (EXPERTS, re.compile(r"^(?:num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")),
+    (HIDDEN, re.compile(r"^(?:hidden_size|n_embd|d_model)$")),
+)
+#: Keys a role's pattern matches that hold no split size (a grouping knob, not a count of heads or widths).
+_NOT_SIZES = frozenset({"heads_per_ngram", "num_heads_per_ngram"})
+#: Degree each role is split by, and the rule's words.
+_RULES = {HEADS: ("tp", "tp must divide each head count (heads are split across the TP ranks)"),
+          WIDTH: ("tp", "tp must divide each intermediate width (colwise then rowwise across the TP ranks)"),
+          VOCAB: ("tp", "tp must divide the vocabulary (the embedding and the head are split by rows)"),
+          LAYERS: ("pp", "every pipeline stage needs at least one layer (layers >= pp)"),
+          EXPERTS: ("ep", "ep must divide the expert count (each EP rank holds an equal share)")}
+#: Bytes the experts' grouped matmul wants each operand stride to be a multiple of.
+GROUPED_MM_BYTES = 16
+VOCAB_KEY = "vocab_size"
+ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Need:
+    """The degrees a layout splits sizes by, and the dtype's bytes per element."""
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    dp: int = 1
+    itemsize: int = 4
+
+    @classmethod
+    def of(cls, layout, dtype: str = "fp32") -> "Need":
+        return cls(layout.tp, layout.pp, layout.ep, layout.dp, ITEMSIZE[dtype])
+
+    @classmethod
+    def world(cls, world: int, dtype: str = "fp32") -> "Need":
+        """What every layout of `world` ranks needs at once: one fitted config serves them all."""
+        return cls(world, world, world, world, ITEMSIZE[dtype])
+
+    @property
+    def align(self) -> int:
+        """Elements per 16 bytes: what the experts' grouped matmul wants each dimension a multiple of."""
+        return GROUPED_MM_BYTES // self.itemsize
+
+
+@dataclass(frozen=True)
+class Misfit:
+    """One size a layout cannot take: its key, value, the degree that splits it and the rule it breaks."""
+    key: str
+    value: int
+    degree: str
+    size: int
+    rule: str
+
+    def sentence(self) -> str:
+        return f"{self.key}={self.value} does not fit {self.degree}={self.size}: {self.rule}"
+
+
+class Unfittable(Exception):
+    """The config cannot take the layout; the message says why (the report's skip reason). `misfits` are the
+    sizes that broke a rule; `missing_plan` names a plan the config lacks altogether."""
+
+    def __init__(self, message: str, misfits: tuple = (), missing_plan: str = ""):
+        super().__init__(message)
+        self.misfits, self.missing_plan = tuple(misfits), missing_plan
+
+    @property
+    def failure(self) -> Failure:
+        return Failure(FailureKind.SKIP, missing_plan=self.missing_plan)
+
+
+@dataclass
+class Fit:
+    config: object
+    changes: list[str] = field(default_factory=list)
+
+
+def sizes(config) -> dict[str, list[str]]:
+    """role -> the config's own keys holding a size of that role (an int, or a list of ints per layer)."""
+    found: dict[str, list[str]] = {}
+    for key, value in _fields(config).items():
+        if key in _NOT_SIZES or not _is_size(value):
+            continue
+        for role, pattern in _ROLES:
+            if pattern.match(key):
+                found.setdefault(role, []).append(key)
+                break
+    return found
+
+
+def plan_problems(config, need: Need) -> str | None:
+    """Why the config's plans cannot take `need` at all (the plan it lacks), else None."""
+    for degree, plan in (("tp", "base_model_tp_plan"), ("ep", "base_model_ep_plan"), ("pp", "base_model_pp_plan")):
+        if getattr(need, degree) > 1 and not getattr(config, plan, None):
+            return plan
+    return None
+
+
+def misfits(config, need: Need) -> list[Misfit]:
+    """Every size of `config` that `need` splits and cannot take as it is; empty when the layout fits."""
+    found = sizes(config)
+    moe = bool(getattr(config, "base_model_ep_plan", None))
+    out = []
+    for role, (degree, rule) in _RULES.items():
+        d = getattr(need, degree)
+        if d == 1 and not (role == WIDTH and moe):
+            continue
+        for key in found.get(role, []):
+            for value in _values(getattr(config, key)):
+                if role == LAYERS and value < d:
+                    out.append(Misfit(key, value, degree, d, rule))
+                elif role != LAYERS and value % d:
+                    out.append(Misfit(key, value, degree, d, rule))
+                elif role == WIDTH and moe and (value // d) % need.align:
+                    out.append(Misfit(key, value, "tp", need.tp, _align_rule(need)))
+    if moe:
+        for key in found.get(HIDDEN, []):
+            if getattr(config, key) % need.align:
+                out.append(Misfit(key, getattr(config, key), "dtype bytes", need.itemsize, _align_rule(need)))
+    return out
+
+
+def refusal(config, need: Need) -> str | None:
+    """The skip sentence for running `config` on `need` as it is, or None when it fits."""
+    plan = plan_problems(config, need)
+    if plan:
+        return f"{type(config).__name__} has no {plan}"
+    bad = misfits(config, need)
+    return "; ".join(m.sentence() for m in bad) or None
+
+
+def batch_misfit(batch: int, need: Need) -> Misfit | None:
+    if batch % need.dp:
+        return Misfit("batch", batch, "dpr x fsdp", need.dp, "the data-parallel degree must divide the batch")
+    return None
+
+
+def fit(config, need: Need) -> Fit:
+    """A copy of `config` whose sizes keep every rule of `need`, each raised to the smallest value that does;
+    Unfittable names the plan it lacks, or the sizes no change of the config could make fit."""
+    plan = plan_problems(config, need)
+    if plan:
+        raise Unfittable(f"{type(config).__name__} has no {plan}, so it cannot take that parallelism",
+                         missing_plan=plan)
+    values = _fields(config)
+    found = sizes(config)
+    moe = bool(getattr(config, "base_model_ep_plan", None))
+    changes: dict = {}
+    _fit_heads(values, found, need, changes)
+    for key in found.get(WIDTH, []):
+        step = need.tp * (need.align if moe else 1)
+        changes[key] = _each(values[key], lambda v: _up(v, step))
+    if need.tp > 1:
+        for key in found.get(VOCAB, []):
+            changes[key] = _up(values[key], need.tp)
+    for key in found.get(EXPERTS, []):
+        changes[key] = _up(values[key], need.ep)
+    for key in found.get(LAYERS, []):
+        changes[key] = max(values[key], need.pp)
+    _fit_tied(values, changes)
+    changes = {k: v for k, v in changes.items() if v != values[k]}
+    _fit_layer_lists(values, found, changes)
+    fitted = _build(config, {**values, **changes})
+    left = misfits(fitted, need)
+    if left:
+        raise Unfittable("; ".join(m.sentence() for m in left), misfits=left)
+    return Fit(fitted, [f"{k} {_short(values.get(k))}->{_short(v)}" for k, v in changes.items()])
+
+
+def _fit_heads(values: dict, found: dict, need: Need, changes: dict) -> None:
+    """Heads up to a multiple of tp, query heads a multiple of key/value heads, hidden = heads x head_dim
+    where the config derives head_dim from them (and aligned for the experts where it has them)."""
+    heads = found.get(HEADS, [])
+    for key in heads:
+        changes[key] = _up(values[key], need.tp)
+    q = next((k for k in ("num_attention_heads", "n_head") if k in heads), None)
+    kv = "num_key_value_heads" if "num_key_value_heads" in heads else None
+    if q and kv and changes[kv]:
+        changes[q] = _up(changes[q], changes[kv])
+    hidden = next(iter(found.get(HIDDEN, [])), None)
+    if q and hidden and not values.get("head_dim") and values[q]:
+        head_dim = values[hidden] // values[q]
+        changes[hidden] = changes[q] * head_dim
+
+
+def _fit_layer_lists(values: dict, found: dict, changes: dict) -> None:
+    """Per-layer lists (layer_types, layers_block_type, per-layer widths) cut or lengthened with the layer
+    count: every kind of layer the list has is kept first, then its pattern repeats, so the config still
+    describes every layer and still has each kind. Per-layer dicts keyed by layer index keep the indices
+    that remain."""
+    layers_key = next(iter(found.get(LAYERS, [])), None)
+    if layers_key not in changes:
+        return
+    old, new = values[layers_key], changes[layers_key]
+    for key, value in values.items():
+        value = changes.get(key, value)
+        if key.endswith(("_token_id", "_token_ids")):  # a list of token ids is not one entry per layer
+            continue
+        if isinstance(value, list) and len(value) == old and old > 0:
+            head = list(dict.fromkeys(value)) if new < old and _hashable(value) else []
+            changes[key] = (head + [value[i % old] for i in range(new)])[:new]
+        elif isinstance(value, dict) and value and all(str(k).isdigit() for k in value) and new < old:
+            changes[key] = {k: v for k, v in value.items() if int(k) < new}
+
+
+def _hashable(items: list) -> bool:
+    return all(isinstance(v, (str, int, float, type(None))) for v in items)
+
+
+def _fit_tied(values: dict, changes: dict) -> None:
+    """Sizes a config requires to equal a product of others: the Mamba mixers' heads x head dim = their
+    inner width (`mamba_d_ssm`, else `mamba_expand x hidden_size`), as bamba, falcon_h1 and granitemoehybrid
+    validate."""
+    merged = {**values, **changes}
+    if "mamba_d_head" in merged and merged.get("mamba_n_heads"):
+        inner = merged.get("mamba_d_ssm") or merged.get("mamba_expand", 2) * merged["hidden_size"]
+        if inner % merged["mamba_n_heads"] == 0:
+            changes["mamba_d_head"] = inner // merged["mamba_n_heads"]
+
+
+def _lengthened(defaults: dict, found: dict, values: dict) -> dict:
+    """`values` with the per-layer lists of `defaults` cut or repeated to `values`' layer count."""
+    out = dict(values)
+    _fit_layer_lists(defaults, found, out)
+    return out
+
+
+def tiny(config_class, **overrides):
+    """`config_class`'s defaults shrunk to a tiny model: hidden 64, 2 query and key/value heads of 16, widths
+    32, 4 experts (2 per token), vocabulary 128, 2 layers, 64 positions. Sizes the class does not have are
+    left out; what the class derives from them, it derives itself."""
+    try:
+        default = config_class()
+    except Exception as exc:  # a config class whose own defaults its validators reject
+        raise Unfittable(f"{config_class.__name__} rejects its own defaults: {exc}".splitlines()[0]) from exc
+    nested = [k for k, v in vars(default).items() if hasattr(v, "to_dict") and hasattr(v, "model_type")]
+    if nested and not sizes(default).get(HEADS):
+        raise Unfittable(f"{config_class.__name__} keeps its sizes in nested configs ({', '.join(nested)}); "
+                         "fit the nested text config's own family instead")
+    defaults = _fields(default)
+    small = {HEADS: 2, WIDTH: 32, VOCAB: 128, LAYERS: 2, EXPERTS: 4, HIDDEN: 64}
+    found = sizes(default)
+    values = {}
+    for role, keys in found.items():
+        for key in keys:
+            values[key] = _each(defaults[key], lambda v, r=role: min(v, small[r]) if v else v)
+    for key, value in defaults.items():
+        if not _is_int(value):
+            continue
+        if key.endswith("head_dim") and value > 16:
+            values[key] = 16
+        elif key in ("max_position_embeddings", "n_positions") and value > 64:
+            values[key] = 64
+        elif key in ("num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk") and value > 2:
+            values[key] = 2
+        elif key in ("n_group", "topk_group", "num_expert_group") and value > 1:
+            values[key] = 1
+        elif "vocab_size" in key and key != VOCAB_KEY and value > 128:  # per-layer-input vocabularies (gemma4)
+            values[key] = 128
+        elif key == "hidden_size_per_layer_input" and value > 16:
+            values[key] = 16
+        elif key.endswith("lora_rank") and value > 16:
+            values[key] = 16
+        elif key.endswith("shared_experts") and value > 1:
+            values[key] = 1
+    hidden = next(iter(found.get(HIDDEN, [])), None)
+    q = next((k for k in ("num_attention_heads", "n_head") if k in found.get(HEADS, [])), None)
+    if hidden and q and "head_dim" not in defaults:
+        values[hidden] = values[q] * 16
+    layers_key = next(iter(found.get(LAYERS, [])), None)
+    if layers_key:
+        kinds = max([len(set(v)) for v in defaults.values() if isinstance(v, list) and _hashable(v)
+                     and len(v) == defaults[layers_key]] + [2])
+        values[layers_key] = min(defaults[layers_key], max(values[layers_key], min(kinds, 4)))
+        values = _lengthened(defaults, found, values)
+    _fit_tied(defaults, values)
+    for key, value in defaults.items():
+        if key.endswith("_token_id") and _is_int(value) and value >= values.get(VOCAB_KEY, value + 1):
+            values[key] = values[VOCAB_KEY] - 1  # an embedding's padding index must lie in the vocabulary
+    head_dim = values.get("head_dim") or 16
+    for key in ("rotary_dim", "rotary_emb_base_dim"):  # a rotary width wider than the shrunk head (codegen, gptj)
+        if _is_int(defaults.get(key)) and defaults[key] > head_dim:
+            values[key] = head_dim // 2
+    if defaults.get("num_key_value_heads", 0) is None and "num_attention_heads" in values:
+        values["num_key_value_heads"] = values["num_attention_heads"]  # a model may read it unresolved (nemotron)
+    if "tie_word_embeddings" in defaults:
+        values["tie_word_embeddings"] = False
+    return _build(default, {**defaults, **values, **overrides})
+
+
+def _align_rule(need: Need) -> str:
+    return (f"the experts' grouped matmul wants every dimension a multiple of {GROUPED_MM_BYTES} bytes, "
+            f"{need.align} elements of {need.itemsize} bytes (each expert width's tp shard and hidden_size)")
+
+
+def _fields(config) -> dict:
+    """The config's own keys and values (no alias, no nested config)."""
+    out = config.to_dict()
+    out.pop("transformers_version", None)
+    return out
+
+
+def _build(config, values: dict):
+    """The config class built from `values`; Unfittable in transformers' words where it rejects them."""
+    values = {k: v for k, v in values.items() if k not in ("model_type", "architectures")}
+    try:
+        return type(config)(**values)
+    except Exception as exc:  # huggingface_hub's strict validators raise their own Exception subclass
+        first = str(exc).strip().splitlines()[-1].strip()
+        raise Unfittable(f"{type(config).__name__} rejects the fitted sizes: {first}") from exc
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_size(value) -> bool:
+    return (_is_int(value) and value > 0) or (isinstance(value, list) and bool(value)
+                                              and all(_is_int(v) and v > 0 for v in value))
+
+
+def _values(value) -> list[int]:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _each(value, fn):
+    return [fn(v) for v in value] if isinstance(value, list) else fn(value)
+
+
+def _up(value: int, multiple: int) -> int:
+    return multiple * math.ceil(value / multiple) if multiple > 1 else value
+
+
+def _short(value) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."

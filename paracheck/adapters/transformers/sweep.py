@@ -1,0 +1,254 @@
+"""`paracheck run --models transformers:all`: every causal-LM family transformers registers that has a TP plan,
+each as a tiny config fitted to the world by `fitting`, over every layout of the world its plans allow.
+
+Per family (in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, sorted by name): `fitting.tiny` shrinks the config class's
+defaults, `fitting.fit` raises what the world's degrees split, so one checkpoint serves every layout. A layout
+whose sizes the rule refuses is a skip with the rule's sentence, decided here, before any rank starts; so is a
+family whose config transformers rejects (`Unfittable`) or whose model cannot be built at all (an optional
+dependency missing: `ImportError`). The rest run as `payload` cases (the mixins' kind: each rank loads the
+checkpoint with and without `distributed_config`), with the checks and controls of the bundled fixtures.
+
+Splitting and resuming: `--shard I/N` keeps the I-th slice of the case list, a family's cases whole in one
+slice (`domain.sharding`); only the families of that slice are built. `--resume REPORT.json` leaves out the cases
+an earlier report of the same sweep already holds (every status but `error`), so a stopped sweep goes on
+where it stopped; `scripts/support_matrix.py` merges any number of such reports (later ones win).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from paracheck.adapters.transformers import fitting
+from paracheck.adapters.transformers.controls import applicable
+from paracheck.domain.case import Case
+from paracheck.domain.records import Failure, FailureKind, RankResult, RankStatus, Route
+from paracheck.domain.sharding import parse_shard, shard
+
+PREFIX = "transformers:"
+#: Parameters a tiny model may have (the largest fitted family has under 1M); above it a size was missed.
+MAX_PARAMETERS = 20_000_000
+
+
+@dataclass
+class Family:
+    name: str
+    config_class: type
+    config: object = None  # the fitted tiny config, None when refused
+    refused: str = ""  # why the whole family cannot run (a named skip)
+    changes: list = field(default_factory=list)
+
+
+def wanted(models: str) -> list[str] | None:
+    """`transformers:all` -> None (every family); `transformers:llama,phi` -> those; other text -> not a sweep."""
+    names = models[len(PREFIX):]
+    return None if names == "all" else [n.strip() for n in names.split(",") if n.strip()]
+
+
+def families(names: list[str] | None = None) -> list[Family]:
+    """Every causal-LM family with a `base_model_tp_plan` (or those named), sorted by name."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    found = []
+    for name in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        if names is not None and name not in names:
+            continue
+        config_class = CONFIG_MAPPING[name]
+        if getattr(config_class, "base_model_tp_plan", None):
+            found.append(Family(name, config_class))
+    unknown = sorted(set(names or []) - {f.name for f in found})
+    if unknown:
+        raise ValueError(f"--models transformers:{','.join(unknown)}: not a causal-LM family with a TP plan in the "
+                         "installed transformers")
+    return found
+
+
+def fitted(family: Family, world: int, dtype: str = "fp32") -> Family:
+    """The family's tiny config fitted to every layout of `world` ranks its plans allow."""
+    config_class = family.config_class
+    need = fitting.Need(tp=world, pp=world if config_class.base_model_pp_plan else 1,
+                        ep=world if getattr(config_class, "base_model_ep_plan", None) else 1, dp=world,
+                        itemsize=fitting.ITEMSIZE[dtype])
+    try:
+        fit = fitting.fit(fitting.tiny(config_class), need)
+    except fitting.Unfittable as exc:
+        family.refused = str(exc)
+        return family
+    family.config, family.changes = fit.config, fit.changes
+    return family
+
+
+def plan(args, world: int):
+    """`_plan`, with a bad --shard or family name as a usage error (exit 2)."""
+    from paracheck.cli.common import UsageError
+
+    try:
+        return _plan(args, world)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _plan(args, world: int) -> tuple[list[Case], dict[int, str], list[Family]]:
+    """The sweep's cases (this shard's, less those a resumed report holds), the indices refused before launch
+    with their reasons, and the families whose checkpoints the remaining cases need."""
+    from paracheck.adapters.transformers.mixin_cases import FACTORY, plan_layouts
+
+    logging.disable(logging.WARNING)  # tiny configs warn about token ids; the report says what matters
+    cases, refused, by_family = [], {}, {}
+    for family in (fitted(f, world) for f in families(wanted(args.models))):
+        by_family[family.name] = family
+        layouts = plan_layouts(family.config, world) if family.config else [None]
+        if family.config and args.layouts.strip() != "all":
+            layouts = [layout for layout in layouts if layout.name in args.layouts.split(",")]
+        for layout in layouts:
+            why = family.refused or fitting.refusal(family.config, fitting.Need.of(layout))
+            layout = layout or _placeholder_layout(world)
+            fields = dict(layout=layout, route=Route.SHARDED_LOAD, variant="base", library="transformers",
+                          payload=family.name)
+            names = [None] + (list(applicable(layout)) if args.controls else [])
+            for control in names:
+                if why:
+                    refused[len(cases)] = why
+                cases.append(Case(family.name, FACTORY, **dict(fields, control=control)))
+    logging.disable(logging.NOTSET)
+    keep = list(range(len(cases)))
+    if args.shard:
+        keep = shard(keep, *parse_shard(args.shard), group=lambda i: cases[i].model)
+    done = _done(args.resume) if args.resume else set()
+    keep = [i for i in keep if _key(cases[i]) not in done]
+    needed = {cases[i].model for i in keep if i not in refused}
+    return ([cases[i] for i in keep], {n: refused[i] for n, i in enumerate(keep) if i in refused},
+            [by_family[name] for name in sorted(needed)])
+
+
+def _placeholder_layout(world: int):
+    from paracheck.adapters.transformers.layout import TfLayout
+
+    return TfLayout(fsdp=world)
+
+
+def _key(case: Case) -> tuple:
+    return case.model, case.layout.name, case.variant, case.control
+
+
+def _done(path: str) -> set:
+    """The cases a report already holds, by (family, layout, variant, control); errors run again."""
+    with open(path) as handle:
+        data = json.load(handle)
+    return {(c["model"], c["layout"], c["variant"], c["control"]) for c in data.get("cases", [])
+            if c.get("status") != "error"}
+
+
+def build(family: Family, folder: str):
+    """Write the family's seeded checkpoint into `folder/<name>`; returns (status, why) where it cannot be
+    built, else None."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = os.path.join(folder, family.name)
+    try:
+        with torch.device("meta"):  # counted without memory first: a config the tiny rule missed is refused
+            count = sum(p.numel() for p in AutoModelForCausalLM.from_config(family.config).parameters())
+        if count > MAX_PARAMETERS:
+            return RankStatus.ERROR, (f"{family.name}: the fitted tiny config has {count:,} parameters (more "
+                                      f"than {MAX_PARAMETERS:,}): a size the tiny rule does not know")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(family.config, dtype=torch.float32)
+            _nonzero_biases(model)
+        model.save_pretrained(path)
+    except ImportError as exc:  # an optional dependency the family's modeling code needs: a named skip
+        return RankStatus.SKIP, f"{family.name} cannot be built here: {type(exc).__name__}: {exc}".splitlines()[0]
+    except Exception as exc:  # the fitted tiny config does not build: the kit's tiny rule, reported as an error
+        return RankStatus.ERROR, (f"{family.name}: the fitted tiny config does not build: "
+                                  f"{type(exc).__name__}: {exc}").splitlines()[0]
+    return None
+
+
+def _nonzero_biases(model) -> None:
+    """Biases drawn small instead of transformers' zeros: a zero bias hides every bug in how a bias is added
+    (tf-rowwise-bias-before-reduce is not detected on zeros)."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias") and not param.any():
+                param.normal_(0.0, 0.02)
+
+
+def run_sweep(args, backend, entries) -> int:
+    """Plan, build the families this run needs (a line per family), launch the rest, report every case."""
+    from paracheck.launch.launcher import Launcher
+    from paracheck.results.finish import finish
+    from paracheck.results.progress import Progress
+    from paracheck.results.report import run_meta
+
+    world = args.nproc or 4
+    args.nproc = world
+    started = time.time()
+    cases, refused, needed = plan(args, world)
+    folder = tempfile.mkdtemp(prefix="paracheck-sweep-")
+    try:
+        for n, family in enumerate(needed, 1):
+            t0 = time.time()
+            failed = build(family, folder)
+            _say(f"[family {n}/{len(needed)}] {family.name}: " + (f"{failed[0].value}: {failed[1]}" if failed else
+                 f"built in {time.time() - t0:.1f}s ({', '.join(family.changes) or 'no size changed'})"))
+            for i, case in enumerate(cases):
+                if case.model == family.name:
+                    if failed and i not in refused:
+                        refused[i] = failed
+                    cases[i] = _with_payload(case, os.path.join(folder, family.name))
+        runnable = [i for i in range(len(cases)) if i not in refused]
+        launched = [cases[i] for i in runnable]
+        progress = Progress(launched, quiet=args.quiet, entries=entries)
+        launcher = Launcher(backend, world, args.timeout, on_case=progress.case_done)
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            outcome = launcher.run(launched) if launched else None
+        except KeyboardInterrupt:
+            launcher.stop()
+            print("paracheck: interrupted; every rank was stopped", file=sys.stderr)
+            return 3
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        progress.close()
+        results = [_refusal(i, refused[i]) for i in range(len(cases))] if not launched else None
+        if launched:
+            by_index = dict(zip(runnable, (outcome.results[k] for k in range(len(launched)))))
+            results = [by_index[i] if i in by_index else _refusal(i, refused[i]) for i in range(len(cases))]
+        meta = run_meta(backend, world, outcome)
+        meta["sweep"] = {"models": args.models, "shard": args.shard, "families": len(needed)}
+        return finish(args, cases, results, outcome.events if outcome else [], entries, meta, time.time() - started,
+                      f", {len(needed)} families built")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _with_payload(case: Case, path: str) -> Case:
+    import dataclasses
+
+    return dataclasses.replace(case, payload=path)
+
+
+def _refusal(index: int, decided) -> list[RankResult]:
+    """A case decided before launch: one skip result in the rule's words (or an error: the family did not build)."""
+    status, reason = decided if isinstance(decided, tuple) else (RankStatus.SKIP, decided)
+    kind = FailureKind.SKIP if status == RankStatus.SKIP else FailureKind.RAISE
+    return [RankResult(index, 0, status, reason=reason, route=Route.SHARDED_LOAD, failure=Failure(kind))]
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt

@@ -1,0 +1,83 @@
+"""`paracheck run --models transformers:all`: the plan of every family's cases (in process, configs only), its
+shards, resuming from a report, and a few families on real gloo ranks (one dense with biases, one MoE, one
+hybrid). The whole sweep is a command (docs/support-matrix.md), not a test."""
+
+import argparse
+import json
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from paracheck.adapters.transformers import fitting, sweep  # noqa: E402
+from paracheck.cli.common import UsageError  # noqa: E402
+from tests.support import run_paracheck  # noqa: E402
+
+
+def _args(**kw):
+    return argparse.Namespace(**dict(dict(models="transformers:all", controls=False, shard=None, resume=None,
+                                          layouts="all"), **kw))
+
+
+@pytest.fixture(scope="module")
+def whole():
+    return sweep.plan(_args(), 4)
+
+
+def test_every_family_with_a_tp_plan_is_planned_and_every_case_fits_or_is_refused_by_name(whole):
+    cases, refused, needed = whole
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    with_tp = {n for n in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if getattr(CONFIG_MAPPING[n], "base_model_tp_plan", None)}
+    assert {c.model for c in cases} == with_tp
+    assert all(refused[i] for i in refused)  # a refusal always says why
+    by_family = {f.name: f for f in needed}
+    for i, case in enumerate(cases):
+        if i not in refused:
+            family = by_family[case.model]
+            assert fitting.refusal(family.config, fitting.Need.of(case.layout)) is None
+            assert case.layout.world == 4
+
+
+def test_shards_partition_the_sweep_and_keep_each_family_whole(whole):
+    cases, _, _ = whole
+    parts = [sweep.plan(_args(shard=f"{i}/3"), 4)[0] for i in (1, 2, 3)]
+    ids = [c.id for part in parts for c in part]
+    assert sorted(ids) == sorted(c.id for c in cases)
+    families = [{c.model for c in part} for part in parts]
+    assert not (families[0] & families[1] or families[1] & families[2] or families[0] & families[2])
+
+
+def test_resume_leaves_out_what_a_report_holds_but_errors(whole, tmp_path):
+    cases, _, _ = whole
+    first, second = cases[0], cases[1]
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"cases": [
+        {"model": first.model, "layout": first.layout.name, "variant": "base", "control": None, "status": "pass"},
+        {"model": second.model, "layout": second.layout.name, "variant": "base", "control": None, "status": "error"}]}))
+    left = {c.id for c in sweep.plan(_args(resume=str(report)), 4)[0]}
+    assert first.id not in left and second.id in left and len(left) == len(cases) - 1
+
+
+def test_an_unknown_family_or_shard_is_a_usage_error():
+    with pytest.raises(UsageError, match="transformers:nosuch"):
+        sweep.plan(_args(models="transformers:nosuch"), 4)
+    with pytest.raises(UsageError, match="--shard"):
+        sweep.plan(_args(models="transformers:llama", shard="3/2"), 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, layouts, control", [
+    ("gpt_neox", "tp2", "tf-rowwise-bias-before-reduce"),  # dense, with row-parallel biases
+    ("qwen2_moe", "tp2,tp2xep2", "tf-embed-replicate"),  # MoE with shared experts
+    ("jamba", "tp2,fsdp2", None),  # hybrid Mamba x attention, MoE
+])
+def test_a_family_runs_on_real_ranks_through_the_sweep(tmp_path, family, layouts, control):
+    run = run_paracheck(["--models", f"transformers:{family}", "--nproc", "2", "--layouts", layouts, "--controls"],
+                        tmp_path)
+    plain = [c for c in run.report["cases"] if c["control"] is None]
+    assert plain and all(c["status"] in ("pass", "xfail") for c in plain), run.out
+    assert run.code == 0, run.out
+    if control:
+        assert {c["status"] for c in run.report["cases"] if c["control"] == control} == {"detected"}

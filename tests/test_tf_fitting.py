@@ -1,0 +1,126 @@
+"""The transformers fitting rule over every causal-LM config class transformers registers, in process: configs
+are built, never models."""
+
+import logging
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+transformers = pytest.importorskip("transformers")
+
+from paracheck.adapters.transformers import fitting  # noqa: E402
+from paracheck.adapters.transformers.fitting import Need, Unfittable  # noqa: E402
+from paracheck.adapters.transformers.layout import TfLayout  # noqa: E402
+
+
+def _classes():
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted({CONFIG_MAPPING[name] for name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES}, key=lambda c: c.__name__)
+
+
+CLASSES = _classes()
+_TINY: dict = {}
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    logging.disable(logging.WARNING)  # configs warn about special token ids; not what is tested
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def _tiny(cls):
+    if cls not in _TINY:
+        try:
+            _TINY[cls] = fitting.tiny(cls)
+        except Unfittable as exc:
+            _TINY[cls] = exc
+    return _TINY[cls]
+
+
+needs = st.builds(Need, tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]), ep=st.sampled_from([1, 2, 4]),
+                  dp=st.sampled_from([1, 2, 4]), itemsize=st.sampled_from([2, 4]))
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+@settings(max_examples=8, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(need=needs, heads=st.integers(1, 6), width=st.integers(1, 40), data=st.data())
+def test_fit_returns_a_fitting_config_or_names_why(cls, need, heads, width, data):
+    tiny = _tiny(cls)
+    if isinstance(tiny, Unfittable):
+        assert str(tiny)
+        return
+    found = fitting.sizes(tiny)
+    bent = {k: heads for k in found.get(fitting.HEADS, [])[:1]} | {k: width for k in found.get(fitting.WIDTH, [])[:1]
+                                                                  if isinstance(getattr(tiny, k), int)}
+    try:
+        start = fitting._build(tiny, {**fitting._fields(tiny), **bent})
+    except Unfittable:
+        start = tiny
+    try:
+        fit = fitting.fit(start, need)
+    except Unfittable as exc:
+        # A refusal names the missing plan, or the sizes and rules, or transformers' own rejection.
+        assert exc.missing_plan or exc.misfits or "rejects the fitted sizes" in str(exc), str(exc)
+        if exc.missing_plan:
+            assert fitting.refusal(start, need) == f"{cls.__name__} has no {exc.missing_plan}"
+        return
+    assert fitting.misfits(fit.config, need) == []
+    assert fitting.refusal(fit.config, need) is None
+    assert fitting.fit(fit.config, need).changes == []  # a fitted config is a fixed point
+
+
+@pytest.mark.parametrize("cls", [c for c in CLASSES if getattr(c, "base_model_tp_plan", None)],
+                         ids=lambda c: c.__name__)
+def test_every_tiny_config_with_a_tp_plan_fits_four_ranks_or_names_why(cls):
+    tiny = _tiny(cls)
+    if isinstance(tiny, Unfittable):
+        assert "rejects the fitted sizes" in str(tiny) or "keeps its sizes in nested configs" in str(tiny)
+        return
+    need = Need(tp=4, pp=4 if cls.base_model_pp_plan else 1, ep=4 if getattr(cls, "base_model_ep_plan", None) else 1)
+    try:
+        fit = fitting.fit(tiny, need)
+    except Unfittable as exc:
+        assert "rejects the fitted sizes" in str(exc)
+        return
+    assert fitting.misfits(fit.config, need) == []
+
+
+def test_the_unadjusted_llama_tester_config_is_refused_on_tp4_and_pp4_by_name():
+    config = transformers.LlamaConfig(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2)
+    tp4 = fitting.refusal(config, Need.of(TfLayout(tp=4)))
+    assert "num_attention_heads=2 does not fit tp=4: tp must divide each head count" in tp4
+    assert "vocab_size=99 does not fit tp=4" in tp4 and "intermediate_size=37 does not fit tp=4" in tp4
+    pp4 = fitting.refusal(config, Need.of(TfLayout(pp=4)))
+    assert pp4 == "num_hidden_layers=2 does not fit pp=4: every pipeline stage needs at least one layer (layers >= pp)"
+    assert fitting.refusal(config, Need.of(TfLayout(fsdp=4))) is None
+    assert fitting.refusal(config, Need.of(TfLayout(pp=2))) is None
+
+
+def test_expert_widths_are_aligned_for_the_grouped_matmul_by_dtype():
+    config = transformers.MixtralConfig(vocab_size=128, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=4, num_local_experts=4)
+    # 24 / 4 = 6 elements: 24 bytes in fp32, not a multiple of 16.
+    problems = fitting.misfits(config, Need.of(TfLayout(tp=4)))
+    assert [(m.key, m.degree, m.size) for m in problems] == [("intermediate_size", "tp", 4)]
+    assert "multiple of 16 bytes, 4 elements of 4 bytes" in problems[0].rule
+    assert fitting.misfits(config, Need.of(TfLayout(tp=2))) == []  # 12 elements of 4 bytes
+    assert fitting.misfits(config, Need.of(TfLayout(tp=2), "bf16"))[0].value == 24  # 12 x 2 bytes = 24
+    assert fitting.fit(config, Need.of(TfLayout(tp=4))).config.intermediate_size == 32
+
+
+def test_raising_layers_lengthens_layer_types_and_keeps_every_kind():
+    config = fitting.tiny(transformers.Gemma3TextConfig)
+    assert config.num_hidden_layers == 2 and set(config.layer_types) == {"sliding_attention", "full_attention"}
+    fit = fitting.fit(config, Need(pp=4))
+    assert fit.config.num_hidden_layers == 4 and len(fit.config.layer_types) == 4
+    assert "num_hidden_layers 2->4" in fit.changes
+
+
+def test_a_batch_the_data_parallel_degree_does_not_divide_is_named():
+    assert fitting.batch_misfit(3, Need(dp=2)).sentence() == (
+        "batch=3 does not fit dpr x fsdp=2: the data-parallel degree must divide the batch")
+    assert fitting.batch_misfit(4, Need(dp=2)) is None
