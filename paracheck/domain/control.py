@@ -34,6 +34,10 @@ class Control:
     #: A bug planted in the attention backend the case runs, diffusers' own or the kit's
     #: (one of `attention.FAULTS`).
     attention_fault: str | None = None
+    #: Where the bug is planted, for a control that breaks the forward or the gradients: a glob over module
+    #: names (forward) or parameter names (gradients) that the localization of a detected case must name
+    #: (`checks.localize`); a glob where the name depends on the model ("*.attn*"). None: it breaks neither.
+    plants_in: str | None = None
 
     def skip_reason(self, layout: Layout, route: Route | None = None) -> str | None:
         """Why this control cannot run on `layout` (and `route`, once resolved); None when it can."""

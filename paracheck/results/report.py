@@ -11,6 +11,7 @@ from paracheck import __version__
 from paracheck.launch.protocol import write_text
 from paracheck.domain.case import Case, cp_options_for, options_text
 from paracheck.domain.records import CaseStatus, CheckId, Status
+from paracheck.results import localization
 from paracheck.results.verdict import Verdict
 
 CELL = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.SKIP: "-", None: " "}
@@ -110,6 +111,7 @@ def _case_notes(v: Verdict, replay: str) -> list[str]:
                 if m.status == Status.FAIL and m.detail:
                     out.append(f"      {m.id.value} failed on {ranks_named(m.failed_ranks)}: "
                                f"rank {m.detail_rank}: {m.detail}")
+        out.extend(f"      {line}" for line in localization.note(v.localization))
         if v.traceback:
             out.append("      " + v.traceback.strip().splitlines()[-1])
         out.append(f"      replay: {replay}")

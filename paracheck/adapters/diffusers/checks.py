@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.adapters.diffusers import library
+from paracheck.checks import localize
 from paracheck.checks.buckets import gather_each, reduce_each
 from paracheck.checks.compare import compare, problems_text
 from paracheck.checks.shards import assemble, group_ranks, local_slice
@@ -126,7 +127,7 @@ def _library_group(applied, part: str) -> list[int]:
     return group_ranks(applied.meshes["tp"], "tp")
 
 
-def _plan_modules(model, module_id: str) -> list:
+def plan_modules(model, module_id: str) -> list:
     """Modules a `_cp_plan` key names; `*` expands over a ModuleList (resolved here, not by diffusers)."""
     modules = [model]
     for atom in [a for a in module_id.split(".") if a] if module_id else []:
@@ -143,7 +144,7 @@ def check_cp_hooks(ctx: CheckContext) -> CheckResult:
     if ctx.layout.has_cp:
         for module_id, entry in model._cp_plan.items():
             hook = library.cp_hook_name(module_id, is_input=isinstance(entry, dict))
-            for module in _plan_modules(model, module_id):
+            for module in plan_modules(model, module_id):
                 if hook not in library.hook_names(module):
                     problems.append(f"{module_id or '<root>'} lacks {hook}")
     else:
@@ -288,13 +289,16 @@ def check_grads(ctx: CheckContext) -> CheckResult:
 
 
 def _compare_grads(ctx: CheckContext) -> CheckResult:
-    """Reassemble every gradient, then compare with the reference's; reports the worst parameter."""
+    """Reassemble every gradient, then compare with the reference's; reports the parameters beyond
+    tolerance and, separately, the one with the largest max_abs (which can be within tolerance: the bound is
+    elementwise, atol + rtol |ref|). A failing check carries every parameter's error in
+    `data["localization"]["grads"]`."""
     layout, applied = ctx.layout, ctx.applied
     specs = library.tp_shard_specs(ctx.reference, layout.tp) if layout.has_tp else {}
     groups = _Groups(_cp_process_group(applied), applied.meshes["tp"].get_group() if layout.has_tp else None)
     ref_params = dict(ctx.reference.named_parameters())
     worst = CheckResult(CheckId.GRADS, Status.PASS, atol=ctx.atol, rtol=ctx.rtol, max_abs=0.0, max_rel=0.0)
-    failures, tp_partial, ratio = [], [], 0.0
+    failures, tp_partial, ratio, entries = [], [], 0.0, []
     params = sorted(ctx.model.named_parameters())
     # Every rank has the same parameters with and without a gradient (the model's structure decides),
     # so every rank issues the same collectives here.
@@ -304,17 +308,22 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
         if param.grad is None:
             if ref_grad is not None and bool(ref_grad.abs().max() > 0):
                 failures.append(f"{name} has no gradient" + ("" if param.requires_grad else " (requires_grad=False)"))
+                entries.append(localize.grad_entry(name, None, ref_grad, ctx.atol, ctx.rtol))
             continue
         if ref_grad is None:
             failures.append(f"{name} has a gradient the reference lacks")
+            entries.append(localize.grad_entry(name, wholes[name], None, ctx.atol, ctx.rtol))
             continue
         result = compare(CheckId.GRADS, wholes[name], ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
                          expected32=ctx.ref_grads32.get(name), floor=torch.finfo(ref_grad.dtype).eps)
         ratio = max(ratio, (result.data or {}).get("ratio", 0.0))
+        entries.append(_grad_entry(name, wholes[name], ref_grad, result, ctx))
         if result.status == Status.FAIL:
-            failures.append(f"{name} (max_abs {result.max_abs if result.max_abs is not None else 'n/a'})")
+            failures.append(f"{name} ({_figure(result.max_abs)}, {_over(entries[-1])})")
         if result.max_abs is not None and result.max_abs >= (worst.max_abs or 0.0):
-            worst.max_abs, worst.max_rel, worst.detail = result.max_abs, result.max_rel, f"worst: {name}"
+            within = "within tolerance" if result.status == Status.PASS else "beyond tolerance"
+            worst.max_abs, worst.max_rel = result.max_abs, result.max_rel
+            worst.detail = f"largest max_abs: {name} ({_figure(result.max_abs)}, {within})"
             worst.data = dict(result.data, param=name) if result.data else {}
     if worst.data:
         worst.data["ratio"] = ratio  # the parameter furthest over its own bound, which need not be the worst
@@ -323,9 +332,30 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
         notes.append(f"{len(tp_partial)} params outside the TP plan have TP-partial grads (e.g. {tp_partial[0]})")
     if failures:
         worst.status = Status.FAIL
-        notes.insert(0, f"{len(failures)} grads differ: {problems_text(failures)}")
+        notes.insert(0, f"{len(failures)} grads beyond tolerance: {problems_text(failures)}")
+        degrees = {"tp": layout.tp, "cp": layout.cp, "ring": layout.ring, "ulysses": layout.ulysses,
+                   "world": layout.world}
+        worst.data["localization"] = {"grads": localize.grads_localization(entries, degrees)}
     worst.detail = "; ".join(notes)
     return worst
+
+
+def _grad_entry(name: str, whole, ref_grad, result: CheckResult, ctx: CheckContext) -> dict:
+    """A parameter's entry, judged by the check's own rule (the reduced-precision one where it applies)."""
+    entry = localize.grad_entry(name, whole, ref_grad, ctx.atol, ctx.rtol)
+    entry["within"] = result.status == Status.PASS
+    if "ratio" in (result.data or {}):
+        entry["over"] = result.data["ratio"]
+    return entry
+
+
+def _figure(max_abs) -> str:
+    return f"max_abs {max_abs:.2e}" if max_abs is not None else "max_abs n/a"
+
+
+def _over(entry: dict) -> str:
+    """How far past its bound a parameter is: its largest |a - b| / (atol + rtol |b|), > 1 beyond tolerance."""
+    return f"{entry['over']:.1f}x its bound" if entry.get("over") not in (None, float("inf")) else "no bound"
 
 
 @dataclass

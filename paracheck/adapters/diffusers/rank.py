@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from paracheck.adapters.diffusers import attention, library, reference
+from paracheck.adapters.diffusers import attention, library, localize, reference
 from paracheck.adapters.diffusers.checks import STRUCTURE, CheckContext, grads_skip_reason, run_checks
 from paracheck.adapters.diffusers.fitting import Unfittable
 from paracheck.adapters.diffusers.plan import Plan, Sources, plan
@@ -114,6 +114,7 @@ def _run_parallel(p: Plan, ref: reference.Reference, backend, workdir: str, resu
                                                  CheckId.GRADS)
         with checking:
             checks += run_checks([CheckId.GRADS], ctx)
+        localize.after_checks(ctx, ref.inputs, checks, result)  # issue 29: a failing pass rerun with hooks
     raised = ctx.inference_error or ctx.forward_error or ctx.backward_error
     result.raised_in_parallel = bool(raised)
     result.findings = findings.messages

@@ -1,0 +1,139 @@
+"""The diffusers adapter's forward localization: a failing case's passes rerun with hooks, shards gathered by the plan.
+
+After a case's checks, every rank learns (one all-reduce) whether `parity.forward` or `parity.inference` failed
+on any rank; if so, every rank reruns the failing pass on the same model, with the same inputs, recording each
+module call (`checks.localize.Recorder`), and the reference model does the same. The parallel side's tensors are
+put back together by the layout's groups: over the TP group along the colwise output dim (or the heads), over
+the CP group along the `_cp_plan`'s split dims; the plan's gather points (`ContextParallelOutput` entries) and
+the root are compared as the rank holds them, so a gather that did not happen shows there. The finding goes into
+the failing check's `data["localization"]["forward"]`. Gradient tables are built by `checks.check_grads`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from paracheck.adapters.diffusers import library, reference
+from paracheck.checks import localize
+from paracheck.domain.records import CheckId, CheckResult, Status
+
+#: The dims a TP-split module output is read on first: colwise projections split the last dim, and the
+#: processors' per-head tensors ([batch, seq, heads, dim]) split the heads.
+TP_DIMS = (-1, 2)
+
+
+def after_checks(ctx, inputs: dict, checks: list[CheckResult], result) -> None:
+    """The adapter's hook-in, called on every rank after every check of a case: localize the failing passes.
+    Every rank joins (the parallel model's collectives need all of them), whether its own checks passed."""
+    by_id = {c.id: c for c in checks}
+    failing = [by_id.get(i) is not None and by_id[i].status == Status.FAIL for i in (CheckId.FORWARD,
+                                                                                     CheckId.INFERENCE)]
+    raised = bool(ctx.forward_error or ctx.inference_error)
+    flags = torch.tensor([float(failing[0]), float(failing[1]), float(raised)])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if flags[2] > 0 or not (flags[0] > 0 or flags[1] > 0):
+        return  # a pass that raised cannot be rerun to a trace, and a passing case needs none
+    started, cpu = time.perf_counter(), time.process_time()
+    ref_calls = _reference_calls(ctx.reference, inputs)
+    for check_id, wanted, grad in ((CheckId.FORWARD, flags[0] > 0, True), (CheckId.INFERENCE, flags[1] > 0, False)):
+        if wanted and check_id in by_id:
+            found = forward(ctx, inputs, ref_calls, grad)
+            found["ranks_failing_here"] = by_id[check_id].status == Status.FAIL
+            by_id[check_id].data.setdefault("localization", {})["forward"] = found
+    for key, spent in (("localize", time.perf_counter() - started), ("localize_cpu", time.process_time() - cpu)):
+        result.timings[key] = round(result.timings.get(key, 0.0) + spent, 4)
+
+
+def _reference_calls(model, inputs: dict) -> list:
+    with torch.no_grad(), localize.Recorder(model) as recorder:
+        reference.forward(model, inputs)
+    return recorder.calls
+
+
+def forward(ctx, inputs: dict, ref_calls: list, grad: bool) -> dict:
+    """One pass rerun on the parallel model with hooks, its trace gathered and compared (collective)."""
+    with torch.set_grad_enabled(grad), localize.Recorder(ctx.model, local=_local) as recorder:
+        out = reference.forward(ctx.model, inputs)
+    before = ctx.out if grad else ctx.inference_out
+    found = localize.forward_localization(recorder.calls, ref_calls, groups(ctx, ref_calls), whole(ctx.model), ctx.atol,
+                                          ctx.rtol, _all_gather_object, dist.get_rank())
+    found["pass"] = "training" if grad else "no_grad"
+    found["reproduced"] = before is not None and bool(torch.equal(out.detach(), before.detach()))
+    return found
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _all_gather_object(obj) -> list:
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def groups(ctx, ref_calls: list) -> list[localize.Group]:
+    """The layout's groups a module output may be split over: TP first (a TP x CP tensor is gathered over
+    TP, then over CP), each with this rank's process group and the dims to read a split on first; for CP,
+    the per-rank lengths of what the plan splits (`split_lengths`)."""
+    layout, applied, out = ctx.layout, ctx.applied, []
+    if layout.has_tp:
+        out.append(localize.Group("tp", tuple(map(tuple, layout.groups(("tp",)))),
+                                  applied.meshes["tp"].get_group(), TP_DIMS))
+    if layout.has_cp:
+        mesh = library.cp_flattened_mesh(applied.parallel_config.context_parallel_config)
+        out.append(localize.Group("cp", tuple(map(tuple, layout.groups(("ring", "ulysses")))), mesh.get_group(),
+                                  cp_dims(ctx.model), split_lengths(ctx.model, ref_calls, layout.cp)))
+    return out
+
+
+def split_lengths(model, ref_calls: list, cp: int) -> tuple:
+    """Per-rank lengths of the inputs the `_cp_plan` splits (read from the reference's calls of the modules
+    it names): a joint sequence is one of these per rank, laid end to end."""
+    from paracheck.adapters.diffusers.checks import plan_modules
+
+    names = {id(m): (n or "<root>") for n, m in model.named_modules()}
+    first = {}
+    for call in ref_calls:
+        first.setdefault(call.name, call)
+    lengths = []
+    for module_id, entry in (getattr(model, "_cp_plan", None) or {}).items():
+        if not isinstance(entry, dict):
+            continue
+        for module in plan_modules(model, module_id):
+            call = first.get(names.get(id(module)))
+            for arg, spec in entry.items():
+                if call is None or getattr(spec, "split_output", False) or str(arg) not in call.input_names:
+                    continue
+                size = call.inputs[call.input_names.index(str(arg))].shape[spec.split_dim]
+                if size % cp == 0:
+                    lengths.append(size // cp)
+    return tuple(dict.fromkeys(lengths))
+
+
+def cp_dims(model) -> tuple:
+    """The dims the model's `_cp_plan` splits and gathers on, in plan order."""
+    dims = []
+    for entry in (getattr(model, "_cp_plan", None) or {}).values():
+        specs = entry.values() if isinstance(entry, dict) else [entry]
+        for spec in specs:
+            for attr in ("split_dim", "gather_dim"):
+                if isinstance(getattr(spec, attr, None), int):
+                    dims.append(getattr(spec, attr))
+    return tuple(dict.fromkeys(dims))
+
+
+def whole(model) -> set:
+    """Module names whose outputs the plan keeps whole on every rank: the root and the `_cp_plan`'s gather
+    points (`*` expanded over a ModuleList)."""
+    from paracheck.adapters.diffusers.checks import plan_modules
+
+    names = {id(m): (n or "<root>") for n, m in model.named_modules()}
+    out = {"<root>"}
+    for module_id, entry in (getattr(model, "_cp_plan", None) or {}).items():
+        if not isinstance(entry, dict):
+            out.update(names[id(m)] for m in plan_modules(model, module_id) if id(m) in names)
+    return out
