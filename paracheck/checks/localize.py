@@ -115,6 +115,34 @@ class Recorder:
         return self._clock
 
 
+class BackwardRecorder(Recorder):
+    """Backward hooks on every module of `model` while the `with` block runs: each call, in the order the
+    backward reaches it, with the gradient it received (grad wrt its outputs, as `inputs`) and the one it
+    passed on (grad wrt its inputs, as `outputs`; none where no input requires grad)."""
+
+    def __enter__(self):
+        for name, module in self.model.named_modules():
+            self._handles.append(module.register_full_backward_pre_hook(self._bpre(name or "<root>")))
+            self._handles.append(module.register_full_backward_hook(self._bpost(name or "<root>")))
+        return self
+
+    def _bpre(self, name: str):
+        def hook(module, grad_output):
+            count = self._seen.get(name, 0)
+            self._seen[name] = count + 1
+            call = Call(name if count == 0 else f"{name}#{count + 1}", name, self._tick(),
+                        inputs=self._keep([g for g in grad_output if g is not None]))
+            self._open.setdefault(id(module), []).append(call)
+        return hook
+
+    def _bpost(self, name: str):
+        def hook(module, grad_input, grad_output):
+            call = self._open[id(module)].pop()
+            call.end, call.outputs = self._tick(), self._keep([g for g in grad_input if g is not None])
+            self.calls.append(call)
+        return hook
+
+
 # -- putting shards back together ---------------------------------------------------------------
 
 
@@ -189,12 +217,15 @@ def _reaches(ref_shape: tuple, shapes: dict, groups, dims: tuple) -> bool:
 
 
 def gather_trace(calls: list[Call], ref_calls: list[Call], groups: list[Group], whole: set,
-                 all_gather_object, rank: int) -> tuple[dict, list[dict]]:
+                 all_gather_object, rank: int, partial: bool = False) -> tuple[dict, list[dict]]:
     """The parallel trace with every split tensor put back together: key -> [(slot side, index, whole tensor,
     other readings)], and the calls not compared (with why). `whole`: module names the plan keeps whole
     (their outputs are compared as the rank holds them: a gather point that did not gather shows as a
-    shape). Collectives: one object gather over the world (every rank's shapes), then one tensor gather
-    per group, on every rank in the same order."""
+    shape). `partial`: a tensor the ranks hold whole may be each rank's share of a sum (a gradient of a
+    tensor every rank computed whole, each from its own slice), so its sum over each group, and over all of
+    them, are other readings. Collectives: one object gather over the world (every rank's shapes), then one
+    tensor gather per group (and with `partial` one all-reduce per group and reading), on every rank in the
+    same order."""
     ref = {c.key: c for c in ref_calls}
     table = all_gather_object([(c.key, [tuple(t.shape) for t in c.inputs], [tuple(t.shape) for t in c.outputs])
                                for c in calls])
@@ -210,6 +241,11 @@ def gather_trace(calls: list[Call], ref_calls: list[Call], groups: list[Group], 
             held.update(gathered)
             for slot, (parts, dim) in pieces.items():
                 readings[slot] = segment_readings(parts, dim, group.segments)
+    if partial and groups:
+        unsplit = sorted(slot for slot, dims in plan.items() if slot in held and all(d is None for d in dims))
+        for label, summed in _sums(held, unsplit, groups):
+            for slot, tensor in summed.items():
+                readings.setdefault(slot, []).append((label, tensor))
     out = {}
     for key, call in mine.items():
         if key in ref:
@@ -217,6 +253,25 @@ def gather_trace(calls: list[Call], ref_calls: list[Call], groups: list[Group], 
                         for side, tensors in (("in", call.inputs), ("out", call.outputs))
                         for i in range(len(tensors)) if (key, side, i) in held]
     return out, not_compared
+
+
+def _sums(held: dict, slots: list, groups: list[Group]) -> list[tuple[str, dict]]:
+    """The slots summed over each group, then over all groups (one all-reduce of one buffer each)."""
+    import torch.distributed as dist
+
+    def summed(tensors: dict, group: Group) -> dict:
+        flat = torch.cat([tensors[s].detach().to("cpu", torch.float64).reshape(-1) for s in slots]) if slots \
+            else torch.zeros(0, dtype=torch.float64)
+        dist.all_reduce(flat, group=group.process_group)
+        return dict(zip(slots, _split(flat, [tuple(tensors[s].shape) for s in slots])))
+
+    out = [(f"summed over {g.label}", summed(held, g)) for g in groups]
+    if len(groups) > 1:
+        every = held
+        for g in groups:
+            every = summed(every, g)
+        out.append((f"summed over {' and '.join(g.label for g in groups)}", every))
+    return out
 
 
 def segment_readings(pieces: list[torch.Tensor], dim: int, segments: tuple) -> list[tuple[str, torch.Tensor]]:
@@ -387,7 +442,8 @@ def compare_calls(gathered: dict, ref_calls: list[Call], atol: float, rtol: floa
                 found = next((dataclasses.replace(e, reading=label) for e, label in
                               ((error(t, want, atol, rtol), label) for label, t in others) if e.within), found)
             errors[side].append(found)
-        if errors["out"]:
+        if errors["out"] or errors["in"]:
+            # A call that gave nothing to compare (a backward whose inputs need no gradient) agrees on it.
             entries.append(TraceEntry(call.key, call.name, call.start, call.end, _worst(errors["in"]),
                                       _worst(errors["out"])))
     return entries
@@ -414,8 +470,14 @@ def compare_traces(entries: list[TraceEntry]) -> dict:
 
 
 def _enclosing(entry: TraceEntry, entries: list[TraceEntry]) -> TraceEntry | None:
+    """The innermost call around `entry`: by time, else (a backward through modules whose inputs need no
+    gradient is not nested in time) the nearest ancestor module by name."""
     around = [e for e in entries if e.start < entry.start and e.end > entry.end]
-    return max(around, key=lambda e: e.start) if around else None
+    if around:
+        return max(around, key=lambda e: e.start)
+    ancestors = [e for e in entries if e.name != entry.name and
+                 (e.name == "<root>" or entry.name.startswith(e.name + "."))]
+    return max(ancestors, key=lambda e: (e.name != "<root>", len(e.name))) if ancestors else None
 
 
 def _entry_json(e: TraceEntry) -> dict:
@@ -428,9 +490,10 @@ def _entry_json(e: TraceEntry) -> dict:
 
 
 def forward_localization(calls: list[Call], ref_calls: list[Call], groups: list[Group], whole: set,
-                         atol: float, rtol: float, all_gather_object, rank: int) -> dict:
-    """The whole forward localization of one pass, from both sides' recorded calls (collective)."""
-    gathered, not_compared = gather_trace(calls, ref_calls, groups, whole, all_gather_object, rank)
+                         atol: float, rtol: float, all_gather_object, rank: int, partial: bool = False) -> dict:
+    """The localization of one pass (a forward, or a backward's trace), from both sides' recorded calls
+    (collective; `partial` as in `gather_trace`)."""
+    gathered, not_compared = gather_trace(calls, ref_calls, groups, whole, all_gather_object, rank, partial)
     found = compare_traces(compare_calls(gathered, ref_calls, atol, rtol))
     found["not_compared"] = not_compared
     found.update(atol=atol, rtol=rtol)
@@ -485,9 +548,20 @@ def grad_entry(name: str, actual, expected, atol: float, rtol: float) -> dict:
 
 
 def grads_localization(entries: list[dict], degrees: dict) -> dict:
-    """Every parameter's entry, furthest beyond tolerance first, and the one-line pattern."""
+    """Every parameter's entry, furthest beyond tolerance first, the one-line pattern, and `origin` (see
+    `grads_origin`; an adapter that traces the backward replaces it with the trace's)."""
     ranked = sorted(entries, key=lambda e: (-e["over"], e["param"]))
-    return {"params": [_finite(e) for e in ranked], "pattern": pattern(ranked, degrees)}
+    return {"params": [_finite(e) for e in ranked], "pattern": pattern(ranked, degrees), "origin": grads_origin(ranked)}
+
+
+def grads_origin(ranked: list[dict]) -> str | None:
+    """Where the gradient error enters, as far as the table tells (pure): the model's output ("<root>")
+    when every gradient is off (a scaled output gradient, a loss factor, a reduction left out), else the
+    parameter furthest beyond tolerance; None when none is."""
+    off = [e for e in ranked if not e["within"]]
+    if not off:
+        return None
+    return "<root>" if len(off) == len(ranked) else off[0]["param"]
 
 
 def _finite(entry: dict) -> dict:

@@ -27,24 +27,40 @@ TP_DIMS = (-1, 2)
 
 def after_checks(ctx, inputs: dict, checks: list[CheckResult], result) -> None:
     """The adapter's hook-in, called on every rank after every check of a case: localize the failing passes.
-    Every rank joins (the parallel model's collectives need all of them), whether its own checks passed."""
+    Every rank joins (the parallel model's collectives need all of them), whether its own checks passed:
+    one all-reduce of the failure flags decides for all."""
     by_id = {c.id: c for c in checks}
-    failing = [by_id.get(i) is not None and by_id[i].status == Status.FAIL for i in (CheckId.FORWARD,
-                                                                                     CheckId.INFERENCE)]
-    raised = bool(ctx.forward_error or ctx.inference_error)
-    flags = torch.tensor([float(failing[0]), float(failing[1]), float(raised)])
+    failed = [float(by_id.get(i) is not None and by_id[i].status == Status.FAIL)
+              for i in (CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS)]
+    raised = [float(bool(ctx.forward_error or ctx.inference_error)), float(bool(ctx.backward_error))]
+    flags = torch.tensor(failed + raised)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    if flags[2] > 0 or not (flags[0] > 0 or flags[1] > 0):
+    forward_failed, inference_failed, grads_failed, forward_raised, backward_raised = (bool(f > 0) for f in flags)
+    if forward_raised or not (forward_failed or inference_failed or grads_failed):
         return  # a pass that raised cannot be rerun to a trace, and a passing case needs none
     started, cpu = time.perf_counter(), time.process_time()
     ref_calls = _reference_calls(ctx.reference, inputs)
-    for check_id, wanted, grad in ((CheckId.FORWARD, flags[0] > 0, True), (CheckId.INFERENCE, flags[1] > 0, False)):
-        if wanted and check_id in by_id:
-            found = forward(ctx, inputs, ref_calls, grad)
-            found["ranks_failing_here"] = by_id[check_id].status == Status.FAIL
-            by_id[check_id].data.setdefault("localization", {})["forward"] = found
+    for check_id, wanted, grad in ((CheckId.FORWARD, forward_failed, True),
+                                   (CheckId.INFERENCE, inference_failed, False)):
+        if wanted:
+            _attach(by_id, check_id, "forward", forward(ctx, inputs, ref_calls, grad))
+    if grads_failed and not (forward_failed or backward_raised):
+        # The forward agrees, so the gradient went wrong on the way back: trace the backward the same way.
+        trace = backward(ctx, inputs)
+        found = {"backward": trace}
+        if trace.get("origin"):
+            found.update(origin=trace["origin"], origin_from="backward trace")
+        _attach(by_id, CheckId.GRADS, "grads", found, merge=True)
     for key, spent in (("localize", time.perf_counter() - started), ("localize_cpu", time.process_time() - cpu)):
         result.timings[key] = round(result.timings.get(key, 0.0) + spent, 4)
+
+
+def _attach(by_id: dict, check_id: CheckId, part: str, found: dict, merge: bool = False) -> None:
+    check = by_id.get(check_id)
+    if check is None:
+        return
+    held = check.data.setdefault("localization", {})
+    held[part] = dict(held.get(part, {}), **found) if merge else found
 
 
 def _reference_calls(model, inputs: dict) -> list:
@@ -58,11 +74,41 @@ def forward(ctx, inputs: dict, ref_calls: list, grad: bool) -> dict:
     with torch.set_grad_enabled(grad), localize.Recorder(ctx.model, local=_local) as recorder:
         out = reference.forward(ctx.model, inputs)
     before = ctx.out if grad else ctx.inference_out
-    found = localize.forward_localization(recorder.calls, ref_calls, groups(ctx, ref_calls), whole(ctx.model), ctx.atol,
-                                          ctx.rtol, _all_gather_object, dist.get_rank())
+    found = localize.forward_localization(recorder.calls, ref_calls, groups(ctx, ref_calls), whole(ctx.model),
+                                          ctx.atol, ctx.rtol, _all_gather_object, dist.get_rank())
     found["pass"] = "training" if grad else "no_grad"
     found["reproduced"] = before is not None and bool(torch.equal(out.detach(), before.detach()))
     return found
+
+
+def backward(ctx, inputs: dict) -> dict:
+    """The training pass and its backward rerun on both models with backward hooks: each module's received
+    and passed-on gradients, in backward order, gathered and compared like a forward trace. Both models'
+    parameter gradients are put back as they were (the reference is kept for the next case)."""
+    ref_calls, _ = _backward_calls(ctx.reference, inputs, ctx.weights, local=None)
+    calls, _ = _backward_calls(ctx.model, inputs, ctx.weights, local=_local)
+    with torch.no_grad(), localize.Recorder(ctx.reference) as forward_calls:
+        reference.forward(ctx.reference, inputs)  # the forward's shapes tell the joint sequences apart
+    found = localize.forward_localization(calls, ref_calls, groups(ctx, forward_calls.calls), set(), ctx.atol,
+                                          ctx.rtol, _all_gather_object, dist.get_rank(), partial=True)
+    found["pass"] = "backward"
+    return found
+
+
+def _backward_calls(model, inputs: dict, weights, local) -> tuple[list, bool]:
+    import warnings
+
+    saved = {n: p.grad for n, p in model.named_parameters()}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "full backward hook is firing ... no inputs require gradients"
+            with localize.BackwardRecorder(model, local=local) as recorder:
+                out = reference.forward(model, inputs)
+                (out * weights.to(out.dtype)).sum().backward()
+    finally:
+        for name, param in model.named_parameters():
+            param.grad = saved[name]
+    return recorder.calls, True
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
