@@ -544,6 +544,8 @@ def grad_entry(name: str, actual, expected, atol: float, rtol: float) -> dict:
     fit = fit_factor(a, b)
     if not e.within and fit is not None and fit[1] <= FACTOR_FIT:
         entry["factor"] = fit[0]
+    if not b.numel() or float(b.abs().max()) == 0.0:
+        entry["reference_zero"] = True  # no factor can move it: not counted in "every gradient"
     return entry
 
 
@@ -561,7 +563,12 @@ def grads_origin(ranked: list[dict]) -> str | None:
     off = [e for e in ranked if not e["within"]]
     if not off:
         return None
-    return "<root>" if len(off) == len(ranked) else off[0]["param"]
+    return "<root>" if len(off) == _movable(ranked) else off[0]["param"]
+
+
+def _movable(entries: list[dict]) -> int:
+    """How many gradients a wrong factor would move (a zero reference gradient stays zero)."""
+    return sum(1 for e in entries if not e.get("reference_zero") or not e["within"])
 
 
 def _finite(entry: dict) -> dict:
@@ -580,7 +587,7 @@ def pattern(entries: list[dict], degrees: dict) -> str:
     for e in off:
         by_factor.setdefault(_round(e.get("factor")), []).append(e)
     for factor, group in sorted(by_factor.items(), key=lambda kv: (kv[0] is None, -len(kv[1]))):
-        names = "every gradient" if len(group) == len(entries) else _names([e["param"] for e in group])
+        names = "every gradient" if len(group) == _movable(entries) else _names([e["param"] for e in group])
         if factor is None:
             missing = [e for e in group if e.get("why")]
             how = f"{missing[0]['why']}" if missing and len(missing) == len(group) else "off with no common factor"
@@ -588,8 +595,10 @@ def pattern(entries: list[dict], degrees: dict) -> str:
         else:
             parts.append(f"{names} off by {factor:g}{_degree_name(factor, degrees)}")
     exact = len(entries) - len(off)
-    if exact:
+    if exact and len(off) < _movable(entries):
         parts.append("everything else exact")
+    elif exact:
+        parts.append(f"the {exact} whose reference gradient is zero stay zero")
     return "; ".join(parts)
 
 

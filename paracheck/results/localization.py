@@ -50,6 +50,22 @@ def _identity(found: dict, part: str):
     return {"first": first.get("module"), "origin": found.get("origin")}
 
 
+def planted(control, found: dict) -> dict | None:
+    """For a control that declares `plants_in`: what the case's localization named and whether it is the
+    planted place (`Control.planted_at`). A control that must trip a forward check is judged by the forward's
+    origin, one that must trip the gradients by theirs; one that breaks numbers as a side effect by whichever
+    it broke. None when the control declares no place or nothing was localized."""
+    if not control.plants_in or not found:
+        return None
+    forward_first = any(c in (CheckId.FORWARD, CheckId.INFERENCE) for c in control.must_trip)
+    order = ("forward", "grads") if forward_first or CheckId.GRADS not in control.must_trip else ("grads", "forward")
+    part = next((p for p in order if p in found), None)
+    if part is None:
+        return None
+    named = found[part].get("origin")
+    return {"plants_in": control.plants_in, "named": named, "from": part, "localized": control.planted_at(named)}
+
+
 def note(localization: dict) -> list[str]:
     """The report's lines for a case's localization: where the forward first differs, the top gradients."""
     lines = []

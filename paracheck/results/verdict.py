@@ -169,6 +169,9 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
     failing = v.failing_checks
     if case.control:
         v.status, v.reason = get_control(case.control).judge(failing)
+        found = localization.planted(get_control(case.control), v.localization)
+        if found:
+            v.localization["planted"] = found
     elif failing:
         v.status, v.reason = CaseStatus.FAIL, f"failed: {', '.join(c.value for c in CheckId if c in failing)}"
         v.failure = _first_failing(v)

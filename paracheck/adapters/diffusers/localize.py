@@ -99,6 +99,8 @@ def _backward_calls(model, inputs: dict, weights, local) -> tuple[list, bool]:
     import warnings
 
     saved = {n: p.grad for n, p in model.named_parameters()}
+    for param in model.parameters():
+        param.grad = None  # a backward adds into .grad in place: the kept reference's must not move
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "full backward hook is firing ... no inputs require gradients"
