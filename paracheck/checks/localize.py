@@ -583,17 +583,18 @@ def pattern(entries: list[dict], degrees: dict) -> str:
     if not off:
         return "every gradient within tolerance"
     parts = []
-    by_factor: dict[float | None, list[dict]] = {}
+    groups: dict[tuple, list[dict]] = {}
     for e in off:
-        by_factor.setdefault(_round(e.get("factor")), []).append(e)
-    for factor, group in sorted(by_factor.items(), key=lambda kv: (kv[0] is None, -len(kv[1]))):
+        key = ("why", e["why"]) if e.get("why") else ("factor", _round(e.get("factor")))
+        groups.setdefault(key, []).append(e)
+    for (kind, value), group in sorted(groups.items(), key=lambda kv: (kv[0][1] is None, kv[0][0], -len(kv[1]))):
         names = "every gradient" if len(group) == _movable(entries) else _names([e["param"] for e in group])
-        if factor is None:
-            missing = [e for e in group if e.get("why")]
-            how = f"{missing[0]['why']}" if missing and len(missing) == len(group) else "off with no common factor"
-            parts.append(f"{names} {how}")
+        if kind == "why":
+            parts.append(f"{names}: {value}")
+        elif value is None:
+            parts.append(f"{names} off with no common factor")
         else:
-            parts.append(f"{names} off by {factor:g}{_degree_name(factor, degrees)}")
+            parts.append(f"{names} off by {value:g}{_degree_name(value, degrees)}")
     exact = len(entries) - len(off)
     if exact and len(off) < _movable(entries):
         parts.append("everything else exact")
