@@ -231,28 +231,33 @@ def gather_trace(calls: list[Call], ref_calls: list[Call], groups: list[Group], 
                                for c in calls])
     plan, not_compared = _gather_plan(table, ref, groups, whole)
     mine = {c.key: c for c in calls}
-    held = {(key, side, i): (mine[key].inputs if side == "in" else mine[key].outputs)[i]
+    # Every slot holds its readings so far, (label, tensor), the plain one first; a split read back segment
+    # by segment adds readings, carried through the next group's gather (a packed TP shard of a joint sequence).
+    held = {(key, side, i): [("", (mine[key].inputs if side == "in" else mine[key].outputs)[i])]
             for key, side, i in plan if key in mine}
-    readings: dict = {}
+    uniform = {slot for slot in held if len({_held_shape(table, r, slot) for r in range(len(table))}) == 1}
     for index, group in enumerate(groups):
         wanted = {slot: dims[index] for slot, dims in plan.items() if dims[index] is not None and slot in held}
         if wanted:
-            gathered, pieces = _gather_group(held, wanted, group, table, plan, groups[:index])
-            held.update(gathered)
-            for slot, (parts, dim) in pieces.items():
-                readings[slot] = segment_readings(parts, dim, group.segments)
+            held.update(_gather_group(held, wanted, group, table, plan, groups[:index], uniform))
     if partial and groups:
         unsplit = sorted(slot for slot, dims in plan.items() if slot in held and all(d is None for d in dims))
-        for label, summed in _sums(held, unsplit, groups):
+        for label, summed in _sums({slot: held[slot][0][1] for slot in unsplit}, unsplit, groups):
             for slot, tensor in summed.items():
-                readings.setdefault(slot, []).append((label, tensor))
+                held[slot].append((label, tensor))
     out = {}
     for key, call in mine.items():
         if key in ref:
-            out[key] = [(side, i, held[(key, side, i)], readings.get((key, side, i), []))
+            out[key] = [(side, i, held[(key, side, i)][0][1], held[(key, side, i)][1:])
                         for side, tensors in (("in", call.inputs), ("out", call.outputs))
                         for i in range(len(tensors)) if (key, side, i) in held]
     return out, not_compared
+
+
+def _held_shape(table: list, rank: int, slot: tuple):
+    key, side, i = slot
+    entry = next((e for e in table[rank] if e[0] == key), None)
+    return None if entry is None else tuple(entry[1 if side == "in" else 2][i])
 
 
 def _sums(held: dict, slots: list, groups: list[Group]) -> list[tuple[str, dict]]:
@@ -282,7 +287,7 @@ def segment_readings(pieces: list[torch.Tensor], dim: int, segments: tuple) -> l
         return []
     length, out, seen = pieces[0].shape[dim], [], set()
     for r in (2, 3):
-        for order in itertools.permutations(segments, r):
+        for order in itertools.product(segments, repeat=r):
             if sum(order) != length or order in seen or any(p.shape[dim] != length for p in pieces):
                 continue
             seen.add(order)
@@ -328,30 +333,41 @@ def _gather_plan(table: list, ref: dict, groups: list[Group], whole: set) -> tup
     return plan, not_compared
 
 
-def _gather_group(held: dict, wanted: dict, group: Group, table: list, plan: dict,
-                  done: list[Group]) -> tuple[dict, dict]:
-    """One all-gather over this rank's `group` moves every slot split along it (padded to the longest
-    rank's share); each slot is concatenated along its dim in the group's order."""
+def _gather_group(held: dict, wanted: dict, group: Group, table: list, plan: dict, done: list[Group],
+                  uniform: set) -> dict:
+    """One all-gather over this rank's `group` moves every reading of every slot split along it (padded to
+    the longest rank's share); each is concatenated along its dim in the group's order, and where every rank
+    holds the slot in one shape, also read segment by segment (`segment_readings`), so every group of the
+    partition makes the same number of readings."""
     import torch.distributed as dist
 
     # The pieces come back in the process group's own rank order, which is the order they concatenate in.
     members = tuple(dist.get_process_group_ranks(group.process_group))
     slots = sorted(wanted)
-    shapes = {r: [_shape_after(table, r, slot, plan, done) for slot in slots] for r in members}
-    lengths = {r: sum(math.prod(s) for s in shapes[r]) for r in members}
-    longest = max(lengths.values())
+    counts = [len(held[slot]) for slot in slots]
+    shapes = {r: [_shape_after(table, r, slot, plan, done) for slot, n in zip(slots, counts) for _ in range(n)]
+              for r in members}
+    longest = max(sum(math.prod(s) for s in shapes[r]) for r in members)
     flat = torch.zeros(longest, dtype=torch.float64)
     if slots:
-        mine = torch.cat([held[s].detach().to("cpu", torch.float64).reshape(-1) for s in slots])
+        mine = torch.cat([t.detach().to("cpu", torch.float64).reshape(-1) for slot in slots for _, t in held[slot]])
         flat[:mine.numel()] = mine
     pieces = [torch.empty_like(flat) for _ in members]
     dist.all_gather(pieces, flat, group=group.process_group)
-    out, parts = {}, {}
     per_rank = {r: _split(p, shapes[r]) for r, p in zip(members, pieces)}
-    for i, slot in enumerate(slots):
-        parts[slot] = ([per_rank[r][i] for r in members], wanted[slot])
-        out[slot] = torch.cat(parts[slot][0], dim=wanted[slot])
-    return out, parts
+    out, at = {}, 0
+    for slot, n in zip(slots, counts):
+        dim, readings = wanted[slot], []
+        for j, (label, _) in enumerate(held[slot]):
+            parts = [per_rank[r][at + j] for r in members]
+            readings.append((label, torch.cat(parts, dim=dim)))
+            if slot in uniform:
+                readings += [(f"{label}; {seg}" if label else seg, t)
+                             for seg, t in segment_readings(parts, dim, group.segments)]
+        at += n
+        # The plain reading first: `compare_calls` tries the others only where it does not agree.
+        out[slot] = readings[:1] + [r for r in readings[1:]]
+    return out
 
 
 def _shape_after(table: list, rank: int, slot: tuple, plan: dict, done: list[Group]) -> tuple:

@@ -114,7 +114,14 @@ def _backward_calls(model, inputs: dict, weights, local) -> tuple[list, bool]:
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    """This rank's share of a DTensor, put together later by the layout's groups (a packed projection's
+    shards are laid out block by block, which `full_tensor()` would concatenate in the wrong order); a
+    pending reduction (Partial) is reduced here."""
+    if not hasattr(tensor, "full_tensor"):
+        return tensor
+    if any(p.is_partial() for p in tensor.placements):
+        return tensor.full_tensor()
+    return tensor.to_local()
 
 
 def _all_gather_object(obj) -> list:
@@ -130,7 +137,7 @@ def groups(ctx, ref_calls: list) -> list[localize.Group]:
     layout, applied, out = ctx.layout, ctx.applied, []
     if layout.has_tp:
         out.append(localize.Group("tp", tuple(map(tuple, layout.groups(("tp",)))),
-                                  applied.meshes["tp"].get_group(), TP_DIMS))
+                                  applied.meshes["tp"].get_group(), TP_DIMS, packed_lengths(ctx.reference, layout.tp)))
     if layout.has_cp:
         mesh = library.cp_flattened_mesh(applied.parallel_config.context_parallel_config)
         out.append(localize.Group("cp", tuple(map(tuple, layout.groups(("ring", "ulysses")))), mesh.get_group(),
@@ -159,6 +166,16 @@ def split_lengths(model, ref_calls: list, cp: int) -> tuple:
                 size = call.inputs[call.input_names.index(str(arg))].shape[spec.split_dim]
                 if size % cp == 0:
                     lengths.append(size // cp)
+    return tuple(dict.fromkeys(lengths))
+
+
+def packed_lengths(model, tp: int) -> tuple:
+    """Per-rank lengths of the blocks a packed TP parameter is sharded in (the library's own shard specs): a
+    packed projection's input or output holds one shard of each block, laid end to end."""
+    lengths = []
+    for spec in library.tp_shard_specs(model, tp).values():
+        if spec.dim is not None and len(spec.block_sizes or ()) > 1:
+            lengths.extend(b // tp for b in spec.block_sizes if b % tp == 0)
     return tuple(dict.fromkeys(lengths))
 
 
