@@ -20,11 +20,11 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from paracheck.checks.compare import compare, problems_text, tolerance
+from paracheck.checks.compare import compare, tolerance
 from paracheck.checks.traits import input_traits
 from paracheck.launch.attribution import lost_peer
 from paracheck.domain.records import CheckId, CheckResult, Failure, RankResult, RankStatus, Route, Status
-from paracheck.adapters.transformers import cases, fixtures, inputs, library, structure
+from paracheck.adapters.transformers import cases, fixtures, inputs, library, localize, structure
 from paracheck.world import meshes
 from paracheck.world.recent import Recent
 from paracheck.adapters.transformers.controls import CONTROLS, NO_PLANT, PLANTS
@@ -101,6 +101,7 @@ def _run(case, backend, workdir: str, result: RankResult) -> None:
     tokens = inputs.predicted_tokens(batch["labels"])
     with _phase(result, "parallel"):
         checks += _passes(model, mine, tokens, expected, layout, plant, rank, atol, rtol, case.grads)
+    localize.after_checks(model, ref, mine, layout, checks, result, atol, rtol)  # issue 29: rerun with hooks
     result.checks = checks
     result.raised_in_parallel = False
 
@@ -197,7 +198,7 @@ def _passes(model, mine: dict, tokens: int, expected: dict, layout, plant, rank:
     if not grads:
         return checks + [CheckResult(CheckId.GRADS, Status.SKIP, "--no-grads")]
     (out.loss * plant.loss_factor(layout.dp)).backward()
-    checks.append(_grads(model, expected["grads"], atol, rtol))
+    checks.append(localize.grads(model, expected["grads"], atol, rtol, layout))  # issue 29: with its table
     return checks
 
 
@@ -212,25 +213,6 @@ def _full(tensor):
     if tensor is None:
         return None
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-def _grads(model, ref_grads: dict, atol, rtol) -> CheckResult:
-    """Every parameter's gradient, gathered where sharded, against the single-process one."""
-    problems, worst, worst_rel = [], 0.0, 0.0
-    for name, param in model.named_parameters():
-        grad, want = _full(param.grad), ref_grads.get(name)
-        if grad is None or want is None:
-            if (grad is None) != (want is None):
-                problems.append(f"{name}: gradient {'missing' if grad is None else 'where the reference has none'}")
-            continue
-        result = compare(CheckId.GRADS, grad, want, atol, rtol, name)
-        worst, worst_rel = max(worst, result.max_abs or 0.0), max(worst_rel, result.max_rel or 0.0)
-        if result.status != Status.PASS:
-            problems.append(f"{name} off by {result.max_abs:.1e}" if result.max_abs is not None else result.detail)
-    status = Status.FAIL if problems else Status.PASS
-    detail = f"gradients differ: {problems_text(problems)}" if problems else ""
-    return CheckResult(CheckId.GRADS, status, detail, worst, worst_rel, atol, rtol,
-                       data={"failing": len(problems)} if problems else {})
 
 
 class _phase:
