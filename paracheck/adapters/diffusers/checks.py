@@ -8,6 +8,8 @@ collectives, counted during the forward, are judged after it, then the forward, 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Callable
@@ -45,6 +47,10 @@ class CheckContext:
     inference_out: torch.Tensor | None = None
     inference_error: Raised | None = None
     inference_collectives: object | None = None
+    #: The reference's gradients in float64, once `_fp64_grads` computed them.
+    grads64: dict | None = None
+    #: The case's inputs on this rank's device (the fp64 gradients of `rounding_rule` rerun the reference on them).
+    inputs: dict = field(default_factory=dict)
 
     @property
     def layout(self):
@@ -298,7 +304,7 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
     groups = _Groups(_cp_process_group(applied), applied.meshes["tp"].get_group() if layout.has_tp else None)
     ref_params = dict(ctx.reference.named_parameters())
     worst = CheckResult(CheckId.GRADS, Status.PASS, atol=ctx.atol, rtol=ctx.rtol, max_abs=0.0, max_rel=0.0)
-    failures, tp_partial, ratio, entries = [], [], 0.0, []
+    failures, tp_partial, ratio, entries, rounded = [], [], 0.0, [], []
     params = sorted(ctx.model.named_parameters())
     # Every rank has the same parameters with and without a gradient (the model's structure decides),
     # so every rank issues the same collectives here.
@@ -316,6 +322,8 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
             continue
         result = compare(CheckId.GRADS, wholes[name], ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
                          expected32=ctx.ref_grads32.get(name), floor=torch.finfo(ref_grad.dtype).eps)
+        if result.status == Status.FAIL and not ctx.ref_grads32:
+            result = _rounding_rule(result, name, wholes[name], ref_grad, ctx, rounded)
         ratio = max(ratio, (result.data or {}).get("ratio", 0.0))
         entries.append(_grad_entry(name, wholes[name], ref_grad, result, ctx))
         if result.status == Status.FAIL:
@@ -330,6 +338,9 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
     notes = [worst.detail] if worst.detail else []
     if tp_partial:
         notes.append(f"{len(tp_partial)} params outside the TP plan have TP-partial grads (e.g. {tp_partial[0]})")
+    if rounded:
+        notes.append(f"{len(rounded)} grads outside the elementwise bound are as close to the fp64 gradient as the "
+                     f"single-device one (rounding of a long sum, e.g. {rounded[0]})")
     if failures:
         worst.status = Status.FAIL
         notes.insert(0, f"{len(failures)} grads beyond tolerance: {problems_text(failures)}")
@@ -338,6 +349,39 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
         worst.data["localization"] = {"grads": localize.grads_localization(entries, degrees)}
     worst.detail = "; ".join(notes)
     return worst
+
+
+def _rounding_rule(result: CheckResult, name: str, whole, ref_grad, ctx: CheckContext, rounded: list) -> CheckResult:
+    """An fp32 gradient beyond the elementwise bound, judged again against the fp64 gradient: it passes when it
+    is no further from it than `BOUND_FACTOR` x the single-device gradient's own distance, plus one fp32 unit
+    of its scale (the reduced-precision rule, `checks.compare`, with fp64 as the truth). Why: a weight
+    gradient sums a term per token, and where the terms cancel the rounding of either sum is eps x sqrt(n) x
+    sum |terms|, far above rtol x |g| (measured on diffusers' own LTX tester config, r2: proj_out.weight's
+    element with |g| 1.6 sums 1,024 terms of total size 1,056; single-device and parallel fp32 are 2.4e-5 and
+    2.2e-5 from fp64, 3.1e-5 from each other)."""
+    exact = _fp64_grads(ctx).get(name)
+    if exact is None:
+        return result
+    again = compare(CheckId.GRADS, whole, ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
+                    expected32=exact, floor=torch.finfo(ref_grad.dtype).eps)
+    if again.status == Status.PASS:
+        rounded.append(name)
+        return dataclasses.replace(result, status=Status.PASS, detail="", data=dict(again.data, rule="fp64"))
+    return result
+
+
+def _fp64_grads(ctx: CheckContext) -> dict:
+    """The reference model's gradients in float64 on this rank (computed once per case, only when asked)."""
+    if ctx.grads64 is None:
+        from paracheck.adapters.diffusers.reference import forward, place
+
+        model = copy.deepcopy(ctx.reference).double()
+        for param in model.parameters():
+            param.grad = None
+        out = forward(model, place(ctx.inputs, ctx.ref_out.device, torch.float64))
+        (out * ctx.weights.to(out.dtype)).sum().backward()
+        ctx.grads64 = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return ctx.grads64
 
 
 def _grad_entry(name: str, whole, ref_grad, result: CheckResult, ctx: CheckContext) -> dict:

@@ -97,7 +97,7 @@ def _run_parallel(p: Plan, ref: reference.Reference, backend, workdir: str, resu
             model, applied = apply(p.route, model, case.layout, backend, control, ref.model, workdir, case.cp_options)
         ctx = CheckContext(model, ref.model, applied, ref.out, ref.weights,
                            atol if case.atol is None else case.atol, rtol if case.rtol is None else case.rtol,
-                           grads_requested=case.grads, ref_out32=ref.out32, ref_grads32=ref.grads32)
+                           grads_requested=case.grads, ref_out32=ref.out32, ref_grads32=ref.grads32, inputs=ref.inputs)
         with checking:
             checks = run_checks(STRUCTURE, ctx)
         # Inference first, as a pipeline calls the model; then the training pass, whose graph the backward needs.
