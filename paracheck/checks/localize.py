@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -25,6 +26,13 @@ import torch
 FACTOR_FIT = 1e-3
 #: How far a factor may be from a layout degree (or its inverse) and still be named after it.
 DEGREE_MATCH = 1e-3
+
+
+def enabled() -> bool:
+    """Whether a failing case is localized on this rank: always, unless the environment says
+    `PARACHECK_LOCALIZE=0` (every rank of a world inherits the same environment, so all decide alike); the
+    benchmark of what localization costs (`benchmarks/localize_cost.py`) runs both ways."""
+    return os.environ.get("PARACHECK_LOCALIZE", "1") != "0"
 
 
 # -- recording ------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ def after_checks(ctx, inputs: dict, checks: list[CheckResult], result) -> None:
     """The adapter's hook-in, called on every rank after every check of a case: localize the failing passes.
     Every rank joins (the parallel model's collectives need all of them), whether its own checks passed:
     one all-reduce of the failure flags decides for all."""
+    if not localize.enabled():
+        return
     by_id = {c.id: c for c in checks}
     failed = [float(by_id.get(i) is not None and by_id[i].status == Status.FAIL)
               for i in (CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS)]

@@ -60,7 +60,7 @@ def _full(tensor):
 
 def after_checks(model, ref, mine: dict, layout, checks: list, result, atol, rtol) -> None:
     """The adapter's hook-in, on every rank after a case's checks: localize a failing logits check."""
-    if layout.pp > 1:
+    if layout.pp > 1 or not localize.enabled():
         return  # the same on every rank: no collective, no trace
     by_id = {c.id: c for c in checks}
     flags = torch.tensor([float(by_id.get(i) is not None and by_id[i].status == Status.FAIL)
