@@ -133,3 +133,18 @@ def test_a_rounding_disagreement_is_judged_against_fp64():
     assert all(d.get("rule") == "fp64" and d["ratio"] < 1 for d in grads.data["per_rank"].values())
     controls = {c: v.status.value for (_, _, c), (v, _) in results.items() if c}
     assert controls and set(controls.values()) == {"detected"}, controls
+
+
+@pytest.mark.slow
+def test_a_failing_transformers_forward_is_localized(tmp_path):
+    """The parallel llama called without position_ids on packed rows: the first module beyond tolerance is the
+    rotary embedding (it reads the positions), and the difference arises outside the model's modules (the
+    decoder is called with other arguments), at the root, where the spec bends the forward."""
+    from tests.support import SPECS
+
+    run = run_paracheck(["--spec", f"{SPECS}:llama_packed_drops_position_ids", "--layouts", "tp2xfsdp2"], tmp_path)
+    assert run.code == 1
+    found = run.report["cases"][0]["localization"]["forward"]
+    assert found["first"]["module"] == "model.rotary_emb" and found["origin"] == "<root>"
+    assert found["last_agreeing"]["module"] == "model.embed_tokens" and found["ranks"] == [0, 1, 2, 3]
+    assert any("tensors, the reference" in n["why"] for n in found["not_compared"])

@@ -172,6 +172,10 @@ class Group:
         return next(tuple(g) for g in self.partition if rank in g)
 
 
+#: A slot of `_gather_plan` for a call whose sides passed different numbers of tensors.
+MISMATCH = ("mismatch",)
+
+
 def sharding(ref_shape: tuple, shapes: dict, groups: list[tuple[str, tuple, tuple]]) -> tuple | str:
     """How the ranks hold one tensor whose whole shape is `ref_shape`: a dim (or None) per group label,
     in the order of `groups`, such that concatenating along them, group by group, gives every rank the
@@ -238,6 +242,8 @@ def gather_trace(calls: list[Call], ref_calls: list[Call], groups: list[Group], 
     table = all_gather_object([(c.key, [tuple(t.shape) for t in c.inputs], [tuple(t.shape) for t in c.outputs])
                                for c in calls])
     plan, not_compared = _gather_plan(table, ref, groups, whole)
+    mismatched = {slot for slot, dims in plan.items() if dims is MISMATCH}
+    plan = {slot: dims for slot, dims in plan.items() if dims is not MISMATCH}
     mine = {c.key: c for c in calls}
     # Every slot holds its readings so far, (label, tensor), the plain one first; a split read back segment
     # by segment adds readings, carried through the next group's gather (a packed TP shard of a joint sequence).
@@ -259,6 +265,7 @@ def gather_trace(calls: list[Call], ref_calls: list[Call], groups: list[Group], 
             out[key] = [(side, i, held[(key, side, i)][0][1], held[(key, side, i)][1:])
                         for side, tensors in (("in", call.inputs), ("out", call.outputs))
                         for i in range(len(tensors)) if (key, side, i) in held]
+            out[key] += [(side, -1, None, []) for k, side, _ in mismatched if k == key]
     return out, not_compared
 
 
@@ -324,6 +331,8 @@ def _gather_plan(table: list, ref: dict, groups: list[Group], whole: set) -> tup
             if counts != {len(ref_tensors)}:
                 why.append(f"{'takes' if side == 'in' else 'gives'} {sorted(counts)} tensors, the reference "
                            f"{len(ref_tensors)}")
+                # Called with other arguments than the reference: its inputs differ (the origin is further out).
+                plan[(key, side, -1)] = MISMATCH
                 continue
             for i, want in enumerate(ref_tensors):
                 if side == "out" and ref[key].name in whole:
@@ -460,6 +469,9 @@ def compare_calls(gathered: dict, ref_calls: list[Call], atol: float, rtol: floa
             continue
         errors = {"in": [], "out": []}
         for side, i, tensor, others in gathered[call.key]:
+            if tensor is None:  # the sides passed a different number of tensors
+                errors[side].append(Error(None, None, False, "another number of tensors than the reference's"))
+                continue
             want = (call.inputs if side == "in" else call.outputs)[i]
             found = error(tensor, want, atol, rtol)
             if not found.within:
