@@ -74,9 +74,13 @@ def note(localization: dict) -> list[str]:
         if found:
             lines.append(f"{found.get('pass', part)} pass on {_ranks(found)}: {forward_line(found)}")
     grads = localization.get("grads")
-    if grads:
-        lines.append(f"grads on {_ranks(grads)}: {grads['pattern']}")
+    if grads and grads.get("pattern"):
+        origin = f" (origin {grads['origin']}, from the {grads.get('origin_from', 'gradient table')})" \
+            if grads.get("origin") else ""
+        lines.append(f"grads on {_ranks(grads)}: {grads['pattern']}{origin}")
         lines.extend(f"  {grad_line(e)}" for e in grads["params"][:TOP])
+    if grads and grads.get("error"):
+        lines.append(f"grads: {grads['error']}")
     return lines
 
 
@@ -85,6 +89,8 @@ TOP = 10
 
 
 def forward_line(found: dict) -> str:
+    if found.get("error"):
+        return found["error"]
     first = found.get("first")
     if not first:
         return "no module's output differs beyond tolerance on the rerun" + \

@@ -41,18 +41,24 @@ def after_checks(ctx, inputs: dict, checks: list[CheckResult], result) -> None:
     if forward_raised or not (forward_failed or inference_failed or grads_failed):
         return  # a pass that raised cannot be rerun to a trace, and a passing case needs none
     started, cpu = time.perf_counter(), time.process_time()
-    ref_calls = _reference_calls(ctx.reference, inputs)
-    for check_id, wanted, grad in ((CheckId.FORWARD, forward_failed, True),
-                                   (CheckId.INFERENCE, inference_failed, False)):
-        if wanted:
-            _attach(by_id, check_id, "forward", forward(ctx, inputs, ref_calls, grad))
-    if grads_failed and not (forward_failed or backward_raised):
-        # The forward agrees, so the gradient went wrong on the way back: trace the backward the same way.
-        trace = backward(ctx, inputs)
-        found = {"backward": trace}
-        if trace.get("origin"):
-            found.update(origin=trace["origin"], origin_from="backward trace")
-        _attach(by_id, CheckId.GRADS, "grads", found, merge=True)
+    try:
+        ref_calls = _reference_calls(ctx.reference, inputs)
+        for check_id, wanted, grad in ((CheckId.FORWARD, forward_failed, True),
+                                       (CheckId.INFERENCE, inference_failed, False)):
+            if wanted:
+                _attach(by_id, check_id, "forward", forward(ctx, inputs, ref_calls, grad))
+        if grads_failed and not (forward_failed or backward_raised):
+            # The forward agrees, so the gradient went wrong on the way back: trace the backward the same way.
+            trace = backward(ctx, inputs)
+            found = {"backward": trace}
+            if trace.get("origin"):
+                found.update(origin=trace["origin"], origin_from="backward trace")
+            _attach(by_id, CheckId.GRADS, "grads", found, merge=True)
+    except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
+        for check_id in (CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS):
+            if check_id in by_id and by_id[check_id].status == Status.FAIL:
+                _attach(by_id, check_id, "grads" if check_id == CheckId.GRADS else "forward",
+                        {"error": f"localization raised {type(exc).__name__}: {exc}"}, merge=True)
     for key, spent in (("localize", time.perf_counter() - started), ("localize_cpu", time.process_time() - cpu)):
         result.timings[key] = round(result.timings.get(key, 0.0) + spent, 4)
 

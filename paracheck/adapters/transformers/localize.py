@@ -70,12 +70,16 @@ def after_checks(model, ref, mine: dict, layout, checks: list, result, atol, rto
         return
     started, cpu = time.perf_counter(), time.process_time()
     inputs = {k: v for k, v in mine.items() if k != "labels"}
-    with torch.no_grad(), localize.Recorder(ref) as recorder:
-        ref(**inputs, use_cache=False)
     for check_id, failed, grad in ((CheckId.FORWARD, flags[0] > 0, True), (CheckId.INFERENCE, flags[1] > 0, False)):
-        if failed and check_id in by_id:
+        if not (failed and check_id in by_id):
+            continue
+        try:
+            with torch.no_grad(), localize.Recorder(ref) as recorder:
+                ref(**inputs, use_cache=False)
             found = forward(model, inputs, recorder.calls, layout, atol, rtol, grad)
-            by_id[check_id].data.setdefault("localization", {})["forward"] = found
+        except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
+            found = {"error": f"localization raised {type(exc).__name__}: {exc}"}
+        by_id[check_id].data.setdefault("localization", {})["forward"] = found
     for key, spent in (("localize", time.perf_counter() - started), ("localize_cpu", time.process_time() - cpu)):
         result.timings[key] = round(result.timings.get(key, 0.0) + spent, 4)
 
