@@ -296,12 +296,12 @@ def _sums(held: dict, slots: list, groups: list[Group]) -> list[tuple[str, dict]
 
 def segment_readings(pieces: list[torch.Tensor], dim: int, segments: tuple) -> list[tuple[str, torch.Tensor]]:
     """Other readings of a tensor gathered along `dim` from `pieces` (one per rank, in group order): each
-    piece as two or three separately split tensors laid end to end (lengths from `segments`), each
+    piece as two to four separately split tensors laid end to end (lengths from `segments`), each
     segment's pieces concatenated over the ranks, then the segments (pure)."""
     if not segments or not pieces:
         return []
     length, out, seen = pieces[0].shape[dim], [], set()
-    for r in (2, 3):
+    for r in (2, 3, 4):  # a joint sequence of two or three parts; a packed projection of up to four blocks
         for order in itertools.product(segments, repeat=r):
             if sum(order) != length or order in seen or any(p.shape[dim] != length for p in pieces):
                 continue

@@ -119,8 +119,11 @@ def _training_pass_right(failing: set) -> str:
 
 #: The model itself: its output's gradient, or the CP split of its inputs at the root.
 ROOT = "<root>"
-#: A block's self-attention: the first attention call a CP bug reaches (Wan and ChronoEdit call it attn1).
-SELF_ATTENTION = "*.attn|*.attn1"
+#: An attention module: a fault in the backend (or a processor left without the config) acts on every call
+#: dispatched context-parallel, and the first the forward (or the backward) reaches names it: a block's
+#: self-attention (`attn`, `attn1` on Wan and ChronoEdit), or LTX's cross-attention (`attn2`), whose text the
+#: plan splits too and which the backward reaches first.
+SELF_ATTENTION = "*.attn|*.attn1|*.attn2"
 #: The `_cp_plan`'s first output gather point: `proj_out` on every bundled model but Helios, which gathers
 #: after each block's attention (`blocks.0.attn1` first).
 GATHER_POINT = "proj_out|*.attn1"

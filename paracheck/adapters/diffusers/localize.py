@@ -125,7 +125,9 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's share of a DTensor, put together later by the layout's groups (a packed projection's
     shards are laid out block by block, which `full_tensor()` would concatenate in the wrong order); a
     pending reduction (Partial) is reduced here."""
-    if not hasattr(tensor, "full_tensor"):
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(tensor, DTensor):
         return tensor
     if any(p.is_partial() for p in tensor.placements):
         return tensor.full_tensor()
@@ -171,7 +173,10 @@ def split_lengths(model, ref_calls: list, cp: int) -> tuple:
             for arg, spec in entry.items():
                 if call is None or getattr(spec, "split_output", False) or str(arg) not in call.input_names:
                     continue
-                size = call.inputs[call.input_names.index(str(arg))].shape[spec.split_dim]
+                shape = call.inputs[call.input_names.index(str(arg))].shape
+                if len(shape) != getattr(spec, "expected_dims", len(shape)) or len(shape) <= spec.split_dim:
+                    continue  # diffusers leaves an input of another rank unsplit (Wan's 1-D timestep)
+                size = shape[spec.split_dim]
                 if size % cp == 0:
                     lengths.append(size // cp)
     return tuple(dict.fromkeys(lengths))

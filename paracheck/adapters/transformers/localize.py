@@ -109,7 +109,9 @@ def groups(layout) -> list[localize.Group]:
 
 
 def _local(tensor):
-    if not hasattr(tensor, "full_tensor"):
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(tensor, DTensor):
         return tensor
     if any(p.is_partial() for p in tensor.placements):
         return tensor.full_tensor()
