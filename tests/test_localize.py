@@ -255,3 +255,12 @@ def test_the_note_names_the_first_module_the_last_agreeing_and_the_top_gradients
 
 def test_the_stripped_data_keeps_the_other_figures():
     assert merged.strip({"localization": {}, "ratio": 1.0}) == {"ratio": 1.0}
+
+
+def test_a_packed_projection_is_read_in_its_blocks_order():
+    """Five blocks (q, k, v and two MLP halves), each sharded on its own over two ranks."""
+    blocks = [torch.arange(float(n)) + 100 * i for i, n in enumerate((4, 4, 4, 8, 8))]
+    whole = torch.cat(blocks)
+    pieces = [torch.cat([b.chunk(2)[r] for b in blocks]) for r in range(2)]
+    readings = dict(localize.segment_readings(pieces, 0, ((2, 2, 2, 4, 4),)))
+    assert any(torch.equal(t, whole) for t in readings.values())

@@ -296,19 +296,23 @@ def _sums(held: dict, slots: list, groups: list[Group]) -> list[tuple[str, dict]
 
 def segment_readings(pieces: list[torch.Tensor], dim: int, segments: tuple) -> list[tuple[str, torch.Tensor]]:
     """Other readings of a tensor gathered along `dim` from `pieces` (one per rank, in group order): each
-    piece as two to four separately split tensors laid end to end (lengths from `segments`), each
-    segment's pieces concatenated over the ranks, then the segments (pure)."""
+    piece as separately split tensors laid end to end (two or three of the lengths in `segments`, or one of its
+    tuples: an exact order of lengths), each segment's pieces concatenated over the ranks, then the segments
+    (pure)."""
     if not segments or not pieces:
         return []
     length, out, seen = pieces[0].shape[dim], [], set()
-    for r in (2, 3, 4):  # a joint sequence of two or three parts; a packed projection of up to four blocks
-        for order in itertools.product(segments, repeat=r):
-            if sum(order) != length or order in seen or any(p.shape[dim] != length for p in pieces):
-                continue
-            seen.add(order)
-            offsets = [sum(order[:j]) for j in range(len(order))]
-            parts = [torch.cat([p.narrow(dim, o, n) for p in pieces], dim=dim) for o, n in zip(offsets, order)]
-            out.append((f"segments {order} per rank", torch.cat(parts, dim=dim)))
+    lengths = [n for n in segments if isinstance(n, int)]
+    # A tuple in `segments` is one exact order (a packed projection's blocks); lengths are tried in twos and threes.
+    orders = [tuple(n) for n in segments if isinstance(n, tuple)]
+    orders += [o for r in (2, 3) for o in itertools.product(lengths, repeat=r)]
+    for order in orders:
+        if sum(order) != length or order in seen or any(p.shape[dim] != length for p in pieces):
+            continue
+        seen.add(order)
+        offsets = [sum(order[:j]) for j in range(len(order))]
+        parts = [torch.cat([p.narrow(dim, o, n) for p in pieces], dim=dim) for o, n in zip(offsets, order)]
+        out.append((f"segments {order} per rank", torch.cat(parts, dim=dim)))
     return out
 
 

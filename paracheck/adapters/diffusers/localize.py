@@ -185,11 +185,11 @@ def split_lengths(model, ref_calls: list, cp: int) -> tuple:
 def packed_lengths(model, tp: int) -> tuple:
     """Per-rank lengths of the blocks a packed TP parameter is sharded in (the library's own shard specs): a
     packed projection's input or output holds one shard of each block, laid end to end."""
-    lengths = []
+    orders = []
     for spec in library.tp_shard_specs(model, tp).values():
-        if spec.dim is not None and len(spec.block_sizes or ()) > 1:
-            lengths.extend(b // tp for b in spec.block_sizes if b % tp == 0)
-    return tuple(dict.fromkeys(lengths))
+        if spec.dim is not None and len(spec.block_sizes or ()) > 1 and all(b % tp == 0 for b in spec.block_sizes):
+            orders.append(tuple(b // tp for b in spec.block_sizes))
+    return tuple(dict.fromkeys(orders))
 
 
 def cp_dims(model) -> tuple:
