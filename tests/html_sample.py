@@ -47,6 +47,7 @@ def sample(report: dict) -> dict:
 
     def made(**fields) -> dict:
         case = copy.deepcopy(real)
+        case.pop("localization", None)  # the real control's own (a detected control is localized too)
         case.update(control=None, **fields)
         return case
 

@@ -254,3 +254,14 @@ def _raise_in_parallel_forward():
 
 
 llama_raises_on_ranks_2_3.library = "transformers"
+
+
+def llama_packed_drops_position_ids(variant="base", shape=None):
+    """`llama_drops_position_ids` on two packed rows of two documents each, for `run --spec`."""
+    from paracheck.domain.shapes import Shape
+
+    shape = shape or Shape(batch=2, lengths=(("tokens", 12),), documents=((5, 7), (6, 6)), token_rows=True)
+    return llama_drops_position_ids(variant, shape)
+
+
+llama_packed_drops_position_ids.library = "transformers"

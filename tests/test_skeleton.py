@@ -22,7 +22,7 @@ from paracheck.rank import skeleton
 from paracheck.world.site import CaseSite
 
 PASSES = ("reference", "parallelize", "structure_checks", "inference", "training", "forward_checks",
-          "backward_skip", "backward", "grads_checks")
+          "backward_skip", "backward", "grads_checks", "localize")
 
 
 class _Toy:

@@ -17,6 +17,8 @@ adapter's `CaseBody` supplies the passes, in this order:
     forward_checks() -> outputs, losses, collectives against the reference
     backward()   -> the backward of the training forward (not called when grads are off or nothing to derive)
     grads_checks() -> every gradient against the reference
+    localize(checks) -> optional: where a parity check failed on any rank, rerun that pass with hooks and attach
+                        the localization to the failing checks (every rank takes part; they decide alike)
 """
 
 from __future__ import annotations

@@ -34,8 +34,19 @@ class Control:
     #: A bug planted in the attention backend the case runs, diffusers' own or the kit's
     #: (one of `attention.FAULTS`).
     attention_fault: str | None = None
-    #: The module or parameter the bug is planted in, where it is known before the case runs.
+    #: Where the bug is planted, for a control that breaks the forward or the gradients: a glob over module
+    #: names (forward) or parameter names (gradients) that the localization of a detected case must name
+    #: (`checks.localize`); a glob where the name depends on the model ("*.attn*"). None: it breaks neither.
     plants_in: str | None = None
+
+    def planted_at(self, name: str | None) -> bool:
+        """Whether `name` (a module or parameter a localization named) is where this control plants:
+        one of the `|`-separated globs of `plants_in` matches it."""
+        from fnmatch import fnmatchcase
+
+        if not self.plants_in or not name:
+            return False
+        return any(fnmatchcase(name, glob) for glob in self.plants_in.split("|"))
 
     def skip_reason(self, layout: Layout, route: Route | None = None) -> str | None:
         """Why this control cannot run on `layout` (and `route`, once resolved); None when it can."""

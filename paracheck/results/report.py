@@ -12,6 +12,7 @@ from paracheck.launch.protocol import write_text
 from paracheck.domain import registry
 from paracheck.domain.case import Case
 from paracheck.domain.records import CaseStatus, CheckId, Status
+from paracheck.results import localization
 from paracheck.results.verdict import Verdict
 
 CELL = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.SKIP: "-", None: " "}
@@ -108,6 +109,7 @@ def _case_notes(v: Verdict, replay: str) -> list[str]:
                 if m.status == Status.FAIL and m.detail:
                     out.append(f"      {m.id.value} failed on {ranks_named(m.failed_ranks)}: "
                                f"rank {m.detail_rank}: {m.detail}")
+        out.extend(f"      {line}" for line in localization.note(v.localization))
         if v.traceback:
             out.append("      " + v.traceback.strip().splitlines()[-1])
         out.append(f"      replay: {replay}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from paracheck.results import known
+from paracheck.results import known, localization
 from paracheck.launch.attribution import ranks_named
 from paracheck.domain.case import Case
 from paracheck.domain.registry import get_control
@@ -51,6 +51,8 @@ class Verdict:
     #: Every rank's threads and process groups when the case ended.
     threads: list[int] = field(default_factory=list)
     process_groups: list[int] = field(default_factory=list)
+    #: Where a failing parity check's difference arises, merged over ranks (`results.localization`).
+    localization: dict = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -83,6 +85,8 @@ class Verdict:
                 "seconds": self.seconds, "timings": self.timings, "peak_rss_mb": self.peak_rss_mb,
                 "rss_mb": self.rss_mb, "cpu_seconds": self.cpu_seconds, "threads": self.threads,
                 "process_groups": self.process_groups}
+        if self.localization:
+            data["localization"] = self.localization
         if self.failure:
             data["failure"] = self.failure.to_json()
         if self.known:
@@ -123,8 +127,12 @@ def _worst(values) -> float | None:
 
 
 def _merge_data(per_rank) -> dict:
-    data = {str(rank): c.data for rank, c in per_rank if c.data}
+    data = {str(rank): localization.strip(c.data) for rank, c in per_rank if localization.strip(c.data or {})}
     return {"per_rank": data} if data else {}
+
+
+def _per_check(ranks: list[RankResult]) -> dict:
+    return {check_id: [(r.rank, c) for r in ranks for c in r.checks if c.id == check_id] for check_id in CheckId}
 
 
 def _findings(ranks: list[RankResult]) -> list[Finding]:
@@ -146,7 +154,8 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
                 timings={k: max(r.timings.get(k, 0.0) for r in ranks) for r in ranks for k in r.timings},
                 peak_rss_mb=[r.peak_rss_mb for r in ranks], rss_mb=[r.rss_mb for r in ranks],
                 cpu_seconds=[r.cpu_seconds for r in ranks], threads=[r.threads for r in ranks],
-                process_groups=[r.process_groups for r in ranks])
+                process_groups=[r.process_groups for r in ranks],
+                localization=localization.merge(_per_check(ranks)))
     statuses = {r.status for r in ranks}
     if RankStatus.ERROR in statuses and not (case.control and _judgeable(v, ranks)):
         return _error(v, ranks)
@@ -160,6 +169,9 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
     failing = v.failing_checks
     if case.control:
         v.status, v.reason = get_control(case.control).judge(failing)
+        found = localization.planted(get_control(case.control), v.localization)
+        if found:
+            v.localization["planted"] = found
     elif failing:
         v.status, v.reason = CaseStatus.FAIL, f"failed: {', '.join(c.value for c in CheckId if c in failing)}"
         v.failure = _first_failing(v)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paracheck.adapters.diffusers import attention, library, reference
+from paracheck.adapters.diffusers import attention, library, localize, reference
 from paracheck.adapters.diffusers.checks import STRUCTURE, CheckContext, grads_skip_reason, run_checks
 from paracheck.adapters.diffusers.controls import CONTROLS
 from paracheck.adapters.diffusers.fitting import Unfittable
@@ -81,7 +81,7 @@ class _Body:
         self.model = model
         self.checks = CheckContext(model, ref.model, applied, ref.out, ref.weights, ctx.tolerance.atol,
                                    ctx.tolerance.rtol, grads_requested=self.case.grads, ref_out32=ref.out32,
-                                   ref_grads32=ref.grads32)
+                                   ref_grads32=ref.grads32, inputs=ref.inputs)
 
     def structure_checks(self) -> list:
         return run_checks(STRUCTURE, self.checks)
@@ -110,3 +110,6 @@ class _Body:
 
     def grads_checks(self) -> list:
         return run_checks([CheckId.GRADS], self.checks)
+
+    def localize(self, checks: list) -> None:
+        localize.after_checks(self.checks, self.ref.inputs, checks, self.ctx.result)

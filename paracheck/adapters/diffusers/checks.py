@@ -8,6 +8,8 @@ collectives, counted during the forward, are judged after it, then the forward, 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Callable
@@ -16,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.adapters.diffusers import library
+from paracheck.checks import localize
 from paracheck.checks.buckets import gather_each, reduce_each
 from paracheck.checks.compare import compare, problems_text
 from paracheck.checks.shards import assemble, group_ranks, local_slice
@@ -44,6 +47,10 @@ class CheckContext:
     inference_out: torch.Tensor | None = None
     inference_error: Raised | None = None
     inference_collectives: object | None = None
+    #: The reference's gradients in float64, once `_fp64_grads` computed them.
+    grads64: dict | None = None
+    #: The case's inputs on this rank's device (the fp64 gradients of `rounding_rule` rerun the reference on them).
+    inputs: dict = field(default_factory=dict)
 
     @property
     def layout(self):
@@ -126,7 +133,7 @@ def _library_group(applied, part: str) -> list[int]:
     return group_ranks(applied.meshes["tp"], "tp")
 
 
-def _plan_modules(model, module_id: str) -> list:
+def plan_modules(model, module_id: str) -> list:
     """Modules a `_cp_plan` key names; `*` expands over a ModuleList (resolved here, not by diffusers)."""
     modules = [model]
     for atom in [a for a in module_id.split(".") if a] if module_id else []:
@@ -143,7 +150,7 @@ def check_cp_hooks(ctx: CheckContext) -> CheckResult:
     if ctx.layout.has_cp:
         for module_id, entry in model._cp_plan.items():
             hook = library.cp_hook_name(module_id, is_input=isinstance(entry, dict))
-            for module in _plan_modules(model, module_id):
+            for module in plan_modules(model, module_id):
                 if hook not in library.hook_names(module):
                     problems.append(f"{module_id or '<root>'} lacks {hook}")
     else:
@@ -288,13 +295,16 @@ def check_grads(ctx: CheckContext) -> CheckResult:
 
 
 def _compare_grads(ctx: CheckContext) -> CheckResult:
-    """Reassemble every gradient, then compare with the reference's; reports the worst parameter."""
+    """Reassemble every gradient, then compare with the reference's; reports the parameters beyond
+    tolerance and, separately, the one with the largest max_abs (which can be within tolerance: the bound is
+    elementwise, atol + rtol |ref|). A failing check carries every parameter's error in
+    `data["localization"]["grads"]`."""
     layout, applied = ctx.layout, ctx.applied
     specs = library.tp_shard_specs(ctx.reference, layout.tp) if layout.has_tp else {}
     groups = _Groups(_cp_process_group(applied), applied.meshes["tp"].get_group() if layout.has_tp else None)
     ref_params = dict(ctx.reference.named_parameters())
     worst = CheckResult(CheckId.GRADS, Status.PASS, atol=ctx.atol, rtol=ctx.rtol, max_abs=0.0, max_rel=0.0)
-    failures, tp_partial, ratio = [], [], 0.0
+    failures, tp_partial, ratio, entries, rounded = [], [], 0.0, [], []
     params = sorted(ctx.model.named_parameters())
     # Every rank has the same parameters with and without a gradient (the model's structure decides),
     # so every rank issues the same collectives here.
@@ -304,28 +314,92 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
         if param.grad is None:
             if ref_grad is not None and bool(ref_grad.abs().max() > 0):
                 failures.append(f"{name} has no gradient" + ("" if param.requires_grad else " (requires_grad=False)"))
+                entries.append(localize.grad_entry(name, None, ref_grad, ctx.atol, ctx.rtol))
             continue
         if ref_grad is None:
             failures.append(f"{name} has a gradient the reference lacks")
+            entries.append(localize.grad_entry(name, wholes[name], None, ctx.atol, ctx.rtol))
             continue
         result = compare(CheckId.GRADS, wholes[name], ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
                          expected32=ctx.ref_grads32.get(name), floor=torch.finfo(ref_grad.dtype).eps)
+        if result.status == Status.FAIL and not ctx.ref_grads32:
+            result = _rounding_rule(result, name, wholes[name], ref_grad, ctx, rounded)
         ratio = max(ratio, (result.data or {}).get("ratio", 0.0))
+        entries.append(_grad_entry(name, wholes[name], ref_grad, result, ctx))
         if result.status == Status.FAIL:
-            failures.append(f"{name} (max_abs {result.max_abs if result.max_abs is not None else 'n/a'})")
+            failures.append(f"{name} ({_figure(result.max_abs)}, {_over(entries[-1])})")
         if result.max_abs is not None and result.max_abs >= (worst.max_abs or 0.0):
-            worst.max_abs, worst.max_rel, worst.detail = result.max_abs, result.max_rel, f"worst: {name}"
+            within = "within tolerance" if result.status == Status.PASS else "beyond tolerance"
+            worst.max_abs, worst.max_rel = result.max_abs, result.max_rel
+            worst.detail = f"largest max_abs: {name} ({_figure(result.max_abs)}, {within})"
             worst.data = dict(result.data, param=name) if result.data else {}
     if worst.data:
         worst.data["ratio"] = ratio  # the parameter furthest over its own bound, which need not be the worst
     notes = [worst.detail] if worst.detail else []
     if tp_partial:
         notes.append(f"{len(tp_partial)} params outside the TP plan have TP-partial grads (e.g. {tp_partial[0]})")
+    if rounded:
+        notes.append(f"{len(rounded)} grads outside the elementwise bound are as close to the fp64 gradient as the "
+                     f"single-device one (rounding of a long sum, e.g. {rounded[0]})")
     if failures:
         worst.status = Status.FAIL
-        notes.insert(0, f"{len(failures)} grads differ: {problems_text(failures)}")
+        notes.insert(0, f"{len(failures)} grads beyond tolerance: {problems_text(failures)}")
+        degrees = {"tp": layout.tp, "cp": layout.cp, "ring": layout.ring, "ulysses": layout.ulysses,
+                   "world": layout.world}
+        worst.data["localization"] = {"grads": localize.grads_localization(entries, degrees)}
     worst.detail = "; ".join(notes)
     return worst
+
+
+def _rounding_rule(result: CheckResult, name: str, whole, ref_grad, ctx: CheckContext, rounded: list) -> CheckResult:
+    """An fp32 gradient beyond the elementwise bound, judged again against the fp64 gradient: it passes when it
+    is no further from it than `BOUND_FACTOR` x the single-device gradient's own distance, plus one fp32 unit
+    of its scale (the reduced-precision rule, `checks.compare`, with fp64 as the truth). Why: a weight
+    gradient sums a term per token, and where the terms cancel the rounding of either sum is eps x sqrt(n) x
+    sum |terms|, far above rtol x |g| (measured on diffusers' own LTX tester config, r2: proj_out.weight's
+    element with |g| 1.6 sums 1,024 terms of total size 1,056; single-device and parallel fp32 are 2.4e-5 and
+    2.2e-5 from fp64, 3.1e-5 from each other)."""
+    exact = _fp64_grads(ctx).get(name)
+    if exact is None:
+        return result
+    again = compare(CheckId.GRADS, whole, ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
+                    expected32=exact, floor=torch.finfo(ref_grad.dtype).eps)
+    if again.status == Status.PASS:
+        rounded.append(name)
+        return dataclasses.replace(result, status=Status.PASS, detail="", data=dict(again.data, rule="fp64"))
+    return result
+
+
+def _fp64_grads(ctx: CheckContext) -> dict:
+    """The reference model's gradients in float64 on this rank (computed once per case, only when asked)."""
+    if ctx.grads64 is None:
+        from paracheck.adapters.diffusers.reference import forward, place
+
+        model = copy.deepcopy(ctx.reference).double()
+        for param in model.parameters():
+            param.grad = None
+        out = forward(model, place(ctx.inputs, ctx.ref_out.device, torch.float64))
+        (out * ctx.weights.to(out.dtype)).sum().backward()
+        ctx.grads64 = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return ctx.grads64
+
+
+def _grad_entry(name: str, whole, ref_grad, result: CheckResult, ctx: CheckContext) -> dict:
+    """A parameter's entry, judged by the check's own rule (the reduced-precision one where it applies)."""
+    entry = localize.grad_entry(name, whole, ref_grad, ctx.atol, ctx.rtol)
+    entry["within"] = result.status == Status.PASS
+    if "ratio" in (result.data or {}):
+        entry["over"] = result.data["ratio"]
+    return entry
+
+
+def _figure(max_abs) -> str:
+    return f"max_abs {max_abs:.2e}" if max_abs is not None else "max_abs n/a"
+
+
+def _over(entry: dict) -> str:
+    """How far past its bound a parameter is: its largest |a - b| / (atol + rtol |b|), > 1 beyond tolerance."""
+    return f"{entry['over']:.1f}x its bound" if entry.get("over") not in (None, float("inf")) else "no bound"
 
 
 @dataclass

@@ -114,32 +114,53 @@ def _training_pass_right(failing: set) -> str:
     return "" if CheckId.FORWARD in failing else "the training forward stayed right: only the no-grad pass shows it"
 
 
+# -- where each control plants (`Control.plants_in`: globs over module names, matched by `planted_at`) -----
+# The names the bundled models give these places; a localization of a detected case must name one.
+
+#: The model itself: its output's gradient, or the CP split of its inputs at the root.
+ROOT = "<root>"
+#: An attention module: a fault in the backend (or a processor left without the config) acts on every call
+#: dispatched context-parallel, and the first the forward (or the backward) reaches names it: a block's
+#: self-attention (`attn`, `attn1` on Wan and ChronoEdit), or LTX's cross-attention (`attn2`), whose text the
+#: plan splits too and which the backward reaches first.
+SELF_ATTENTION = "*.attn|*.attn1|*.attn2"
+#: The `_cp_plan`'s first output gather point: `proj_out` on every bundled model but Helios, which gathers
+#: after each block's attention (`blocks.0.attn1` first).
+GATHER_POINT = "proj_out|*.attn1"
+#: The first TP-planned module in execution order (every planned parameter is re-sliced; the first block's
+#: query projection is the first of them a forward reaches on Flux, Flux2 and QwenImage).
+FIRST_TP_MODULE = "*.attn.to_q|*.attn.to_qkv_mlp_proj"
+
 CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("skip-cp-hooks", "CP requested; hooks never registered, processors not told",
-            (CheckId.CP_HOOKS, CheckId.PROCESSOR_CONFIG), _needs_cp, _skip_cp_hooks, note=_numbers_stayed_right),
+            (CheckId.CP_HOOKS, CheckId.PROCESSOR_CONFIG), _needs_cp, _skip_cp_hooks, note=_numbers_stayed_right,
+            plants_in=ROOT),
     Control("skip-processor-config", "hooks registered; attention processors not given the config",
-            (CheckId.PROCESSOR_CONFIG, CheckId.COLLECTIVES, CheckId.FORWARD), _needs_cp, _skip_processor_config),
+            (CheckId.PROCESSOR_CONFIG, CheckId.COLLECTIVES, CheckId.FORWARD), _needs_cp, _skip_processor_config,
+            plants_in=SELF_ATTENTION),
     Control("skip-output-gather", "the cp_output hook left out",
-            (CheckId.CP_HOOKS, CheckId.FORWARD), _needs_cp, _skip_output_gather),
+            (CheckId.CP_HOOKS, CheckId.FORWARD), _needs_cp, _skip_output_gather, plants_in=GATHER_POINT),
     Control("global-rank-shard-index", "TP shards picked by global rank (mod tp) instead of TP-mesh coordinate",
-            (CheckId.TP_SHARDS, CheckId.FORWARD), _global_index_differs, _global_rank_shard_index),
+            (CheckId.TP_SHARDS, CheckId.FORWARD), _global_index_differs, _global_rank_shard_index,
+            plants_in=FIRST_TP_MODULE),
     Control("tp-processor-config", "TP alone, yet processors handed the parallel config",
             (CheckId.PROCESSOR_CONFIG,), _needs_tp_alone, _tp_processor_config),
     Control("backward-only", "the model output's gradient scaled by 1.5 on the way back; forward bit-identical",
-            (CheckId.GRADS,), _always, _backward_only),
+            (CheckId.GRADS,), _always, _backward_only, plants_in=ROOT),
     Control("swapped-mesh-order", "shared mesh built in the order the layout did not ask for",
             (CheckId.MESH,), _needs_tp_and_cp, mesh_order=_other_order, routes=(Route.COMPOSED,)),
     Control("ring-stale-kv-backward", "ring backward reuses the local KV chunk at every step (diffusers #14265's "
-            "shape); forward exact", (CheckId.GRADS,), _needs_ring, attention_fault="stale-kv-backward"),
+            "shape); forward exact", (CheckId.GRADS,), _needs_ring, attention_fault="stale-kv-backward",
+            plants_in=SELF_ATTENTION),
     Control("ring-drop-merge", "ring forward drops the visiting KV chunks' partial results (no LSE merge)",
-            (CheckId.FORWARD,), _needs_ring, attention_fault="drop-ring-merge"),
+            (CheckId.FORWARD,), _needs_ring, attention_fault="drop-ring-merge", plants_in=SELF_ATTENTION),
     Control("cp-attention-local", "the attention backend ignores the CP config it is handed and attends this "
             "rank's own shard: no all-to-all, no KV gather, no error", (CheckId.COLLECTIVES, CheckId.FORWARD),
-            _needs_cp, attention_fault="ignore-cp-config"),
+            _needs_cp, attention_fault="ignore-cp-config", plants_in=SELF_ATTENTION),
     Control("inference-attention-local", "only when no gradient is recorded (how pipelines call a model), the "
             "attention backend ignores the CP config and attends this rank's own shard; the training pass is "
             "exact", (CheckId.INFERENCE, CheckId.COLLECTIVES), _needs_cp, attention_fault="ignore-cp-config-no-grad",
-            note=_training_pass_right),
+            note=_training_pass_right, plants_in=SELF_ATTENTION),
 )}
 
 

@@ -144,7 +144,9 @@ class TorchBody:
 
     def grads_checks(self) -> list[CheckResult]:
         pairs = ((name, _full(p.grad), self.ref_grads.get(name)) for name, p in self.model.named_parameters())
-        return [compare_grads(pairs, self.atol, self.rtol)]
+        layout = self.layout
+        degrees = {"tp": layout.tp, "dp": layout.dp, "fsdp": layout.fsdp, "cp": layout.cp, "world": layout.world}
+        return [compare_grads(pairs, self.atol, self.rtol, degrees)]
 
     # -- helpers --------------------------------------------------------------------------------------
     def _outputs(self, check_id, actual, expected, what: str) -> CheckResult:

@@ -19,11 +19,10 @@ import torch
 import torch.distributed as dist
 
 from paracheck.checks.compare import compare
-from paracheck.checks.grads import compare_grads
 from paracheck.checks.traits import input_traits
 from paracheck.domain.adapter import CaseContext, Refused
 from paracheck.domain.records import CheckId, CheckResult, Route, Status
-from paracheck.adapters.transformers import cases, fixtures, inputs, library, structure
+from paracheck.adapters.transformers import cases, fixtures, inputs, library, localize, structure
 from paracheck.adapters.transformers.controls import CONTROLS, NO_PLANT, PLANTS
 from paracheck.world import meshes
 from paracheck.world.recent import Recent
@@ -133,7 +132,11 @@ class _Body:
         skip = self.backward_skip()
         if skip:
             return [CheckResult(CheckId.GRADS, Status.SKIP, skip)]
-        return [_grads(self.model, self.expected["grads"], self.tol.atol, self.tol.rtol)]
+        return [localize.grads(self.model, self.expected["grads"], self.tol.atol, self.tol.rtol, self.layout)]
+
+    def localize(self, checks: list) -> None:
+        localize.after_checks(self.model, self.ref, self.mine, self.layout, checks, self.ctx.result, self.tol.atol,
+                              self.tol.rtol)
 
 
 def _single_process(path: str, variant: str, shape, layout) -> tuple:
@@ -208,9 +211,3 @@ def _full(tensor):
     if tensor is None:
         return None
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-def _grads(model, ref_grads: dict, atol, rtol) -> CheckResult:
-    """Every parameter's gradient, gathered where sharded, against the single-process one."""
-    return compare_grads(((name, _full(p.grad), ref_grads.get(name)) for name, p in model.named_parameters()),
-                         atol, rtol)

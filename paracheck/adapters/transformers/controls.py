@@ -105,14 +105,14 @@ _NORMS = ("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm")
 _ENTRIES = (
     (Control("tf-norm-replicate", "Qwen3's per-head q_norm/k_norm planned replicate instead of "
              "replicated_with_grad_allreduce: each TP rank keeps its heads' share of their gradient",
-             (CheckId.GRADS,), _needs_tp),
+             (CheckId.GRADS,), _needs_tp, plants_in="*.q_norm.weight|*.k_norm.weight"),
      Plant(tp_plan=dict.fromkeys(_NORMS, "replicate"), needs_rules=_NORMS)),
     (Control("tf-skip-dp-reduce", "data-parallel gradient reduction left off (HSDP: the replicas' all-reduce; "
-             "FSDP: gradient sync)", (CheckId.GRADS,), _needs_dp),
+             "FSDP: gradient sync)", (CheckId.GRADS,), _needs_dp, plants_in="<root>"),
      Plant(after_load=_skip_dp_reduce)),
     (Control("tf-grad-divide", "the local loss not scaled by the data-parallel degree before backward, while "
              "FSDP averages gradients over it: every gradient dp times too small, loss exact",
-             (CheckId.GRADS,), _needs_dp),
+             (CheckId.GRADS,), _needs_dp, plants_in="<root>"),
      Plant(loss_factor=lambda dp: 1.0)),
     (Control("tf-embed-replicate", "the input embedding planned replicate instead of embedding_rowwise: numbers "
              "exact, the vocabulary no longer sharded", (CheckId.TP_SHARDS,), _needs_tp),

@@ -1,0 +1,213 @@
+"""The diffusers adapter's forward localization: a failing case's passes rerun with hooks, shards gathered by the plan.
+
+After a case's checks, every rank learns (one all-reduce) whether `parity.forward` or `parity.inference` failed
+on any rank; if so, every rank reruns the failing pass on the same model, with the same inputs, recording each
+module call (`checks.localize.Recorder`), and the reference model does the same. The parallel side's tensors are
+put back together by the layout's groups: over the TP group along the colwise output dim (or the heads), over
+the CP group along the `_cp_plan`'s split dims; the plan's gather points (`ContextParallelOutput` entries) and
+the root are compared as the rank holds them, so a gather that did not happen shows there. The finding goes into
+the failing check's `data["localization"]["forward"]`. Gradient tables are built by `checks.check_grads`.
+"""
+
+from __future__ import annotations
+
+
+import torch
+import torch.distributed as dist
+
+from paracheck.adapters.diffusers import library, reference
+from paracheck.checks import localize
+from paracheck.domain.records import CheckId, CheckResult, Status
+
+#: The dims a TP-split module output is read on first: colwise projections split the last dim, and the
+#: processors' per-head tensors ([batch, seq, heads, dim]) split the heads.
+TP_DIMS = (-1, 2)
+
+
+def after_checks(ctx, inputs: dict, checks: list[CheckResult], result) -> None:
+    """The adapter's hook-in, called on every rank after every check of a case: localize the failing passes.
+    Every rank joins (the parallel model's collectives need all of them), whether its own checks passed:
+    one all-reduce of the failure flags decides for all."""
+    if not localize.enabled():
+        return
+    by_id = {c.id: c for c in checks}
+    failed = [float(by_id.get(i) is not None and by_id[i].status == Status.FAIL)
+              for i in (CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS)]
+    raised = [float(bool(ctx.forward_error or ctx.inference_error)), float(bool(ctx.backward_error))]
+    flags = torch.tensor(failed + raised)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    forward_failed, inference_failed, grads_failed, forward_raised, backward_raised = (bool(f > 0) for f in flags)
+    if forward_raised or not (forward_failed or inference_failed or grads_failed):
+        return  # a pass that raised cannot be rerun to a trace, and a passing case needs none
+    try:
+        ref_calls = _reference_calls(ctx.reference, inputs)
+        for check_id, wanted, grad in ((CheckId.FORWARD, forward_failed, True),
+                                       (CheckId.INFERENCE, inference_failed, False)):
+            if wanted:
+                _attach(by_id, check_id, "forward", forward(ctx, inputs, ref_calls, grad))
+        if grads_failed and not (forward_failed or backward_raised):
+            # The forward agrees, so the gradient went wrong on the way back: trace the backward the same way.
+            trace = backward(ctx, inputs)
+            found = {"backward": trace}
+            if trace.get("origin"):
+                found.update(origin=trace["origin"], origin_from="backward trace")
+            _attach(by_id, CheckId.GRADS, "grads", found, merge=True)
+    except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
+        for check_id in (CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS):
+            if check_id in by_id and by_id[check_id].status == Status.FAIL:
+                _attach(by_id, check_id, "grads" if check_id == CheckId.GRADS else "forward",
+                        {"error": f"localization raised {type(exc).__name__}: {exc}"}, merge=True)
+
+
+def _attach(by_id: dict, check_id: CheckId, part: str, found: dict, merge: bool = False) -> None:
+    check = by_id.get(check_id)
+    if check is None:
+        return
+    held = check.data.setdefault("localization", {})
+    held[part] = dict(held.get(part, {}), **found) if merge else found
+
+
+def _reference_calls(model, inputs: dict) -> list:
+    with torch.no_grad(), localize.Recorder(model) as recorder:
+        reference.forward(model, inputs)
+    return recorder.calls
+
+
+def forward(ctx, inputs: dict, ref_calls: list, grad: bool) -> dict:
+    """One pass rerun on the parallel model with hooks, its trace gathered and compared (collective)."""
+    with torch.set_grad_enabled(grad), localize.Recorder(ctx.model, local=_local) as recorder:
+        out = reference.forward(ctx.model, inputs)
+    before = ctx.out if grad else ctx.inference_out
+    found = localize.forward_localization(recorder.calls, ref_calls, groups(ctx, ref_calls), whole(ctx.model),
+                                          ctx.atol, ctx.rtol, _all_gather_object, dist.get_rank())
+    found["pass"] = "training" if grad else "no_grad"
+    found["reproduced"] = before is not None and bool(torch.equal(out.detach(), before.detach()))
+    return found
+
+
+def backward(ctx, inputs: dict) -> dict:
+    """The training pass and its backward rerun on both models with backward hooks: each module's received
+    and passed-on gradients, in backward order, gathered and compared like a forward trace. Both models'
+    parameter gradients are put back as they were (the reference is kept for the next case)."""
+    ref_calls, _ = _backward_calls(ctx.reference, inputs, ctx.weights, local=None)
+    calls, _ = _backward_calls(ctx.model, inputs, ctx.weights, local=_local)
+    with torch.no_grad(), localize.Recorder(ctx.reference) as forward_calls:
+        reference.forward(ctx.reference, inputs)  # the forward's shapes tell the joint sequences apart
+    found = localize.forward_localization(calls, ref_calls, groups(ctx, forward_calls.calls), set(), ctx.atol,
+                                          ctx.rtol, _all_gather_object, dist.get_rank(), partial=True)
+    found["pass"] = "backward"
+    return found
+
+
+def _backward_calls(model, inputs: dict, weights, local) -> tuple[list, bool]:
+    import warnings
+
+    saved = {n: p.grad for n, p in model.named_parameters()}
+    for param in model.parameters():
+        param.grad = None  # a backward adds into .grad in place: the kept reference's must not move
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "full backward hook is firing ... no inputs require gradients"
+            with localize.BackwardRecorder(model, local=local) as recorder:
+                out = reference.forward(model, inputs)
+                (out * weights.to(out.dtype)).sum().backward()
+    finally:
+        for name, param in model.named_parameters():
+            param.grad = saved[name]
+    return recorder.calls, True
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's share of a DTensor, put together later by the layout's groups (a packed projection's
+    shards are laid out block by block, which `full_tensor()` would concatenate in the wrong order); a
+    pending reduction (Partial) is reduced here."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(tensor, DTensor):
+        return tensor
+    if any(p.is_partial() for p in tensor.placements):
+        return tensor.full_tensor()
+    return tensor.to_local()
+
+
+def _all_gather_object(obj) -> list:
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def groups(ctx, ref_calls: list) -> list[localize.Group]:
+    """The layout's groups a module output may be split over: TP first (a TP x CP tensor is gathered over
+    TP, then over CP), each with this rank's process group and the dims to read a split on first; for CP,
+    the per-rank lengths of what the plan splits (`split_lengths`)."""
+    layout, applied, out = ctx.layout, ctx.applied, []
+    if layout.has_tp:
+        out.append(localize.Group("tp", tuple(map(tuple, layout.groups(("tp",)))),
+                                  applied.meshes["tp"].get_group(), TP_DIMS, packed_lengths(ctx.reference, layout.tp)))
+    if layout.has_cp:
+        mesh = library.cp_flattened_mesh(applied.parallel_config.context_parallel_config)
+        out.append(localize.Group("cp", tuple(map(tuple, layout.groups(("ring", "ulysses")))), mesh.get_group(),
+                                  cp_dims(ctx.model), split_lengths(ctx.model, ref_calls, layout.cp)))
+    return out
+
+
+def split_lengths(model, ref_calls: list, cp: int) -> tuple:
+    """Per-rank lengths of the inputs the `_cp_plan` splits (read from the reference's calls of the modules
+    it names): a joint sequence is one of these per rank, laid end to end."""
+    from paracheck.adapters.diffusers.checks import plan_modules
+
+    names = {id(m): (n or "<root>") for n, m in model.named_modules()}
+    first = {}
+    for call in ref_calls:
+        first.setdefault(call.name, call)
+    lengths = []
+    for module_id, entry in (getattr(model, "_cp_plan", None) or {}).items():
+        if not isinstance(entry, dict):
+            continue
+        for module in plan_modules(model, module_id):
+            call = first.get(names.get(id(module)))
+            for arg, spec in entry.items():
+                if call is None or getattr(spec, "split_output", False) or str(arg) not in call.input_names:
+                    continue
+                shape = call.inputs[call.input_names.index(str(arg))].shape
+                if len(shape) != getattr(spec, "expected_dims", len(shape)) or len(shape) <= spec.split_dim:
+                    continue  # diffusers leaves an input of another rank unsplit (Wan's 1-D timestep)
+                size = shape[spec.split_dim]
+                if size % cp == 0:
+                    lengths.append(size // cp)
+    return tuple(dict.fromkeys(lengths))
+
+
+def packed_lengths(model, tp: int) -> tuple:
+    """Per-rank lengths of the blocks a packed TP parameter is sharded in (the library's own shard specs): a
+    packed projection's input or output holds one shard of each block, laid end to end."""
+    orders = []
+    for spec in library.tp_shard_specs(model, tp).values():
+        if spec.dim is not None and len(spec.block_sizes or ()) > 1 and all(b % tp == 0 for b in spec.block_sizes):
+            orders.append(tuple(b // tp for b in spec.block_sizes))
+    return tuple(dict.fromkeys(orders))
+
+
+def cp_dims(model) -> tuple:
+    """The dims the model's `_cp_plan` splits and gathers on, in plan order."""
+    dims = []
+    for entry in (getattr(model, "_cp_plan", None) or {}).values():
+        specs = entry.values() if isinstance(entry, dict) else [entry]
+        for spec in specs:
+            for attr in ("split_dim", "gather_dim"):
+                if isinstance(getattr(spec, attr, None), int):
+                    dims.append(getattr(spec, attr))
+    return tuple(dict.fromkeys(dims))
+
+
+def whole(model) -> set:
+    """Module names whose outputs the plan keeps whole on every rank: the root and the `_cp_plan`'s gather
+    points (`*` expanded over a ModuleList)."""
+    from paracheck.adapters.diffusers.checks import plan_modules
+
+    names = {id(m): (n or "<root>") for n, m in model.named_modules()}
+    out = {"<root>"}
+    for module_id, entry in (getattr(model, "_cp_plan", None) or {}).items():
+        if not isinstance(entry, dict):
+            out.update(names[id(m)] for m in plan_modules(model, module_id) if id(m) in names)
+    return out

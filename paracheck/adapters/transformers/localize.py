@@ -1,0 +1,101 @@
+"""The transformers adapter's localization: every parameter's gradient error, and a failing forward rerun with hooks.
+
+`grads` is the gradient check itself (each parameter's gradient gathered whole with `full_tensor()`, against the
+single-process one), which on a failure also carries every parameter's entry and the pattern
+(`checks.localize`). `after_checks` runs on every rank after a case's checks: when the logits of either pass
+failed on any rank (one all-reduce), both models rerun that pass on this rank's share of the batch with forward
+hooks; a DTensor output is taken as this rank's share and put back together over the TP group (or reduced, when
+Partial). Pipeline layouts are not localized: each stage holds other modules, so no two stages' traces meet.
+"""
+
+from __future__ import annotations
+
+
+import torch
+import torch.distributed as dist
+
+from paracheck.checks import localize
+from paracheck.checks.grads import compare_grads
+from paracheck.domain.records import CheckId, CheckResult, Status
+from paracheck.world import meshes
+
+#: A TP-split output of a transformers layer: colwise projections split the last dim, attention's
+#: per-head tensors ([batch, heads, seq, dim]) the heads.
+TP_DIMS = (-1, 1)
+
+
+def grads(model, ref_grads: dict, atol, rtol, layout) -> CheckResult:
+    """Every parameter's gradient, gathered where sharded, against the single-process one (`checks.grads`)."""
+    degrees = {"tp": layout.tp, "dp": layout.dp, "fsdp": layout.fsdp, "dpr": layout.dpr, "ep": layout.ep,
+               "world": layout.world}
+    return compare_grads(((name, _full(p.grad), ref_grads.get(name)) for name, p in model.named_parameters()),
+                         atol, rtol, degrees)
+
+
+def _full(tensor):
+    if tensor is None:
+        return None
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def after_checks(model, ref, mine: dict, layout, checks: list, result, atol, rtol) -> None:
+    """The adapter's hook-in, on every rank after a case's checks: localize a failing logits check."""
+    if layout.pp > 1 or not localize.enabled():
+        return  # the same on every rank: no collective, no trace
+    by_id = {c.id: c for c in checks}
+    flags = torch.tensor([float(by_id.get(i) is not None and by_id[i].status == Status.FAIL)
+                          for i in (CheckId.FORWARD, CheckId.INFERENCE)])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if not flags.any():
+        return
+    inputs = {k: v for k, v in mine.items() if k != "labels"}
+    for check_id, failed, grad in ((CheckId.FORWARD, flags[0] > 0, True), (CheckId.INFERENCE, flags[1] > 0, False)):
+        if not (failed and check_id in by_id):
+            continue
+        try:
+            with torch.no_grad(), localize.Recorder(ref) as recorder:
+                ref(**inputs, use_cache=False)
+            found = forward(model, inputs, recorder.calls, layout, atol, rtol, grad)
+        except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
+            found = {"error": f"localization raised {type(exc).__name__}: {exc}"}
+        by_id[check_id].data.setdefault("localization", {})["forward"] = found
+
+
+def forward(model, inputs: dict, ref_calls: list, layout, atol, rtol, grad: bool) -> dict:
+    with torch.set_grad_enabled(grad), localize.Recorder(model, local=_local) as recorder:
+        model(**inputs, use_cache=False)
+    found = localize.forward_localization(recorder.calls, ref_calls, groups(layout), {"<root>"}, atol, rtol,
+                                          _all_gather_object, dist.get_rank())
+    found["pass"] = "training" if grad else "no_grad"
+    return found
+
+
+def groups(layout) -> list[localize.Group]:
+    """The TP group, the one kind of split a non-pipeline layout leaves in a module's output (FSDP and the
+    data-parallel replicas hold whole activations of their own share of the batch, which the reference reran)."""
+    if layout.tp == 1:
+        return []
+    partition: dict[tuple, list[int]] = {}
+    for rank in range(layout.world):
+        coords = layout.coords(rank)
+        partition.setdefault(tuple(v for k, v in sorted(coords.items()) if k != "tp"), []).append(rank)
+    mine = next(tuple(sorted(g)) for g in partition.values() if dist.get_rank() in g)
+    world = meshes.for_world()
+    group = world.world if len(mine) == layout.world else world.groups.get(mine)
+    return [localize.Group("tp", tuple(tuple(sorted(g)) for g in partition.values()), group, TP_DIMS)]
+
+
+def _local(tensor):
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(tensor, DTensor):
+        return tensor
+    if any(p.is_partial() for p in tensor.placements):
+        return tensor.full_tensor()
+    return tensor.to_local()
+
+
+def _all_gather_object(obj) -> list:
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

@@ -1,0 +1,128 @@
+"""Localization over ranks: every rank's finding for a failing parity check merged into the case's one.
+
+Torch-free. A rank's check carries its finding in `data["localization"]` (`checks.localize` builds it); the
+case's JSON gets `localization: {"forward": ..., "grads": ...}` (and `"inference"` when the no-grad pass failed
+as well as the training one): the finding of the first rank that failed the check, with `ranks` (the ranks
+that found the same) and `other_ranks` (rank -> what it found instead), so no rank's answer is dropped.
+"""
+
+from __future__ import annotations
+
+from paracheck.domain.records import CheckId, CheckResult
+
+KEY = "localization"
+
+
+def strip(data: dict) -> dict:
+    """A check's data without its localization (the case carries the merged one)."""
+    return {k: v for k, v in data.items() if k != KEY}
+
+
+def merge(per_check: dict) -> dict:
+    """`per_check`: check id -> [(rank, CheckResult)]; the case's localization (empty when no rank has one)."""
+    found = {}
+    forward = [(CheckId.FORWARD, "forward"), (CheckId.INFERENCE, "inference")]
+    for check_id, part in forward + [(CheckId.GRADS, "grads")]:
+        merged = _one(per_check.get(check_id, []), "grads" if check_id == CheckId.GRADS else "forward")
+        if merged is not None:
+            found[part] = merged
+    if "forward" not in found and "inference" in found:
+        found["forward"] = found.pop("inference")  # the no-grad pass is the forward that failed
+    return found
+
+
+def _one(per_rank: list[tuple[int, CheckResult]], part: str) -> dict | None:
+    held = [(rank, c.data[KEY][part]) for rank, c in per_rank if part in (c.data or {}).get(KEY, {})]
+    if not held:
+        return None
+    failing = [rank for rank, c in per_rank if c.status.value == "fail"]
+    shown_rank, shown = next(((r, f) for r, f in held if r in failing), held[0])
+    same = [r for r, f in held if _identity(f, part) == _identity(shown, part)]
+    others = {str(r): _identity(f, part) for r, f in held if r not in same}
+    return dict(shown, rank=shown_rank, ranks=same, other_ranks=others)
+
+
+def _identity(found: dict, part: str):
+    """What two ranks must agree on to have found the same thing."""
+    if part == "grads":
+        return found.get("pattern")
+    first = found.get("first") or {}
+    return {"first": first.get("module"), "origin": found.get("origin")}
+
+
+def planted(control, found: dict) -> dict | None:
+    """For a control that declares `plants_in`: what the case's localization named and whether it is the
+    planted place (`Control.planted_at`). A control that must trip a forward check is judged by the forward's
+    origin, one that must trip the gradients by theirs; one that breaks numbers as a side effect by whichever
+    it broke. None when the control declares no place or nothing was localized."""
+    if not control.plants_in or not found:
+        return None
+    forward_first = any(c in (CheckId.FORWARD, CheckId.INFERENCE) for c in control.must_trip)
+    order = ("forward", "grads") if forward_first or CheckId.GRADS not in control.must_trip else ("grads", "forward")
+    part = next((p for p in order if p in found), None)
+    if part is None:
+        return None
+    named = found[part].get("origin")
+    return {"plants_in": control.plants_in, "named": named, "from": part, "localized": control.planted_at(named)}
+
+
+def note(localization: dict) -> list[str]:
+    """The report's lines for a case's localization: where the forward first differs, the top gradients."""
+    lines = []
+    for part in ("forward", "inference"):
+        found = localization.get(part)
+        if found:
+            lines.append(f"{found.get('pass', part)} pass on {_ranks(found)}: {forward_line(found)}")
+    grads = localization.get("grads")
+    if grads and grads.get("pattern"):
+        origin = f" (origin {grads['origin']}, from the {grads.get('origin_from', 'gradient table')})" \
+            if grads.get("origin") else ""
+        lines.append(f"grads on {_ranks(grads)}: {grads['pattern']}{origin}")
+        lines.extend(f"  {grad_line(e)}" for e in grads["params"][:TOP])
+    if grads and grads.get("error"):
+        lines.append(f"grads: {grads['error']}")
+    return lines
+
+
+#: How many parameters the text report lists (the JSON has all).
+TOP = 10
+
+
+def forward_line(found: dict) -> str:
+    if found.get("error"):
+        return found["error"]
+    first = found.get("first")
+    if not first:
+        return "no module's output differs beyond tolerance on the rerun" + \
+            ("" if found.get("reproduced", True) else " (the rerun did not reproduce the output)")
+    figures = f"max_abs {_num(first['max_abs'])}, max_rel {_num(first['max_rel'])}" \
+        if first.get("max_abs") is not None else first.get("why", "")
+    text = f"first module beyond tolerance: {first['module']} ({figures})"
+    if found.get("origin") and found["origin"] != first["module"]:
+        text += f", arising in {found['origin']} (its inputs agree)"
+    last = found.get("last_agreeing")
+    text += f"; last agreeing: {last['module']}" if last else "; no module agreed before it"
+    skipped = found.get("not_compared") or []
+    return text + (f"; {len(skipped)} not compared (e.g. {skipped[0]['module']}: {skipped[0]['why']})"
+                   if skipped else "")
+
+
+def grad_line(entry: dict) -> str:
+    state = "within" if entry["within"] else "BEYOND"
+    over = f", {entry['over']:.2g}x bound" if entry.get("over") is not None else ""
+    factor = f", {entry['factor']:.4g}x the reference" if entry.get("factor") is not None else ""
+    figures = f"max_abs {_num(entry['max_abs'])}, max_rel {_num(entry['max_rel'])}" \
+        if entry.get("max_abs") is not None else entry.get("why", "")
+    return f"{state:6} {entry['param']} ({figures}{over}{factor})"
+
+
+def _ranks(found: dict) -> str:
+    ranks = found.get("ranks", [])
+    text = "rank " + ",".join(map(str, ranks)) if len(ranks) == 1 else "ranks " + ",".join(map(str, ranks))
+    if found.get("other_ranks"):
+        text += f" (other ranks found otherwise: {', '.join(sorted(found['other_ranks']))})"
+    return text
+
+
+def _num(value) -> str:
+    return "n/a" if value is None else f"{value:.2e}"
