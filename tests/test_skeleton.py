@@ -38,7 +38,7 @@ class _Toy:
 
         class Body:
             def __getattr__(self, name):
-                def step():
+                def step(*args):
                     toy.calls.append(name)
                     if name == toy.raise_in:
                         raise toy.error
