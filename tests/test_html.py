@@ -305,6 +305,15 @@ def test_plots_draw_any_figures(points, atol, rtol):
         assert "http" not in svg
 
 
+@needs_matplotlib
+def test_plots_draw_figures_at_the_ends_of_the_floats():
+    """Found by the property above: an axis a decade past 6e306 is infinite, one below 5e-324 zero."""
+    modules = [{"name": "a", "max_abs": 5e-324, "ok": True}, {"name": "b", "max_abs": 1.7e308, "ok": False}]
+    for atol, rtol in ((None, 5.99e306), (5e-324, None)):
+        assert plots.forward_svg({"modules": modules, "atol": atol, "rtol": rtol}, "f").rstrip().endswith("</svg>")
+        assert plots.grads_svg({"params": modules}, atol, rtol, "g").rstrip().endswith("</svg>")
+
+
 def test_numbers_are_read_defensively():
     assert plots.number(True) is None and plots.number("1e-3") is None and plots.number(None) is None
     assert plots.number(2) == 2.0 and math.isnan(plots.number(float("nan")))

@@ -59,13 +59,16 @@ def forward_svg(forward: dict, prefix: str, title: str = "forward") -> str:
     labels = _text_inches(names, TICK_POINTS)
     fig, ax = _figure(plot_width=max(5.5, min(15.0, 0.16 * len(names) + 1.5)), plot_height=2.6, left=0.8,
                       bottom=labels + 0.15)
+    ax.set_yscale("log")
     xs = list(range(len(names)))
     scale = Scale([m.get("max_abs") for m in modules] + [m.get("max_rel") for m in modules], [atol, rtol])
+    ax.set_ylim(*scale.limits)
+    ax.autoscale(False)  # the limits are the scale's: autoscaling a log axis to 1e60 overflows
     oks = [m.get("ok") for m in modules]
     _series(ax, xs, [m.get("max_abs") for m in modules], oks, scale, "max_abs", "o")
     if any(number(m.get("max_rel")) is not None for m in modules):
         _series(ax, xs, [m.get("max_rel") for m in modules], oks, scale, "max_rel", "x", line=False)
-    _tolerance(ax, atol, rtol, horizontal=True)
+    _tolerance(ax, atol, rtol, scale, horizontal=True)
     first = forward.get("first")
     if first in names:
         ax.axvline(names.index(first), color=BAD_COLOR, linestyle=":", linewidth=1.2,
@@ -74,8 +77,6 @@ def forward_svg(forward: dict, prefix: str, title: str = "forward") -> str:
     if last in names:
         ax.axvline(names.index(last), color=OK_COLOR, linestyle=":", linewidth=1.0, label=f"last agreeing: {last}")
     _labels(ax, names, first)
-    ax.set_yscale("log")
-    ax.set_ylim(*scale.limits)
     scale.ticks(ax.yaxis)
     ax.set_xlim(-0.6, max(len(names) - 0.4, 0.6))
     ax.set_ylabel("error vs one device")
@@ -93,8 +94,12 @@ def grads_svg(grads: dict, atol, rtol, prefix: str, top: int = TOP_PARAMS) -> st
     atol, rtol = number(atol), number(rtol)
     fig, ax = _figure(plot_width=5.0, plot_height=0.22 * len(shown) + 0.3, left=_text_inches(names, 7) + 0.2,
                       bottom=0.55)
+    ax.set_xscale("log")
     ys = list(range(len(shown)))
     scale = Scale([p.get("max_abs") for p in shown] + [p.get("max_rel") for p in shown], [atol, rtol])
+    ax.set_xlim(*scale.limits)
+    ax.set_ylim(len(shown) - 0.5, -0.5)
+    ax.autoscale(False)
     values = [scale.place(p.get("max_abs")) for p in shown]
     left = scale.limits[0]
     ax.barh(ys, [v - left if v is not None else 0 for v in values], left=left,
@@ -104,12 +109,9 @@ def grads_svg(grads: dict, atol, rtol, prefix: str, top: int = TOP_PARAMS) -> st
         ax.scatter([r for r in rel if r is not None], [y for y, r in zip(ys, rel) if r is not None], marker="x",
                    color="#212121", s=14, zorder=3, label="max_rel")
     _marks(ax, [p.get("max_abs") for p in shown], ys, scale, horizontal=False)
-    _tolerance(ax, atol, rtol, horizontal=False)
-    ax.set_xscale("log")
-    ax.set_xlim(*scale.limits)
+    _tolerance(ax, atol, rtol, scale, horizontal=False)
     scale.ticks(ax.xaxis)
     ax.set_yticks(ys, names, fontsize=7)
-    ax.set_ylim(len(shown) - 0.5, -0.5)
     ax.set_xlabel("error vs one device")
     more = f" (worst {len(shown)} of {len(params)})" if len(params) > len(shown) else f" ({len(params)})"
     ax.set_title("gradients: error per parameter" + more, loc="left")
@@ -145,6 +147,8 @@ class Scale:
         finite = [v for v in map(number, list(values) + list(tolerances)) if v is not None and math.isfinite(v)
                   and v > 0]
         self.low, self.high = (min(finite), max(finite)) if finite else (1e-7, 1e-5)
+        # Past 1e+-60 nothing is read off a plot, and log axes near the float limits overflow.
+        self.low, self.high = max(self.low, 1e-60), min(max(self.high, 1e-60), 1e60)
         self.zeros = any(number(v) == 0 for v in values)
         # Half a decade off the decades, so the zero tick never sits on one.
         self.zero, self.over = self.low / 10 ** 1.5, self.high * 10
@@ -174,7 +178,7 @@ class Scale:
             return None
         if not math.isfinite(v):
             return self.over
-        return v if v > 0 else self.zero
+        return min(max(v, self.low), self.over) if v > 0 else self.zero
 
 
 def _null_locator():
@@ -213,8 +217,13 @@ def _marks(ax, values, positions, scale: Scale, horizontal: bool) -> None:
         ax.scatter(xs, ys, marker="^" if horizontal else ">", color=BAD_COLOR, s=40, zorder=4, label="nan or inf")
 
 
-def _tolerance(ax, atol, rtol, horizontal: bool) -> None:
-    line = ax.axhline if horizontal else ax.axvline
+def _tolerance(ax, atol, rtol, scale: Scale, horizontal: bool) -> None:
+    """The tolerance as lines (kept on the axis however far off it is; the label says its value)."""
+    axis_line = ax.axhline if horizontal else ax.axvline
+
+    def line(value, **style):
+        axis_line(min(max(value, scale.low), scale.high), **style)
+
     if atol is not None and math.isfinite(atol) and atol > 0:
         same = rtol is not None and math.isclose(atol, rtol)
         line(atol, color=TOL_COLOR, linestyle="--", linewidth=1.0,
