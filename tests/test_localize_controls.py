@@ -3,7 +3,7 @@ gradients is localized to the place it declares (`Control.plants_in`), and the r
 
 import pytest
 
-from paracheck.adapters import get_control
+from paracheck.domain.registry import get_control
 from tests.support import run_paracheck
 
 

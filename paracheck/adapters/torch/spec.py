@@ -48,7 +48,7 @@ class Spec:
     #: "sum" (torchtitan's: a divide factor of 1, the loss scaled by the global token count instead).
     grad_reduction: str = "mean"
 
-    #: Which adapter runs it (`adapters.fixtures.library_of` reads this).
+    #: Which adapter runs it (`domain.registry.library_of` reads this).
     library = "torch"
 
     def __call__(self) -> "Spec":
