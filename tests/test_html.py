@@ -175,7 +175,8 @@ def test_skips_of_a_missing_plan_group_by_it_as_the_terminal_does(html_run):
     run, _ = html_run
     data = sample(run.report)
     skip = next(c for c in data["cases"] if c["status"] == "skip")
-    more = [dict(skip, model=m, layout=l, reason=f"{m} reworded ({l})", failure={"kind": "skip", "missing_plan": "_tp_plan"})
+    plan = {"kind": "skip", "missing_plan": "_tp_plan"}
+    more = [dict(skip, model=m, layout=l, reason=f"{m} reworded ({l})", failure=plan)
             for m, l in (("wan", "tp2"), ("ltx", "tp2"), ("wan", "tp2xu2"), ("ltx", "tp2xu2"), ("qwen", "tp2"))]
     data["cases"] += more
     page = Page(html.render(data, with_plots=False))
@@ -345,7 +346,8 @@ def _rank_side_names(loc: dict) -> dict:
     modules = [{"module": m["name"], "max_abs": m["max_abs"], "max_rel": m["max_rel"], "within": m["ok"]}
                for m in fwd["modules"]]
     by_name = {m["module"]: m for m in modules}
-    return {"forward": dict(fwd, modules=modules, first=by_name[fwd["first"]], last_agreeing=by_name[fwd["last_agreeing"]],
+    return {"forward": dict(fwd, modules=modules, first=by_name[fwd["first"]],
+                            last_agreeing=by_name[fwd["last_agreeing"]],
                             origin=fwd["first"], not_compared=[{"module": m["name"], "why": m["why"]}
                                                                for m in fwd["not_compared"]]),
             "inference": dict(fwd, modules=modules, first=by_name[fwd["first"]]),

@@ -1,4 +1,4 @@
-"""The command line: `paracheck run`, `paracheck explore`, `paracheck topology`, `paracheck report`. Exit codes are `protocol.Exit`.
+"""The command line: `paracheck run`, `paracheck explore`, `paracheck topology`. Exit codes are `protocol.Exit`.
 
 Parsing, usage errors and `topology` import no torch; `run` imports it only to load `--spec` factories.
 """

@@ -201,7 +201,8 @@ def _row(case: dict, i: int, cols) -> str:
     cells += [f'<td><span class="status s-{_e(status)}">{_e(status)}</span></td>',
               f'<td class="num">{_e(ranks_text(ranks) if ranks else "")}</td>',
               f'<td class="num">{_number(forward.get("max_abs"))}</td>',
-              f'<td class="reason" title="{_e(case.get("reason"))}"><div class="clamp">{_e(case.get("reason"))}</div></td>']
+              f'<td class="reason" title="{_e(case.get("reason"))}">'
+              f'<div class="clamp">{_e(case.get("reason"))}</div></td>']
     data = (f'data-model="{_e(_key(case, "model"))}" data-layout="{_e(_key(case, "layout"))}" '
             f'data-status="{_e(status)}" data-failing="{int(status in FAILING)}"')
     return (f'<tr class="case row-{_e(status)}{" expandable" if opens else ""}" id="{_anchor(case, i)}" {data}>'
@@ -375,17 +376,21 @@ CSS = """
 :root{--bad:#c62828;--good:#2e7d32;--warn:#ef6c00;--known:#6a1b9a;--muted:#616161;--line:#e0e0e0}
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:1.2em 2em;color:#212121}
 h1{font-size:1.4em;margin:0 0 .2em}h2{font-size:1.15em;margin:1.4em 0 .4em}h3{font-size:1em;margin:1em 0 .2em}
-.num,code,pre,td.num{font-family:ui-monospace,"DejaVu Sans Mono",Menlo,Consolas,monospace;font-variant-numeric:tabular-nums}
-code{font-size:.92em;background:#f5f5f5;padding:0 .25em;border-radius:3px}pre{background:#f5f5f5;padding:.6em;overflow:auto}
+.num,code,pre,td.num{font-family:ui-monospace,"DejaVu Sans Mono",Menlo,Consolas,monospace;
+ font-variant-numeric:tabular-nums}
+code{font-size:.92em;background:#f5f5f5;padding:0 .25em;border-radius:3px}
+pre{background:#f5f5f5;padding:.6em;overflow:auto}
 .summary{font-size:1.05em;margin:.3em 0}.meta{color:var(--muted);margin:.2em 0}
 .verdict{font-weight:700;margin-right:.6em}.verdict.bad{color:var(--bad)}.verdict.good{color:var(--good)}
-.badge{border:1px solid var(--line);border-radius:1em;padding:.05em .6em;margin:0 .15em;background:#fafafa;cursor:pointer;font:inherit}
+.badge{border:1px solid var(--line);border-radius:1em;padding:.05em .6em;margin:0 .15em;background:#fafafa;
+ cursor:pointer;font:inherit}
 .badge:hover{background:#eee}
 .s-fail,.s-error,.s-missed{color:var(--bad)}.s-xpass{color:var(--warn)}.s-xfail{color:var(--known)}
 .s-pass,.s-detected{color:var(--good)}.s-skip,.s-inconclusive{color:var(--muted)}
 .status{font-weight:600}tr.row-fail .status,tr.row-error .status,tr.row-missed .status{text-transform:uppercase}
 .filters{margin:.4em 0 .6em;display:flex;gap:1.2em;align-items:center;flex-wrap:wrap}.shown{color:var(--muted)}
-table{border-collapse:collapse}th,td{padding:.2em .6em;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
+table{border-collapse:collapse}
+th,td{padding:.2em .6em;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
 th{background:#fafafa;position:sticky;top:0}td.num{text-align:right;white-space:nowrap}
 td.reason{max-width:52em;overflow-wrap:anywhere;color:#424242}
 table.cases>thead th,table.cases>tbody>tr.case>td:not(.reason){white-space:nowrap}
