@@ -8,6 +8,7 @@ about which rank holds which shard.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass
 
@@ -41,6 +42,84 @@ def degree_parts(text, pattern: re.Pattern, tokens, example: str, error: type) -
             raise error(f"layout {text!r}: degree of {token} must be >= 1, got {degree}")
         parts.append((token, degree))
     return parts
+
+
+class DegreeLayout:
+    """What an adapter's layout of named degrees shares (the transformers and torch grammars): each degree an
+    integer >= 1, parsed from and named by its `tokenN` parts, the kinds it uses, each rank's coordinates.
+
+    A subclass is a frozen dataclass with one int field per token in `TOKENS` and sets `NAMED` (the order a name
+    writes the parts in), `COORDS` (the mesh's dimensions, slowest-varying first: the world is their product),
+    `PART` (a regex of token and degree), `EXAMPLE` and `ERROR` (its layout error)."""
+    TOKENS: tuple = ()
+    NAMED: tuple = ()
+    COORDS: tuple = ()
+    PART: re.Pattern = re.compile("$^")
+    EXAMPLE = ""
+    ERROR: type = ValueError
+    #: The kit's cases and reports read a layout's `order`; such a grammar fixes its own mesh order, so this is
+    #: the kit's default name, which replay commands leave out.
+    order = "cp-fastest"
+
+    def __post_init__(self):
+        for token in self.TOKENS:
+            value = getattr(self, token)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise self.ERROR(f"layout degree {token}={value!r}: every degree must be an integer >= 1")
+
+    @classmethod
+    def parse(cls, text: str, order: str | None = None):
+        """`tp2xfsdp2`-style names, parts in any order, each token at most once; `order` is accepted for the
+        kit's `Layout.parse` signature and ignored."""
+        return cls(**dict(degree_parts(text, cls.PART, cls.NAMED, cls.EXAMPLE, cls.ERROR)))
+
+    @property
+    def name(self) -> str:
+        return "x".join(f"{t}{getattr(self, t)}" for t in self.NAMED if getattr(self, t) > 1) or "single"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def world(self) -> int:
+        return math.prod(getattr(self, t) for t in self.COORDS)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of parallelism this layout uses, as the kit's `Layout.kinds` (a wrong result is named by them)."""
+        return tuple(t for t in self.TOKENS if getattr(self, t) > 1)
+
+    @property
+    def has_tp(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def has_cp(self) -> bool:
+        return self.cp > 1
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """This rank's coordinate on each of `COORDS` (row-major, as `init_device_mesh` lays them out)."""
+        if not 0 <= rank < self.world:
+            raise self.ERROR(f"rank {rank} is outside layout {self.name} of world size {self.world}")
+        out = {}
+        for token in reversed(self.COORDS):
+            out[token] = rank % getattr(self, token)
+            rank //= getattr(self, token)
+        return {t: out[t] for t in self.COORDS}
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def factorizations(n: int, parts: int):
+    """Every ordered tuple of `parts` positive integers whose product is `n`."""
+    if parts == 1:
+        yield (n,)
+        return
+    for d in divisors(n):
+        for rest in factorizations(n // d, parts - 1):
+            yield (d,) + rest
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,10 @@ neighbouring ranks). The mesh has one dimension per token of degree > 1, named b
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
-from paracheck.domain.layout import degree_parts
+from paracheck.domain.layout import DegreeLayout, factorizations
 
 #: Tokens in mesh order, slowest-varying first.
 TOKENS = ("dp", "fsdp", "cp", "tp")
@@ -27,54 +26,20 @@ class TorchLayoutError(ValueError):
 
 
 @dataclass(frozen=True)
-class TorchLayout:
+class TorchLayout(DegreeLayout):
     dp: int = 1
     fsdp: int = 1
     cp: int = 1
     tp: int = 1
 
-    #: The kit's cases and reports read a layout's `order`; this grammar fixes its mesh order (TOKENS), so it is
-    #: the kit's default name, which replay commands leave out.
-    order = "cp-fastest"
-
-    def __post_init__(self):
-        for token in TOKENS:
-            value = getattr(self, token)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise TorchLayoutError(f"layout degree {token}={value!r}: every degree must be an integer >= 1")
-
-    @classmethod
-    def parse(cls, text: str, order: str | None = None) -> "TorchLayout":
-        """`tp2xfsdp2` -> TorchLayout(fsdp=2, tp=2); `order` is accepted for the kit's signature and ignored."""
-        return cls(**dict(degree_parts(text, _PART, NAMED, "tp2xfsdp2", TorchLayoutError)))
-
-    @property
-    def name(self) -> str:
-        return "x".join(f"{t}{getattr(self, t)}" for t in NAMED if getattr(self, t) > 1) or "single"
-
-    def __str__(self) -> str:
-        return self.name
-
-    @property
-    def world(self) -> int:
-        return math.prod(getattr(self, t) for t in TOKENS)
+    TOKENS = COORDS = TOKENS
+    NAMED = NAMED
+    PART, EXAMPLE, ERROR = _PART, "tp2xfsdp2", TorchLayoutError
 
     @property
     def dp_degree(self) -> int:
         """Ranks that see distinct batch shards: dp x fsdp (cp and tp ranks of one batch shard share it)."""
         return self.dp * self.fsdp
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return tuple(t for t in TOKENS if getattr(self, t) > 1)
-
-    @property
-    def has_tp(self) -> bool:
-        return self.tp > 1
-
-    @property
-    def has_cp(self) -> bool:
-        return self.cp > 1
 
     @property
     def mesh_dims(self) -> tuple[str, ...]:
@@ -90,16 +55,6 @@ class TorchLayout:
         """The data-parallel mesh dimensions (what `fully_shard` is given: HSDP's (dp, fsdp), or one of them)."""
         return tuple(t for t in ("dp", "fsdp") if getattr(self, t) > 1)
 
-    def coords(self, rank: int) -> dict[str, int]:
-        """This rank's coordinate on every token (0 on those of degree 1), row-major over TOKENS."""
-        if not 0 <= rank < self.world:
-            raise TorchLayoutError(f"rank {rank} is outside layout {self.name} of world size {self.world}")
-        out = {}
-        for token in reversed(TOKENS):
-            out[token] = rank % getattr(self, token)
-            rank //= getattr(self, token)
-        return {t: out[t] for t in TOKENS}
-
     def dp_index(self, rank: int) -> int:
         """Which of the `dp_degree` batch shards `rank` sees (replica-major, then fsdp)."""
         c = self.coords(rank)
@@ -110,7 +65,7 @@ def layouts_for(world: int) -> list[TorchLayout]:
     """Every layout of `world` ranks, one kind of parallelism first, then by name."""
     if world < 1:
         raise TorchLayoutError(f"--nproc {world}: the world size must be >= 1")
-    found = [TorchLayout(*sizes) for sizes in _factorizations(world, len(TOKENS))]
+    found = [TorchLayout(*sizes) for sizes in factorizations(world, len(TOKENS))]
     found = [layout for layout in found if layout.world > 1]
     return sorted(found, key=lambda l: (len(l.kinds), l.name))
 
@@ -128,14 +83,3 @@ def parse_layouts(text: str, world: int) -> list[TorchLayout]:
         if layout not in layouts:
             layouts.append(layout)
     return layouts
-
-
-def _factorizations(n: int, parts: int):
-    """Every ordered tuple of `parts` positive integers whose product is `n`."""
-    if parts == 1:
-        yield (n,)
-        return
-    for d in range(1, n + 1):
-        if n % d == 0:
-            for rest in _factorizations(n // d, parts - 1):
-                yield (d,) + rest

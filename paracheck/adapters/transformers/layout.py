@@ -10,11 +10,10 @@ dense sizes; `ep` is not a dense size (experts reuse the same ranks on a second 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from dataclasses import dataclass
 
-from paracheck.domain.layout import degree_parts
+from paracheck.domain.layout import DegreeLayout, divisors, factorizations
 
 #: Tokens in the order a canonical name writes them; `ep` last, as it is not part of the dense mesh.
 TOKENS = ("pp", "tp", "dpr", "cp", "fsdp", "ep")
@@ -31,7 +30,7 @@ class TfLayoutError(ValueError):
 
 
 @dataclass(frozen=True)
-class TfLayout:
+class TfLayout(DegreeLayout):
     pp: int = 1
     dpr: int = 1
     fsdp: int = 1
@@ -39,32 +38,9 @@ class TfLayout:
     tp: int = 1
     ep: int = 1
 
-    def __post_init__(self):
-        for token in TOKENS:
-            value = getattr(self, token)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise TfLayoutError(f"layout degree {token}={value!r}: every degree must be an integer >= 1")
-
-    @classmethod
-    def parse(cls, text: str, order: str | None = None) -> "TfLayout":
-        """`tp2xfsdp2` -> TfLayout(fsdp=2, tp=2); parts joined by 'x', each token at most once, in any order.
-        `order` is accepted for the kit's `Layout.parse` signature and ignored (transformers fixes its mesh order)."""
-        return cls(**dict(degree_parts(text, _PART, TOKENS, "tp2xfsdp2", TfLayoutError)))
-
-    @property
-    def name(self) -> str:
-        return "x".join(f"{t}{getattr(self, t)}" for t in TOKENS if getattr(self, t) > 1) or "single"
-
-    def __str__(self) -> str:
-        return self.name
-
-    #: The kit's cases and reports read a layout's `order`; transformers fixes its own mesh order, so this
-    #: is the kit's default name, which replay commands leave out.
-    order = "cp-fastest"
-
-    @property
-    def world(self) -> int:
-        return math.prod(getattr(self, t) for t in DENSE)
+    TOKENS = NAMED = TOKENS
+    COORDS = DENSE
+    PART, EXAMPLE, ERROR = _PART, "tp2xfsdp2", TfLayoutError
 
     @property
     def dp(self) -> int:
@@ -76,33 +52,9 @@ class TfLayout:
         """The experts' FSDP degree: fsdp x tp / ep (transformers' `efsdp_size`)."""
         return self.fsdp * self.tp // self.ep
 
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        """The kinds of parallelism this layout uses, as the kit's `Layout.kinds` (a wrong result is named by them)."""
-        return tuple(t for t in TOKENS if getattr(self, t) > 1)
-
-    @property
-    def has_tp(self) -> bool:
-        return self.tp > 1
-
-    @property
-    def has_cp(self) -> bool:
-        return self.cp > 1
-
     def config_kwargs(self) -> dict:
         """The `DistributedConfig(**kwargs)` for this layout: every size > 1, by transformers' field name."""
         return {FIELDS[t]: getattr(self, t) for t in TOKENS if getattr(self, t) > 1}
-
-    def coords(self, rank: int) -> dict[str, int]:
-        """This rank's coordinate on each dense dimension (row-major over pp, dpr, fsdp, cp, tp, as
-        `init_device_mesh` lays them out)."""
-        if not 0 <= rank < self.world:
-            raise TfLayoutError(f"rank {rank} is outside layout {self.name} of world size {self.world}")
-        out = {}
-        for token in reversed(DENSE):
-            out[token] = rank % getattr(self, token)
-            rank //= getattr(self, token)
-        return {t: out[t] for t in DENSE}
 
     def dp_index(self, rank: int) -> int:
         """Which of the `dp` distinct batch shards `rank` sees (replica-major, then fsdp)."""
@@ -138,9 +90,9 @@ def layouts_for(world: int, moe: bool = False, cp_field: bool = False, pp: bool 
         raise TfLayoutError(f"--nproc {world}: the world size must be >= 1")
     dims = [t for t in DENSE if (t != "cp" or cp_field) and (t != "pp" or pp)]
     found = []
-    for sizes in _factorizations(world, len(dims)):
+    for sizes in factorizations(world, len(dims)):
         dense = dict(zip(dims, sizes))
-        for ep in (_divisors(world) if moe else (1,)):
+        for ep in (divisors(world) if moe else (1,)):
             layout = TfLayout(ep=ep, **dense)
             if layout.world > 1 and not refusals(layout, moe, cp_field):
                 found.append(layout)
@@ -188,17 +140,3 @@ def _installed_config_fields() -> set[str]:
     classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DistributedConfig"]
     return {n.target.id for c in classes for n in c.body
             if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _factorizations(n: int, parts: int):
-    """Every ordered tuple of `parts` positive integers whose product is `n`."""
-    if parts == 1:
-        yield (n,)
-        return
-    for d in _divisors(n):
-        for rest in _factorizations(n // d, parts - 1):
-            yield (d,) + rest
