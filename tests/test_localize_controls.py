@@ -115,7 +115,7 @@ def test_a_rounding_disagreement_is_judged_against_fp64():
     """At half the tolerance, LTX's r2 gradients of proj_in/proj_out disagree with the single-device ones beyond
     the elementwise bound (long cancelling sums); against fp64 they are no worse than the single device's own,
     so parity.grads passes and says why. The same config's controls stay detected (the grads controls too)."""
-    from paracheck import testing
+    from paracheck.pytest import mixin
     from paracheck.domain.backends import resolve
     from paracheck.domain.records import CheckId, Status
 
@@ -125,7 +125,7 @@ def test_a_rounding_disagreement_is_judged_against_fp64():
         paracheck_layouts = ("r2",)
         paracheck_atol = paracheck_rtol = 5e-6
 
-    results = testing._results(TightLtx(), resolve("auto"), 2)
+    results = mixin._results(TightLtx(), resolve("auto"), 2)
     verdict, _ = results[("r2", "base", None)]
     grads = verdict.check(CheckId.GRADS)
     assert grads.status == Status.PASS, grads.detail

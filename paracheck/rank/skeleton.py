@@ -45,7 +45,7 @@ def run_case(case, backend, site) -> RankResult:
         if case.dtype not in adapter.dtypes:
             raise Refused(f"--dtype {case.dtype}: the {case.library} adapter runs {', '.join(adapter.dtypes)} only")
         with adapter.case_body(ctx) as body:
-            _passes(body, ctx)
+            _passes(body, ctx, raised)
         _settle_raised(result, raised, case)
     except Refused as exc:
         result.status, result.reason, result.failure = exc.status, str(exc), exc.failure
@@ -64,7 +64,7 @@ def run_case(case, backend, site) -> RankResult:
     return result
 
 
-def _passes(body, ctx: CaseContext) -> None:
+def _passes(body, ctx: CaseContext, raised: list) -> None:
     """The order every adapter's case runs in (see `domain.adapter`)."""
     result, phase = ctx.result, ctx.phase
     with phase("reference"):
@@ -85,7 +85,9 @@ def _passes(body, ctx: CaseContext) -> None:
             body.backward()
     with phase("checks"):
         checks += body.grads_checks()
-    if hasattr(body, "localize"):  # on every rank, which decide alike whether a failing pass is rerun with hooks
+    # On every rank, which decide alike whether a failing pass is rerun with hooks; a rank whose pass raised does not
+    # join (its peers may be inside another collective of that pass, and the fail-fast rule ends the world).
+    if hasattr(body, "localize") and not raised:
         with phase("localize"):
             body.localize(checks)
     result.checks = checks

@@ -189,6 +189,7 @@ def run_sweep(args, backend, entries) -> int:
     from paracheck.launch.launcher import Launcher
     from paracheck.results.finish import finish
     from paracheck.results.progress import Progress
+    from paracheck.results.verdict import judge
     from paracheck.results.report import run_meta
 
     world = args.nproc or 4
@@ -227,7 +228,9 @@ def run_sweep(args, backend, entries) -> int:
             results = [by_index[i] if i in by_index else _refusal(i, refused[i]) for i in range(len(cases))]
         meta = run_meta(backend, world, outcome)
         meta["sweep"] = {"models": args.models, "shard": args.shard, "families": len(needed)}
-        return finish(args, cases, results, outcome.events if outcome else [], entries, meta, time.time() - started,
+        # The refused cases never reach a rank, so every case is judged here, once, by the one pipeline.
+        verdicts = judge(cases, results, entries)
+        return finish(args, verdicts, outcome.events if outcome else [], meta, time.time() - started,
                       f", {len(needed)} families built")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
