@@ -2,8 +2,8 @@
 
 Entered through `launch.rankstart` (forked from the launcher's prepared parent, or spawned fresh), through
 `paracheck run` under torchrun (`paracheck.rank.torchrun`), or through `workers/spec_worker.py`. All three
-share `join` (the rank setup) and `plan_and_run`, which hands each case to its library's adapter
-(`adapters.rank_entry`): this loop knows no library. See `launch.protocol` for how ranks and launcher talk.
+share `join` (the rank setup) and `plan_and_run`, which runs each case through the one skeleton
+(`rank.skeleton`) and its library's adapter: this loop knows no library. See `launch.protocol` for how ranks and launcher talk.
 """
 
 from __future__ import annotations
