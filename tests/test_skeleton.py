@@ -155,3 +155,12 @@ def test_an_adapter_outside_paracheck_is_found_by_its_entry_point(tmp_path, monk
     finally:
         monkeypatch.undo()
         registry.adapters.cache_clear()
+
+
+def test_a_spec_that_is_no_callable_is_still_claimed_by_its_adapter(tmp_path):
+    """A torch spec may be any object with build/parallelize/inputs (docs/torch.md), a namespace included: the
+    registry loads it as an object, and only a factory must be callable."""
+    path = tmp_path / "namespace_spec.py"
+    path.write_text("import types\nspec = types.SimpleNamespace(build=lambda: None, parallelize=lambda m, mesh, l: m,"
+                    " inputs=lambda layout, variant: {})\n")
+    assert registry.library_of(f"{path}:spec") == "torch"

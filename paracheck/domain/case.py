@@ -101,11 +101,12 @@ def options_text(cp_options) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(cp_options))
 
 
-def load_factory(path: str):
-    """Import `module:function`; a module may also be a file path (`tests/my_spec.py:make`)."""
-    module_name, sep, function = path.rpartition(":")
-    if not sep or not module_name or not function:
-        raise SpecError(f"--spec {path!r}: write MODULE:FUNCTION, e.g. my_tests.specs:make_flux")
+def load_object(path: str, example: str = "my_tests.specs:make_flux"):
+    """The object `module:name` names; a module may also be a file path (`tests/my_spec.py:make`). SpecError
+    names what failed."""
+    module_name, sep, name = path.rpartition(":")
+    if not sep or not module_name or not name:
+        raise SpecError(f"--spec {path!r}: write MODULE:FUNCTION (or MODULE:NAME of a spec object), e.g. {example}")
     try:
         if module_name.endswith(".py") or os.sep in module_name:
             module = _import_file(module_name)
@@ -117,9 +118,16 @@ def load_factory(path: str):
         raise
     except Exception as exc:  # the user's module may raise anything while importing
         raise SpecError(f"--spec {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
-    factory = getattr(module, function, None)
+    if not hasattr(module, name):
+        raise SpecError(f"--spec {path!r}: {module_name!r} has no callable {name!r} (nor any object of that name)")
+    return getattr(module, name)
+
+
+def load_factory(path: str):
+    """Import `module:function` and check it can be called (`load_object`)."""
+    factory = load_object(path)
     if not callable(factory):
-        raise SpecError(f"--spec {path!r}: {module_name!r} has no callable {function!r}")
+        raise SpecError(f"--spec {path!r}: {path.rpartition(':')[0]!r} has no callable {path.rpartition(':')[2]!r}")
     return factory
 
 

@@ -70,12 +70,12 @@ def fixtures() -> dict[str, tuple[str, str]]:
 def library_of(factory: str) -> str:
     """Whose model `factory` builds: a bundled fixture's adapter; else the `library` a spec names; else the one
     adapter that claims the spec. SpecError when none or several do."""
-    from paracheck.domain.case import SpecError, load_factory
+    from paracheck.domain.case import SpecError, load_object
 
     for library, path in fixtures().values():
         if path == factory:
             return library
-    loaded = load_factory(factory)
+    loaded = load_object(factory)
     named = getattr(loaded, "library", None)
     if named is not None:
         if named not in adapters():

@@ -19,14 +19,11 @@ rank starts, and every error is one line naming the spec, what is wrong and the 
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from dataclasses import dataclass
 from typing import Callable
 
 from paracheck.adapters.torch.layout import TorchLayout, TorchLayoutError
-from paracheck.domain.case import SpecError
+from paracheck.domain.case import SpecError, load_object
 
 #: The functions a spec must have, with the signature each error names.
 REQUIRED = {"build": "build()", "parallelize": "parallelize(model, mesh, layout)", "inputs": "inputs(layout, variant)"}
@@ -57,41 +54,7 @@ class Spec:
 
 def load(path: str):
     """The object `path` (`module:attribute`, the module possibly a file path) names; SpecError names what failed."""
-    module_name, sep, attribute = path.rpartition(":")
-    if not sep or not module_name or not attribute:
-        raise SpecError(f"--spec {path!r}: write MODULE:ATTRIBUTE, e.g. examples/llama_tp_fsdp.py:spec")
-    try:
-        if module_name.endswith(".py") or os.sep in module_name:
-            module = _import_file(module_name)
-        else:
-            if os.getcwd() not in sys.path:
-                sys.path.insert(0, os.getcwd())
-            module = importlib.import_module(module_name)
-    except SpecError:
-        raise
-    except Exception as exc:  # the user's module may raise anything while importing
-        raise SpecError(f"--spec {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
-    if not hasattr(module, attribute):
-        raise SpecError(f"--spec {path!r}: {module_name!r} has no {attribute!r}")
-    return getattr(module, attribute)
-
-
-def _import_file(path: str):
-    """The module at `path`, run once per process (under the name `domain.case` gives a factory's file, so a
-    file that is both a factory and a spec is one module)."""
-    import importlib.util
-
-    if not os.path.exists(path):
-        raise SpecError(f"--spec: file {path!r} does not exist")
-    name = "paracheck_spec_" + os.path.splitext(os.path.basename(path))[0]
-    module = sys.modules.get(name)
-    if module is not None and os.path.abspath(getattr(module, "__file__", "") or "") == os.path.abspath(path):
-        return module
-    loader = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(loader)
-    sys.modules[name] = module
-    loader.loader.exec_module(module)
-    return module
+    return load_object(path, "examples/llama_tp_fsdp.py:spec")
 
 
 def claims(obj) -> bool:
