@@ -660,3 +660,26 @@ def _names(params: list[str], limit: int = 3) -> str:
     folded = list(dict.fromkeys(re.sub(r"\.\d+\.", ".*.", p) for p in params))
     more = f" (+{len(folded) - limit} more)" if len(folded) > limit else ""
     return ", ".join(folded[:limit]) + more
+
+
+def local_share(tensor):
+    """This rank's share of a DTensor, put together later by the layout's groups (a packed projection's shards are
+    laid out block by block, which `full_tensor()` would concatenate in the wrong order); a pending reduction
+    (Partial) is reduced here. A plain tensor as is."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(tensor, DTensor):
+        return tensor
+    if any(p.is_partial() for p in tensor.placements):
+        return tensor.full_tensor()
+    return tensor.to_local()
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's `obj`, in rank order (how a trace's shapes are exchanged)."""
+    import torch.distributed as dist
+
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+

@@ -8,6 +8,13 @@ import torch.distributed as dist
 from paracheck.domain.layout import tp_shard
 
 
+def full(tensor):
+    """A DTensor gathered whole (differentiably); a plain tensor, or None (a pipeline stage's missing output), as is."""
+    if tensor is None:
+        return None
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 def local_slice(full: torch.Tensor, spec, index: int, tp: int) -> torch.Tensor:
     """Shard `index` of `tp` of a planned parameter: each block of `spec.dim` is split on its own."""
     if spec.dim is None:

@@ -71,3 +71,8 @@ class Control:
         reason = f"planted {self.name}; tripped {', '.join(c.value for c in self.must_trip)}"
         extra = self.note(failing) if self.note else ""
         return CaseStatus.DETECTED, reason + (f" ({extra})" if extra else "")
+
+
+def applicable_to(controls: dict, layout) -> list[str]:
+    """The names of `controls` that can be planted on `layout` (by some route): the rule every adapter shares."""
+    return [name for name, control in controls.items() if control.applies(layout) is None]

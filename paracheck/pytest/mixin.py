@@ -16,7 +16,9 @@ import tempfile
 
 import pytest
 
+from paracheck.domain import registry
 from paracheck.domain.backends import missing_devices, resolve
+from paracheck.domain.control import applicable_to
 from paracheck.domain.records import CheckId
 
 STRUCTURE_IDS = tuple(c for c in CheckId if c.structural)
@@ -40,18 +42,22 @@ class ParallelTesterMixin:
     #: The structure checks a case of this mixin runs (its structure test reads these).
     paracheck_structure_ids = STRUCTURE_IDS
 
-    # What differs between the libraries' mixins: layouts, controls, and the cases one launch runs.
+    #: The adapter whose grammar reads the layouts and whose controls apply (each adapter's mixin sets it).
+    paracheck_library: str = ""
+
+    # What differs between the libraries' mixins: the cases one launch runs; layouts where the defaults (the named
+    # ones, read by the library's grammar) do not fit.
     @classmethod
     def _paracheck_layouts(cls) -> list:
-        raise NotImplementedError
+        return [cls._paracheck_layout(name) for name in cls.paracheck_layouts]
 
     @classmethod
     def _paracheck_layout(cls, name: str):
-        raise NotImplementedError
+        return registry.parse_layout(cls.paracheck_library, name)
 
     @classmethod
     def _paracheck_applicable(cls, layout) -> list[str]:
-        raise NotImplementedError
+        return applicable_to(registry.controls(cls.paracheck_library), layout)
 
     @classmethod
     def _paracheck_refusal(cls, layout) -> str | None:

@@ -9,7 +9,7 @@ its `Control` entry (`control.py` says what one is); no other module names one. 
 from __future__ import annotations
 
 from paracheck.adapters.diffusers import library
-from paracheck.domain.control import Control
+from paracheck.domain.control import Control, applicable_to
 from paracheck.domain.layout import Layout
 from paracheck.domain.records import CheckId, Route
 
@@ -166,6 +166,6 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
 
 def applicable(layout: Layout) -> list[str]:
     """The controls that can be planted on `layout` (by some route)."""
-    return [name for name, control in CONTROLS.items() if control.applies(layout) is None]
+    return applicable_to(CONTROLS, layout)
 
 

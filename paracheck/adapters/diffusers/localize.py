@@ -75,11 +75,11 @@ def _reference_calls(model, inputs: dict) -> list:
 
 def forward(ctx, inputs: dict, ref_calls: list, grad: bool) -> dict:
     """One pass rerun on the parallel model with hooks, its trace gathered and compared (collective)."""
-    with torch.set_grad_enabled(grad), localize.Recorder(ctx.model, local=_local) as recorder:
+    with torch.set_grad_enabled(grad), localize.Recorder(ctx.model, local=localize.local_share) as recorder:
         out = reference.forward(ctx.model, inputs)
     before = ctx.out if grad else ctx.inference_out
     found = localize.forward_localization(recorder.calls, ref_calls, groups(ctx, ref_calls), whole(ctx.model),
-                                          ctx.atol, ctx.rtol, _all_gather_object, dist.get_rank())
+                                          ctx.atol, ctx.rtol, localize.all_gather_object, dist.get_rank())
     found["pass"] = "training" if grad else "no_grad"
     found["reproduced"] = before is not None and bool(torch.equal(out.detach(), before.detach()))
     return found
@@ -90,11 +90,11 @@ def backward(ctx, inputs: dict) -> dict:
     and passed-on gradients, in backward order, gathered and compared like a forward trace. Both models'
     parameter gradients are put back as they were (the reference is kept for the next case)."""
     ref_calls, _ = _backward_calls(ctx.reference, inputs, ctx.weights, local=None)
-    calls, _ = _backward_calls(ctx.model, inputs, ctx.weights, local=_local)
+    calls, _ = _backward_calls(ctx.model, inputs, ctx.weights, local=localize.local_share)
     with torch.no_grad(), localize.Recorder(ctx.reference) as forward_calls:
         reference.forward(ctx.reference, inputs)  # the forward's shapes tell the joint sequences apart
     found = localize.forward_localization(calls, ref_calls, groups(ctx, forward_calls.calls), set(), ctx.atol,
-                                          ctx.rtol, _all_gather_object, dist.get_rank(), partial=True)
+                                          ctx.rtol, localize.all_gather_object, dist.get_rank(), partial=True)
     found["pass"] = "backward"
     return found
 
@@ -115,25 +115,6 @@ def _backward_calls(model, inputs: dict, weights, local) -> tuple[list, bool]:
         for name, param in model.named_parameters():
             param.grad = saved[name]
     return recorder.calls, True
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's share of a DTensor, put together later by the layout's groups (a packed projection's
-    shards are laid out block by block, which `full_tensor()` would concatenate in the wrong order); a
-    pending reduction (Partial) is reduced here."""
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(tensor, DTensor):
-        return tensor
-    if any(p.is_partial() for p in tensor.placements):
-        return tensor.full_tensor()
-    return tensor.to_local()
-
-
-def _all_gather_object(obj) -> list:
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
 
 
 def groups(ctx, ref_calls: list) -> list[localize.Group]:

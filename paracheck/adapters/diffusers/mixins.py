@@ -17,9 +17,8 @@ import os
 
 import pytest
 
-from paracheck.adapters.diffusers.cases import expand
+from paracheck.adapters.diffusers.cases import LIBRARY, expand
 from paracheck.adapters.diffusers.controls import applicable
-from paracheck.domain.layout import Layout
 from paracheck.pytest.mixin import ParallelTesterMixin
 
 
@@ -29,18 +28,7 @@ class DiffusersTesterMixin(ParallelTesterMixin):
     paracheck_variants: tuple[str, ...] = ("base",)
     #: "auto" or a diffusers attention backend name (see `paracheck.adapters.diffusers.attention.choose`).
     paracheck_attention_backend: str = "auto"
-
-    @classmethod
-    def _paracheck_layouts(cls) -> list:
-        return [Layout.parse(name) for name in cls.paracheck_layouts]
-
-    @classmethod
-    def _paracheck_layout(cls, name: str):
-        return Layout.parse(name)
-
-    @classmethod
-    def _paracheck_applicable(cls, layout) -> list[str]:
-        return applicable(layout)
+    paracheck_library = LIBRARY
 
     def _paracheck_cases(self, layouts, folder: str) -> list:
         """This class's cases on `layouts`, their models and inputs written under `folder` for the ranks."""

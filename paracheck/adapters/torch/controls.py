@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 from paracheck.domain.adapter import Refused
-from paracheck.domain.control import Control
+from paracheck.domain.control import Control, applicable_to
 from paracheck.domain.records import CheckId
 
 
@@ -98,4 +98,4 @@ PLANTS: dict[str, Callable] = {c.name: p for c, p in _ENTRIES}
 
 
 def applicable(layout) -> list[str]:
-    return [name for name, control in CONTROLS.items() if control.applies(layout) is None]
+    return applicable_to(CONTROLS, layout)

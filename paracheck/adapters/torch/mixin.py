@@ -24,8 +24,7 @@ import inspect
 
 import pytest
 
-from paracheck.adapters.torch.controls import applicable
-from paracheck.adapters.torch.layout import TorchLayout
+from paracheck.adapters.torch import LIBRARY
 from paracheck.domain.records import CheckId
 from paracheck.pytest.mixin import ParallelTesterMixin
 
@@ -36,6 +35,7 @@ class TorchParallelTesterMixin(ParallelTesterMixin):
     paracheck_layouts: tuple[str, ...] | None = None
     paracheck_world: int = 4
     paracheck_structure_ids = (CheckId.MESH, CheckId.TP_SHARDS)
+    paracheck_library = LIBRARY
 
     @classmethod
     def _paracheck_spec_path(cls) -> str:
@@ -44,21 +44,13 @@ class TorchParallelTesterMixin(ParallelTesterMixin):
     @classmethod
     def _paracheck_layouts(cls) -> list:
         if cls.paracheck_layouts is not None:
-            return [TorchLayout.parse(name) for name in cls.paracheck_layouts]
+            return super()._paracheck_layouts()
         from paracheck.adapters.torch import spec as specs
         from paracheck.adapters.torch.cases import layouts_of
         from paracheck.domain.adapter import CaseRequest
 
         path = cls._paracheck_spec_path()
         return layouts_of(path, specs.loaded(path), CaseRequest([], nproc=cls.paracheck_world))
-
-    @classmethod
-    def _paracheck_layout(cls, name: str):
-        return TorchLayout.parse(name)
-
-    @classmethod
-    def _paracheck_applicable(cls, layout) -> list[str]:
-        return applicable(layout)
 
     def _paracheck_cases(self, layouts, folder: str) -> list:
         from paracheck.adapters.torch.cases import expand

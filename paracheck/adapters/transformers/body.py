@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.checks.compare import compare
+from paracheck.checks.shards import full
 from paracheck.checks.traits import input_traits
 from paracheck.domain.adapter import CaseContext, Refused
 from paracheck.domain.records import CheckId, CheckResult, Route, Status
@@ -95,7 +96,7 @@ class _Body:
     def inference(self) -> None:
         self.mine = inputs.share(self.batch, self.layout.dp_index(self.rank), self.layout.dp)
         with torch.no_grad():
-            self.infer = _full(self.model(**_model_inputs(self.mine), use_cache=False).logits)
+            self.infer = full(self.model(**_model_inputs(self.mine), use_cache=False).logits)
 
     def training(self) -> None:
         # The optimizer's way (set_to_none), not model.zero_grad(): FSDP2 groups kept unsharded after a no_grad
@@ -110,7 +111,7 @@ class _Body:
         ref_infer = inputs.share({"x": expected["infer"]}, dp_index, layout.dp)["x"]
         ref_logits = inputs.share({"x": expected["logits"]}, dp_index, layout.dp)["x"]
         checks = [_logits(CheckId.INFERENCE, self.infer, ref_infer, layout, tol, "no_grad logits"),
-                  _logits(CheckId.FORWARD, _full(self.out.logits), ref_logits, layout, tol, "logits")]
+                  _logits(CheckId.FORWARD, full(self.out.logits), ref_logits, layout, tol, "logits")]
         if self.out.loss is None:
             # A failure, declared in known_failures.toml for pipeline layouts: labels were given, no loss came back.
             return checks + [CheckResult(CheckId.LOSS, Status.FAIL,
@@ -204,10 +205,3 @@ def _logits(check_id, actual, expected, layout, tol, what) -> CheckResult:
     if actual is None:
         return CheckResult(check_id, Status.SKIP, f"pp_size={layout.pp}: this stage returns no {what}")
     return compare(check_id, actual, expected, tol.atol, tol.rtol, what)
-
-
-def _full(tensor):
-    """A DTensor gathered whole; a plain tensor as is (a pipeline stage before the last may give None)."""
-    if tensor is None:
-        return None
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from paracheck.domain.control import Control
+from paracheck.domain.control import Control, applicable_to
 from paracheck.domain.records import CheckId
 
 
@@ -135,4 +135,4 @@ NO_PLANT = Plant()
 
 
 def applicable(layout) -> list[str]:
-    return [name for name, control in CONTROLS.items() if control.applies(layout) is None]
+    return applicable_to(CONTROLS, layout)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from paracheck.checks import localize
 from paracheck.checks.grads import compare_grads
+from paracheck.checks.shards import full
 from paracheck.domain.records import CheckId, CheckResult, Status
 from paracheck.world import meshes
 
@@ -28,14 +29,8 @@ def grads(model, ref_grads: dict, atol, rtol, layout) -> CheckResult:
     """Every parameter's gradient, gathered where sharded, against the single-process one (`checks.grads`)."""
     degrees = {"tp": layout.tp, "dp": layout.dp, "fsdp": layout.fsdp, "dpr": layout.dpr, "ep": layout.ep,
                "world": layout.world}
-    return compare_grads(((name, _full(p.grad), ref_grads.get(name)) for name, p in model.named_parameters()),
+    return compare_grads(((name, full(p.grad), ref_grads.get(name)) for name, p in model.named_parameters()),
                          atol, rtol, degrees)
-
-
-def _full(tensor):
-    if tensor is None:
-        return None
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def after_checks(model, ref, mine: dict, layout, checks: list, result, atol, rtol) -> None:
@@ -62,10 +57,10 @@ def after_checks(model, ref, mine: dict, layout, checks: list, result, atol, rto
 
 
 def forward(model, inputs: dict, ref_calls: list, layout, atol, rtol, grad: bool) -> dict:
-    with torch.set_grad_enabled(grad), localize.Recorder(model, local=_local) as recorder:
+    with torch.set_grad_enabled(grad), localize.Recorder(model, local=localize.local_share) as recorder:
         model(**inputs, use_cache=False)
     found = localize.forward_localization(recorder.calls, ref_calls, groups(layout), {"<root>"}, atol, rtol,
-                                          _all_gather_object, dist.get_rank())
+                                          localize.all_gather_object, dist.get_rank())
     found["pass"] = "training" if grad else "no_grad"
     return found
 
@@ -83,19 +78,3 @@ def groups(layout) -> list[localize.Group]:
     world = meshes.for_world()
     group = world.world if len(mine) == layout.world else world.groups.get(mine)
     return [localize.Group("tp", tuple(tuple(sorted(g)) for g in partition.values()), group, TP_DIMS)]
-
-
-def _local(tensor):
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(tensor, DTensor):
-        return tensor
-    if any(p.is_partial() for p in tensor.placements):
-        return tensor.full_tensor()
-    return tensor.to_local()
-
-
-def _all_gather_object(obj) -> list:
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out

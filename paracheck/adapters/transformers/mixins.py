@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from paracheck.adapters.transformers.controls import applicable
-from paracheck.adapters.transformers.layout import TfLayout
+from paracheck.adapters.transformers import LIBRARY
 from paracheck.domain.records import CheckId
 from paracheck.pytest.mixin import ParallelTesterMixin, expect
 
@@ -25,6 +24,7 @@ class CausalLMParallelTesterMixin(ParallelTesterMixin):
     paracheck_world: int = 4
     model_class = None
     paracheck_structure_ids = (CheckId.MESH, CheckId.TP_SHARDS)
+    paracheck_library = LIBRARY
 
     @classmethod
     def _paracheck_layouts(cls) -> list:
@@ -32,15 +32,7 @@ class CausalLMParallelTesterMixin(ParallelTesterMixin):
 
         if cls.paracheck_layouts is None:
             return plan_layouts(cls().get_config(), cls.paracheck_world)
-        return [TfLayout.parse(name) for name in cls.paracheck_layouts]
-
-    @classmethod
-    def _paracheck_layout(cls, name: str):
-        return TfLayout.parse(name)
-
-    @classmethod
-    def _paracheck_applicable(cls, layout) -> list[str]:
-        return applicable(layout)
+        return super()._paracheck_layouts()
 
     @classmethod
     def _paracheck_refusal(cls, layout) -> str | None:
