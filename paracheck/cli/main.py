@@ -21,7 +21,7 @@ from paracheck.cli.common import (UsageError, add_after_hang, add_order, add_tim
 from paracheck.results.report import run_meta
 from paracheck.domain.layout import LayoutError, layouts_for, parse_layouts
 from paracheck.launch.protocol import Exit
-from paracheck.cli.tiers import add_all, choose as choose_tier
+from paracheck.cli.tiers import add_all, add_training, choose as choose_tier
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,6 +64,7 @@ def parser() -> argparse.ArgumentParser:
     add_timeout(run)
     add_after_hang(run)
     add_all(run)
+    add_training(run)
     run.add_argument("--quiet", action="store_true", help="no per-case lines: only the table and the summary")
     from paracheck.cli.explore import add_parser
 

@@ -10,10 +10,43 @@ def add_all(parser) -> None:
                         "(model, variant) and (layout kind, variant) pair and every declared known failure met once)")
 
 
+def add_training(parser) -> None:
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimizer steps parity.steps takes "
+                        f"(default {DEFAULT_STEPS}; 0: no parity.steps); the default tier takes them on one layout of "
+                        "each kind of parallelism per library, --all on every layout")
+    parser.add_argument("--no-checkpoint", action="store_true", help="skip checkpoint.roundtrip")
+
+
+#: parity.steps' optimizer steps by default (the contract's N).
+DEFAULT_STEPS = 3
+
+
 def choose(args, cases: list) -> list:
-    """`cases` as built (the full matrix), or their quick tier."""
-    if getattr(args, "all", False) or args.variants is not None:
-        return cases
+    """`cases` as built (the full matrix), or their quick tier; then parity.steps and checkpoint.roundtrip turned on
+    where the tier takes them (`domain.tier.with_training`)."""
+    from paracheck.domain.tier import with_training
+
+    everything = getattr(args, "all", False) or args.variants is not None
+    steps = getattr(args, "steps", DEFAULT_STEPS)
+    if steps < 0:
+        from paracheck.cli.common import UsageError
+
+        raise UsageError(f"--steps {steps}: a number of optimizer steps, 0 or more")
+    checkpoint = not getattr(args, "no_checkpoint", False)
+    return with_training(cases if everything else _quick(args, cases), steps, checkpoint, everything,
+                         needs=_needs_training, runs=runs)
+
+
+def _needs_training(case) -> bool:
+    """A control whose bug only steps or a save show (it must trip parity.steps or checkpoint.roundtrip)."""
+    from paracheck.domain import registry
+    from paracheck.domain.records import CheckId
+
+    control = registry.controls(case.library).get(case.control)
+    return bool(control) and bool({CheckId.STEPS, CheckId.CHECKPOINT} & set(control.must_trip))
+
+
+def _quick(args, cases: list) -> list:
     from paracheck.domain.tier import quick
     from paracheck.results import known
 

@@ -19,6 +19,10 @@ adapter's `CaseBody` supplies the passes, in this order:
     grads_checks() -> every gradient against the reference
     localize(checks) -> optional: where a parity check failed on any rank, rerun that pass with hooks and attach
                         the localization to the failing checks (every rank takes part; they decide alike)
+    steps()      -> optional, where `case.steps` > 0: `parity.steps`, that many optimizer steps on the parallel
+                    model and on a fresh reference, through the library's own trainer where it has one
+    checkpoint() -> optional, where `case.checkpoint`: `checkpoint.roundtrip`, saves and loads of the
+                    parallel model (each in a directory of its own under the case's workdir, removed after)
 """
 
 from __future__ import annotations

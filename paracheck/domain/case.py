@@ -52,6 +52,10 @@ class Case:
     rtol: float | None = None
     #: Whose model this is: an adapter's name (`domain.registry`), whose grammar reads `layout`. Required.
     library: str = ""
+    #: Optimizer steps `parity.steps` takes after the backward (0: none); `checkpoint.roundtrip` runs when set.
+    #: The host turns them on (`domain.tier.with_training`); a body skips what its model cannot do, by name.
+    steps: int = 0
+    checkpoint: bool = False
 
     def __post_init__(self):
         if not self.library:

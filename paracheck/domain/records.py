@@ -24,6 +24,10 @@ class CheckId(str, enum.Enum):
     INFERENCE = "parity.inference"
     GRADS = "parity.grads"
     LOSS = "parity.loss"
+    #: N optimizer steps: the loss and every gathered parameter after each step.
+    STEPS = "parity.steps"
+    #: Save and load: gathered save_pretrained, a sharded save to the same layout and another one, resume.
+    CHECKPOINT = "checkpoint.roundtrip"
     #: A backend's rules on the process groups the library built; judged by `topology --simulate` only.
     BACKEND_GROUPS = "backend.groups"
 
@@ -44,6 +48,7 @@ class CheckId(str, enum.Enum):
 _SHORT = {CheckId.MESH: "mesh", CheckId.CP_HOOKS: "hooks", CheckId.PROCESSOR_CONFIG: "procs",
           CheckId.TP_SHARDS: "shards", CheckId.COLLECTIVES: "colls", CheckId.FORWARD: "fwd", CheckId.INFERENCE: "infer",
           CheckId.GRADS: "grads", CheckId.LOSS: "loss",
+          CheckId.STEPS: "steps", CheckId.CHECKPOINT: "ckpt",
           CheckId.BACKEND_GROUPS: "groups"}
 
 

@@ -101,3 +101,57 @@ def _controls(cases: list, chosen: set[int]) -> set[int]:
             picked.add(i)
             named.add(c.control)
     return picked
+
+
+def layout_parts(name: str) -> frozenset[str]:
+    """The kinds of parallelism a layout name composes, one by one: tp2xfsdp2 -> {tp, fsdp}."""
+    return frozenset(part for part in layout_kind(name).split("x") if part)
+
+
+def with_training(cases: list, steps: int, checkpoint: bool, everything: bool = False,
+                  needs: Callable[[object], bool] = lambda case: False,
+                  runs: Callable[[object], bool] = lambda case: True) -> list:
+    """`cases` with `parity.steps` (`steps` optimizer steps) and `checkpoint.roundtrip` turned on where they run:
+    every plain case with `everything`, else one per kind of parallelism per library (the first case, in the
+    matrix's order, of the simplest layout holding a kind no chosen case holds yet: tp4 before tp2xfsdp2).
+    A control case follows its plain case. A control that `needs` them (its bug shows in steps or a save only)
+    runs where its plain case has them, else once, on its first case, with its plain case turned on too."""
+    plain = [c for c in cases if c.control is None]
+    chosen = {_twin(c) for c in plain} if everything else _kind_cover(plain, runs)
+    kept, orphans = [], {}
+    for c in cases:
+        if c.control is not None and needs(c) and _twin(c) not in chosen:
+            first = orphans.get((c.library, c.control))
+            if first is None or (runs(c) and not runs(first)):  # the first case that will run
+                orphans[(c.library, c.control)] = c
+            continue
+        kept.append(c)
+    for c in orphans.values():
+        if not any(k.control == c.control and k.library == c.library for k in kept):
+            chosen.add(_twin(c))
+            kept.append(c)
+    on = dict(steps=steps, checkpoint=checkpoint)
+    return [replace(c, **on) if _twin(c) in chosen else c for c in _in_order(cases, kept)]
+
+
+def _kind_cover(plain: list, runs) -> set:
+    covered: set = set()
+    chosen = set()
+    order = sorted(range(len(plain)), key=lambda i: (len(layout_parts(plain[i].layout.name)), i))
+    for i in order:
+        c = plain[i]
+        parts = {(c.library, part) for part in layout_parts(c.layout.name)}
+        if runs(c) and parts - covered:
+            covered |= parts
+            chosen.add(_twin(c))
+    return chosen
+
+
+def _twin(case):
+    """What a case and its controls share: the plain case with training off."""
+    return replace(case, control=None, grads=True, steps=0, checkpoint=False)
+
+
+def _in_order(cases: list, kept: list) -> list:
+    ids = {id(c) for c in kept}
+    return [c for c in cases if id(c) in ids]

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from paracheck.checks.compare import tolerance
 from paracheck.domain import registry
 from paracheck.domain.adapter import CaseContext, Refused, Tolerance
-from paracheck.domain.records import CheckId, Failure, FailureKind, Raised, RankResult, RankStatus, Status
+from paracheck.domain.records import CheckId, CheckResult, Failure, FailureKind, Raised, RankResult, RankStatus, Status
 from paracheck.launch.attribution import lost_peer
 from paracheck.world import meshes
 
@@ -90,8 +90,21 @@ def _passes(body, ctx: CaseContext, raised: list) -> None:
     if hasattr(body, "localize") and not raised:
         with phase("localize"):
             body.localize(checks)
+    # Last, as they change the model (localization reruns the passes above on it as they were checked).
+    checks += _later(body, ctx, "steps", CheckId.STEPS, ctx.case.steps > 0)
+    checks += _later(body, ctx, "checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint)
     result.checks = checks
     result.raised_in_parallel = False
+
+
+def _later(body, ctx: CaseContext, name: str, check_id: CheckId, asked: bool) -> list:
+    """The optional `steps` or `checkpoint` pass where the case asks for it; a body without one says so."""
+    if not asked:
+        return []
+    if not hasattr(body, name):
+        return [CheckResult(check_id, Status.SKIP, f"the {ctx.case.library} adapter has no {check_id.value} pass")]
+    with ctx.phase(name):
+        return list(getattr(body, name)())
 
 
 def _settle_raised(result: RankResult, raised: list[Raised], case) -> None:

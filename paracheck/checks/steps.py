@@ -1,0 +1,73 @@
+"""`parity.steps`: a run of optimizer steps held to the single-device run of the same steps, step by step.
+
+Library-neutral. Each adapter takes the steps its own way (transformers' `Trainer`, a loop over torch's AdamW) and
+records, after each step, the loss and every parameter gathered to full shape (`StepRecord`); this module compares
+the two runs in order and names the first step, and the parameter, where they part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from paracheck.checks.compare import compare
+from paracheck.domain.records import CheckId, CheckResult, Status
+
+
+@dataclass
+class StepRecord:
+    """What one optimizer step left: the step's loss (a 0-d tensor, or None where this rank has none, e.g. a
+    pipeline stage before the last) and every parameter by name, whole (DTensors gathered), on the CPU."""
+    loss: object
+    params: dict = field(default_factory=dict)
+
+
+def compare_steps(actual: list[StepRecord], expected: list[StepRecord], atol: float, rtol: float) -> CheckResult:
+    """PASS when every step's loss and parameters match the reference's; else FAIL naming the first step (1-based)
+    and what diverged there, with the worst error over the steps compared. `data` holds each step's figures."""
+    if len(actual) != len(expected):
+        return CheckResult(CheckId.STEPS, Status.FAIL, f"{len(actual)} steps recorded, the reference took "
+                           f"{len(expected)}")
+    worst_abs = worst_rel = 0.0
+    per_step = []
+    for step, (mine, ref) in enumerate(zip(actual, expected), start=1):
+        problems, figures = _step_problems(mine, ref, atol, rtol)
+        per_step.append(figures)
+        worst_abs, worst_rel = max(worst_abs, figures["max_abs"]), max(worst_rel, figures["max_rel"])
+        if problems:
+            return CheckResult(CheckId.STEPS, Status.FAIL, f"step {step} of {len(expected)}: " + "; ".join(problems),
+                               worst_abs, worst_rel, atol, rtol, data={"steps": per_step, "first_step": step})
+    return CheckResult(CheckId.STEPS, Status.PASS, "", worst_abs, worst_rel, atol, rtol, data={"steps": per_step})
+
+
+def _step_problems(mine: StepRecord, ref: StepRecord, atol: float, rtol: float) -> tuple[list[str], dict]:
+    problems: list[str] = []
+    figures = {"max_abs": 0.0, "max_rel": 0.0, "worst": None}
+    if mine.loss is not None:
+        loss = compare(CheckId.STEPS, mine.loss, ref.loss, atol, rtol, "loss")
+        figures.update(loss=float(mine.loss), reference_loss=float(ref.loss))
+        _worse(figures, loss, "loss")
+        if loss.status == Status.FAIL:
+            problems.append(f"loss {float(mine.loss):.6g} != reference {float(ref.loss):.6g}")
+    missing = sorted(set(ref.params) - set(mine.params))
+    extra = sorted(set(mine.params) - set(ref.params))
+    if missing or extra:
+        problems.append(f"parameters missing {missing[:3]}, unexpected {extra[:3]}")
+    failing = []
+    for name in sorted(set(ref.params) & set(mine.params)):
+        result = compare(CheckId.STEPS, mine.params[name], ref.params[name], atol, rtol, name)
+        _worse(figures, result, name)
+        if result.status == Status.FAIL:
+            failing.append((result.max_abs or 0.0, name, result.detail))
+    if failing:
+        failing.sort(reverse=True)
+        worst = failing[0]
+        problems.append(f"{len(failing)} parameter(s) differ, worst {worst[1]} (max_abs {worst[0]:.2e})"
+                        if worst[0] else f"{worst[1]}: {worst[2]}")
+        figures["failing"] = [name for _, name, _ in failing[:10]]
+    return problems, figures
+
+
+def _worse(figures: dict, result: CheckResult, name: str) -> None:
+    if (result.max_abs or 0.0) >= figures["max_abs"]:
+        figures["max_abs"], figures["worst"] = result.max_abs or 0.0, name
+    figures["max_rel"] = max(figures["max_rel"], result.max_rel or 0.0)

@@ -1,0 +1,66 @@
+"""Where parity.steps and checkpoint.roundtrip run (`domain.tier.with_training`), and how steps are compared
+(`checks.steps.compare_steps`): pure, in process."""
+
+from dataclasses import replace
+
+import torch
+from hypothesis import given, strategies as st
+
+from paracheck.checks.steps import StepRecord, compare_steps
+from paracheck.domain.records import Status
+from paracheck.domain.tier import layout_parts, with_training
+from tests.test_tier import matrices
+
+
+@given(matrices())
+def test_every_kind_of_parallelism_in_the_tier_trains_once_and_controls_follow_their_plain_case(cases):
+    trained = with_training(cases, 3, True)
+    plain = [c for c in trained if c.control is None]
+    kinds = set().union(*(layout_parts(c.layout.name) for c in plain))
+    on = [c for c in plain if c.steps]
+    assert kinds == set().union(*(layout_parts(c.layout.name) for c in on))
+    assert len(on) <= len(kinds)
+    twins = {replace(c, grads=True) for c in plain}
+    for c in trained:
+        if c.control is not None and c.plain in twins:
+            assert (c.steps, c.checkpoint) == next((p.steps, p.checkpoint) for p in plain if p == c.plain)
+
+
+def test_the_simplest_layout_of_a_kind_is_chosen_and_everything_trains_every_case():
+    cases = [_case("tp2xu2"), _case("tp4"), _case("u4")]
+    assert [c.layout.name for c in with_training(cases, 3, True) if c.steps] == ["tp4", "u4"]
+    assert all(c.steps == 3 and c.checkpoint for c in with_training(cases, 3, True, everything=True))
+    assert not any(c.checkpoint for c in with_training(cases, 3, False))
+
+
+def test_a_control_that_needs_training_runs_once_where_its_plain_case_trains_else_on_its_first_case():
+    cases = [_case("tp2xu2"), _case("tp2xu2", "c"), _case("tp4"), _case("tp4", "c"), _case("u4"), _case("u4", "c")]
+    trained = with_training(cases, 3, True, needs=lambda c: True)
+    assert [(c.layout.name, c.control) for c in trained] == [("tp2xu2", None), ("tp4", None), ("tp4", "c"),
+                                                              ("u4", None), ("u4", "c")]
+    only_mixed = with_training([_case("tp4"), _case("tp2xu2", "c")], 3, True, needs=lambda c: True)
+    assert [(c.layout.name, c.control, c.steps) for c in only_mixed] == [("tp4", None, 3), ("tp2xu2", "c", 3)]
+
+
+def _case(layout, control=None):
+    from paracheck.domain.case import Case
+    from paracheck.domain.layout import Layout
+
+    return Case("m", "f:m", Layout.parse(layout), control=control, library="diffusers")
+
+
+def _record(loss, weight):
+    return StepRecord(torch.tensor(loss), {"w": torch.tensor(weight)})
+
+
+def test_steps_pass_when_every_step_matches_and_name_the_first_step_and_parameter_that_parts():
+    ref = [_record(1.0, [1.0, 2.0]), _record(0.5, [0.9, 1.9])]
+    assert compare_steps(ref, ref, 1e-5, 1e-5).status == Status.PASS
+    off = [_record(1.0, [1.0, 2.0]), _record(0.5, [0.9, 1.93])]
+    result = compare_steps(off, ref, 1e-5, 1e-5)
+    assert result.status == Status.FAIL and result.data["first_step"] == 2 and "w" in result.detail
+    lossy = compare_steps([_record(1.03, [1.0, 2.0])], ref[:1], 1e-5, 1e-5)
+    assert lossy.status == Status.FAIL and "loss" in lossy.detail
+    assert compare_steps(ref[:1], ref, 1e-5, 1e-5).status == Status.FAIL
+    renamed = [StepRecord(torch.tensor(1.0), {"layers.0.w": torch.tensor([1.0, 2.0])})]
+    assert "missing" in compare_steps(renamed, ref[:1], 1e-5, 1e-5).detail
