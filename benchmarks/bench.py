@@ -3,17 +3,27 @@
     python benchmarks/bench.py [--repeat 3] [--nproc 4] [--skip-per-case] [--per-case-sample N]
                                [--extra "ARGS"] [--keep-report PATH]
 
-(a) the default `paracheck run`; (c) the floor: `--nproc` processes that import torch, diffusers and transformers and
-exit; (b) the cases (a) ran, one launch each with fresh interpreters (what a `torch.multiprocessing.spawn`
-per test costs, as diffusers' own mixins do). Prints a/c and b/a (medians), the split of (a) into start,
-references, parallel runs, checks and reporting, and each rank's peak resident memory over the run.
+The kit's run is the default `paracheck run` (its quick tier, with `parity.steps` and `checkpoint.roundtrip` on one
+layout of each kind). Each ratio is issue 31's goal, measured side by side:
 
-Wall-clock seconds measure the machine as much as the code when other jobs share it, so everything is
-also given in CPU seconds: (b) and (c) as their processes' user + system time, (a) as the launcher's plus
-every rank's (each rank reports its own in the JSON, `cpu_seconds`; forked ranks are not the launcher's
-waited children, so the operating system's accounting misses them). The fork server's one import of torch and
-diffusers is in neither, about one process of (c). The phase split gives wall and CPU seconds, and memory
-is given as each rank's peak and its resident size now, after the first and the last case.
+(a) the reference style: the cases the kit ran, one launch each with fresh interpreters (what a
+    `torch.multiprocessing.spawn` per test costs, as diffusers' own mixins do), against the kit; goal >= 10.
+(b) the bare work: the same cases with `PARACHECK_BARE=1`, in the same forked ranks, their reference, parallel
+    model, forwards and backward and nothing else (no check, comparison, localization or report of a check),
+    against the kit without its training passes (`--steps 0 --no-checkpoint`, work the bare run does not do):
+    the kit's overhead, goal <= 25%.
+(c) the floor: `--nproc` processes that import torch, diffusers and transformers and exit; the kit against it,
+    goal <= 4.
+(d) what parity.steps and checkpoint.roundtrip add: the kit against the kit without them.
+
+The kit, its run without training, the bare run and the floor alternate, so a change in the machine's load falls
+on each; each ratio is the median of the ratios of the repeats. Wall-clock seconds measure the machine as much as
+the code when other jobs share it, so everything is also given in CPU seconds: (a) and (c) as their processes'
+user + system time, the kit's runs as the launcher's plus every rank's (each rank reports its own in the JSON,
+`cpu_seconds`; forked ranks are not the launcher's waited children, so the operating system's accounting misses
+them). The fork server's one import of torch and diffusers is in neither, about one process of (c). The split
+gives wall and CPU seconds by phase, and memory is given as each rank's peak and its resident size now, after the
+first and the last case.
 """
 
 import argparse
@@ -54,11 +64,11 @@ def floor(nproc: int) -> tuple[float, float]:
     return time.perf_counter() - start, children_cpu() - cpu
 
 
-def default_run(nproc: int, extra: list[str]) -> tuple[float, float, dict]:
+def default_run(nproc: int, extra: list[str], env: dict | None = None) -> tuple[float, float, dict]:
     """(wall seconds, CPU seconds of the launcher and every rank, the JSON report)."""
     report = os.path.join(tempfile.mkdtemp(), "r.json")
     seconds, launcher_cpu = timed([sys.executable, "-m", "paracheck", "run", "--nproc", str(nproc), "--quiet",
-                                   "--report-json", report, *extra])
+                                   "--report-json", report, *extra], env=env)
     with open(report) as handle:
         data = json.load(handle)
     return seconds, launcher_cpu + ranks_cpu(data), data
@@ -94,7 +104,7 @@ def per_case(report: dict, nproc: int, sample: int | None) -> tuple[float, float
 def split(seconds: float, report: dict) -> dict:
     """Phase -> (wall seconds, CPU seconds), summed over cases, the slowest rank's each (no CPU for start)."""
     phases = {"start": (report.get("start_seconds", 0.0), None)}
-    for name in ("reference", "parallel", "checks"):
+    for name in ("reference", "parallel", "checks", "localize", "steps", "checkpoint"):
         phases[name] = tuple(sum(c.get("timings", {}).get(key, 0.0) for c in report["cases"])
                              for key in (name, f"{name}_cpu"))
     phases["reporting and the rest"] = (max(seconds - sum(w for w, _ in phases.values()), 0.0), None)
@@ -120,6 +130,37 @@ def memory(report: dict) -> list[str]:
     return lines
 
 
+def case_seconds(report: dict) -> float:
+    """The cases' own seconds (each case's slowest rank, as the JSON gives it), summed: no start, no reporting."""
+    return sum(c.get("seconds") or 0.0 for c in report["cases"])
+
+
+def _paired(runs: list, floors: list) -> float:
+    return statistics.median(r[0] / f[0] for r, f in zip(runs, floors))
+
+
+def _require_passes(report: dict) -> None:
+    statuses = _statuses(report)
+    if not statuses.get("pass"):
+        # An install that cannot import the fixtures makes every case an error in seconds: no ratio to print.
+        first = next((c["reason"] for c in report["cases"] if c["status"] == "error"), "")
+        raise SystemExit(f"the kit's run passed no case ({statuses}); first error: {first}")
+
+
+def _statuses(report: dict) -> dict:
+    statuses: dict = {}
+    for case in report["cases"]:
+        statuses[case["status"]] = statuses.get(case["status"], 0) + 1
+    return statuses
+
+
+def _print_kit(seconds: float, cpu: float, report: dict) -> None:
+    ran = sum(1 for x in report["cases"] if x["status"] != "skip")
+    print(f"kit, the default run: {seconds:.1f}s, {cpu:.1f} CPU s, for {len(report['cases'])} cases ({ran} ran, "
+          f"{report.get('references')} references, ranks {report.get('start_method')}; "
+          + ", ".join(f"{n} {status}" for status, n in sorted(_statuses(report).items())) + ")")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
@@ -131,44 +172,44 @@ def main() -> None:
     parser.add_argument("--keep-report", default=None, help="also write (a)'s JSON report (the first run's) here")
     args = parser.parse_args()
     extra = args.extra.split()
-    # (a) and (c) alternate, so a change in the machine's load falls on both; the ratio is the median of the
-    # ratios of each pair.
-    runs, floors = [], []
+    untrained = extra + ["--steps", "0", "--no-checkpoint"]
+    runs, plain, bare, floors = [], [], [], []
     for _ in range(args.repeat):
         runs.append(default_run(args.nproc, extra))
+        plain.append(default_run(args.nproc, untrained))
+        bare.append(default_run(args.nproc, untrained, env={"PARACHECK_BARE": "1"}))
         floors.append(floor(args.nproc))
-    a, a_cpu = statistics.median(s for s, _, _ in runs), statistics.median(c for _, c, _ in runs)
-    pair_ratio = statistics.median(r[0] / f[0] for r, f in zip(runs, floors))
+    kit, kit_cpu = statistics.median(s for s, _, _ in runs), statistics.median(c for _, c, _ in runs)
     report = runs[0][2]
-    statuses = {}
-    for case in report["cases"]:
-        statuses[case["status"]] = statuses.get(case["status"], 0) + 1
-    if not statuses.get("pass"):
-        # An install that cannot import the fixtures makes every case an error in seconds: no ratio to print.
-        first = next((c["reason"] for c in report["cases"] if c["status"] == "error"), "")
-        raise SystemExit(f"(a) passed no case ({statuses}); first error: {first}")
+    _require_passes(report)
     if args.keep_report:
         with open(args.keep_report, "w") as handle:
             json.dump(report, handle)
+    _print_kit(kit, kit_cpu, report)
     c, c_cpu = statistics.median(s for s, _ in floors), statistics.median(u for _, u in floors)
-    ran = sum(1 for x in report["cases"] if x["status"] != "skip")
-    print(f"(a) default run: {a:.1f}s, {a_cpu:.1f} CPU s, for {len(report['cases'])} cases ({ran} ran, "
-          f"{report.get('references')} references, ranks {report.get('start_method')}; "
-          + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items())) + ")")
-    print(f"(c) floor, {args.nproc} processes importing torch+diffusers+transformers: {c:.1f}s, {c_cpu:.1f} CPU s")
-    print(f"a/c = {pair_ratio:.2f} (wall, median of {args.repeat} alternating pairs; goal <= 4), "
-          f"{a_cpu / c_cpu:.2f} (CPU)")
+    print(f"(c) floor, {args.nproc} processes importing torch+diffusers+transformers: {c:.1f}s, {c_cpu:.1f} CPU s;  "
+          f"kit/c = {_paired(runs, floors):.2f} (wall; goal <= 4), {kit_cpu / c_cpu:.2f} (CPU)")
+    p, b = statistics.median(s for s, _, _ in plain), statistics.median(s for s, _, _ in bare)
+    over = statistics.median(x[0] / y[0] - 1 for x, y in zip(plain, bare))
+    over_cases = statistics.median(case_seconds(x[2]) / case_seconds(y[2]) - 1 for x, y in zip(plain, bare))
+    print(f"(b) bare work: {b:.1f}s against the kit's {p:.1f}s without its training passes; overhead "
+          f"{100 * over:.0f}% of the whole run, {100 * over_cases:.0f}% of the cases' own seconds (goal <= 25%)")
+    added = statistics.median(x[0] / y[0] - 1 for x, y in zip(runs, plain))
+    trained = sum(1 for x in report["cases"] if any(k["id"] in ("parity.steps", "checkpoint.roundtrip")
+                                                       and k["status"] != "skip" for k in x.get("checks") or []))
+    print(f"(d) parity.steps and checkpoint.roundtrip ({trained} cases) add {100 * added:.0f}% to the default run "
+          f"({p:.1f}s -> {kit:.1f}s)")
     if not args.skip_per_case:
-        b, b_cpu, timed_cases, ran = per_case(report, args.nproc, args.per_case_sample)
+        a, a_cpu, timed_cases, ran = per_case(report, args.nproc, args.per_case_sample)
         how = "" if timed_cases == ran else f" (timed {timed_cases} of {ran} cases, scaled up)"
-        print(f"(b) one launch per plain case, fresh interpreters: {b:.1f}s, {b_cpu:.1f} CPU s{how};  "
-              f"b/a = {b / a:.2f} (wall), {b_cpu / a_cpu:.2f} (CPU)")
-    print("\nsplit of (a), seconds summed over cases (slowest rank each), wall and CPU:")
-    for name, (wall, cpu) in split(a, report).items():
+        print(f"(a) one launch per plain case, fresh interpreters: {a:.1f}s, {a_cpu:.1f} CPU s{how};  "
+              f"a/kit = {a / kit:.2f} (wall; goal >= 10), {a_cpu / kit_cpu:.2f} (CPU)")
+    print("\nsplit of the kit's run, seconds summed over cases (slowest rank each), wall and CPU:")
+    for name, (wall, cpu) in split(kit, report).items():
         print(f"  {name:24} {wall:6.1f}  {'' if cpu is None else f'{cpu:6.1f}'}")
     lines = memory(report)
     if lines:
-        print("\nmemory, threads and process groups of (a):")
+        print("\nmemory, threads and process groups of the kit's run:")
         print("\n".join(lines))
 
 

@@ -42,7 +42,7 @@ class _Toy:
                     toy.calls.append(name)
                     if name == toy.raise_in:
                         raise toy.error
-                    if name.endswith("_checks"):
+                    if name.endswith("_checks") or name in ("steps", "checkpoint"):
                         return [CheckResult(CheckId.FORWARD, Status.PASS)] if name == "forward_checks" else []
                     return None
                 return step
@@ -72,6 +72,34 @@ def test_the_passes_run_in_order_and_the_checks_are_kept(monkeypatch, world):
     assert toy.calls == list(PASSES)
     assert result.status == RankStatus.OK and [c.id for c in result.checks] == [CheckId.FORWARD]
     assert {"reference", "parallel", "checks"} <= set(result.timings)
+
+
+def test_steps_and_checkpoint_run_last_where_the_case_asks_and_a_body_without_them_says_so(monkeypatch, world):
+    toy = _Toy()
+    _run(monkeypatch, toy, world, steps=3, checkpoint=True)
+    assert toy.calls == list(PASSES) + ["steps", "checkpoint"]
+
+    class Plain(_Toy):
+        def case_body(self, ctx):
+            class Body:
+                def __getattr__(self, name):
+                    if name in ("steps", "checkpoint", "localize"):
+                        raise AttributeError(name)
+                    return lambda *args: [] if name.endswith("_checks") else None
+            return contextlib.nullcontext(Body())
+
+    result = _run(monkeypatch, Plain(), world, steps=3, checkpoint=True)
+    assert [(c.id, c.status) for c in result.checks] == [(CheckId.STEPS, Status.SKIP),
+                                                         (CheckId.CHECKPOINT, Status.SKIP)]
+    assert "no parity.steps pass" in result.checks[0].detail
+
+
+def test_the_bare_work_runs_the_model_calls_alone(monkeypatch, world):
+    monkeypatch.setenv("PARACHECK_BARE", "1")
+    toy = _Toy()
+    result = _run(monkeypatch, toy, world, steps=3, checkpoint=True)
+    assert toy.calls == ["reference", "parallelize", "inference", "training", "backward_skip", "backward"]
+    assert result.status == RankStatus.OK and result.checks == []
 
 
 def test_tolerance_comes_from_dtype_and_device_and_the_case_overrides_it_even_with_zero(monkeypatch, world):

@@ -9,6 +9,7 @@ training, training before the backward; a raise after collectives began may be a
 from __future__ import annotations
 
 import gc
+import os
 import time
 import traceback
 
@@ -64,25 +65,35 @@ def run_case(case, backend, site) -> RankResult:
     return result
 
 
+def bare() -> bool:
+    """`PARACHECK_BARE=1` (benchmarks/bench.py's bare work): the passes' model calls alone, the reference, the
+    parallel model, its forwards and backward, with no check, comparison or localization; the cases report no
+    checks. Every rank of a world inherits one environment, so all decide alike."""
+    return os.environ.get("PARACHECK_BARE") == "1"
+
+
 def _passes(body, ctx: CaseContext, raised: list) -> None:
     """The order every adapter's case runs in (see `domain.adapter`)."""
-    result, phase = ctx.result, ctx.phase
+    result, phase, checking = ctx.result, ctx.phase, not bare()
     with phase("reference"):
         body.reference()
     result.raised_in_parallel = True  # from here on a raise may leave peers inside a collective
     with phase("parallel"):
         body.parallelize()
     with phase("checks"):
-        checks = list(body.structure_checks())
+        checks = list(body.structure_checks()) if checking else []
     with phase("parallel"):
         body.inference()  # first, as a pipeline calls the model; the training forward's graph is the backward's
     with phase("parallel"):
         body.training()
     with phase("checks"):
-        checks += body.forward_checks()
+        checks += body.forward_checks() if checking else []
     if body.backward_skip() is None:
         with phase("parallel"):
             body.backward()
+    if not checking:
+        result.raised_in_parallel = False
+        return
     with phase("checks"):
         checks += body.grads_checks()
     # On every rank, which decide alike whether a failing pass is rerun with hooks; a rank whose pass raised does not
