@@ -124,3 +124,27 @@ def test_a_batch_the_data_parallel_degree_does_not_divide_is_named():
     assert fitting.batch_misfit(3, Need(dp=2)).sentence() == (
         "batch=3 does not fit dpr x fsdp=2: the data-parallel degree must divide the batch")
     assert fitting.batch_misfit(4, Need(dp=2)) is None
+
+
+@pytest.mark.parametrize("name", ["ministral", "hunyuan_v1_dense", "dots1", "gemma3n_text"])
+def test_a_tiny_config_fills_the_sizes_its_defaults_leave_unset_and_builds(name):
+    """Their defaults leave `head_dim`, the expert counts or top-k None (which the model reads with no fallback),
+    or share keys and values across more layers than the tiny model keeps; the tiny config builds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from paracheck.adapters.transformers import sweep
+
+    [family] = sweep.families([name])
+    config = sweep.fitted(family, 4).config
+    with torch.device("meta"):
+        AutoModelForCausalLM.from_config(config)
+
+
+def test_a_family_whose_own_defaults_do_not_build_is_a_named_skip(tmp_path):
+    from paracheck.adapters.transformers import sweep
+    from paracheck.domain.records import RankStatus
+
+    [family] = sweep.families(["lfm2_moe"])
+    status, why = sweep.build(sweep.fitted(family, 4), str(tmp_path))
+    assert status == RankStatus.SKIP and "Lfm2MoeConfig's own defaults do not build its model (TypeError" in why

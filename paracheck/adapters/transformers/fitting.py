@@ -300,9 +300,16 @@ def tiny(config_class, **overrides):
             values[key] = 16
         elif key.endswith("shared_experts") and value > 1:
             values[key] = 1
+        elif key == "num_kv_shared_layers" and value > 0:
+            # Layers reusing an earlier layer's keys and values (gemma3n): with the layers cut to a few, the
+            # earlier layers would not hold every kind the sharing ones read, which the config refuses.
+            values[key] = 0
+    for key, small_value in _UNSET.items():
+        if key in defaults and defaults[key] is None:
+            values[key] = small_value
     hidden = next(iter(found.get(HIDDEN, [])), None)
     q = next((k for k in ("num_attention_heads", "n_head") if k in found.get(HEADS, [])), None)
-    if hidden and q and "head_dim" not in defaults:
+    if hidden and q and defaults.get("head_dim") is None:
         values[hidden] = values[q] * 16
     layers_key = next(iter(found.get(LAYERS, [])), None)
     if layers_key:
@@ -323,6 +330,12 @@ def tiny(config_class, **overrides):
     if "tie_word_embeddings" in defaults:
         values["tie_word_embeddings"] = False
     return _build(default, {**defaults, **values, **overrides})
+
+
+#: Sizes a config class's defaults may leave unset (None) although its model reads them with no fallback
+#: (ministral and hunyuan read `head_dim`, dots1 its expert counts, deepseek_v2 its top-k and groups): the tiny model's value for each.
+_UNSET = {"head_dim": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 1,
+          "topk_group": 1}
 
 
 def _align_rule(need: Need) -> str:

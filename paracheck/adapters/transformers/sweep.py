@@ -168,9 +168,27 @@ def build(family: Family, folder: str):
     except ImportError as exc:  # an optional dependency the family's modeling code needs: a named skip
         return RankStatus.SKIP, f"{family.name} cannot be built here: {type(exc).__name__}: {exc}".splitlines()[0]
     except Exception as exc:  # the fitted tiny config does not build: the kit's tiny rule, reported as an error
+        unbuilt = _defaults_unbuilt(family)
+        if unbuilt:  # the class's own defaults fail too: a field they leave unset, which the kit does not invent
+            return RankStatus.SKIP, (f"{family.name}: {family.config_class.__name__}'s own defaults do not build "
+                                     f"its model ({unbuilt}), so no tiny config of them does").splitlines()[0]
         return RankStatus.ERROR, (f"{family.name}: the fitted tiny config does not build: "
                                   f"{type(exc).__name__}: {exc}").splitlines()[0]
     return None
+
+
+def _defaults_unbuilt(family: Family) -> str:
+    """How the family's model fails to build from its config class's own defaults (on the meta device, so at no
+    memory cost), or "" when it builds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(family.config_class())
+    except Exception as exc:  # whatever the library raises is its own refusal, quoted
+        return f"{type(exc).__name__}: {exc}"
+    return ""
 
 
 def _nonzero_biases(model) -> None:
