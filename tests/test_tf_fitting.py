@@ -126,10 +126,12 @@ def test_a_batch_the_data_parallel_degree_does_not_divide_is_named():
     assert fitting.batch_misfit(4, Need(dp=2)) is None
 
 
-@pytest.mark.parametrize("name", ["ministral", "hunyuan_v1_dense", "dots1", "gemma3n_text"])
-def test_a_tiny_config_fills_the_sizes_its_defaults_leave_unset_and_builds(name):
+@pytest.mark.parametrize("name", ["ministral", "hunyuan_v1_dense", "dots1", "gemma3n_text", "mimo_v2_flash",
+                                  "nemotron_h", "longcat_flash"])
+def test_a_tiny_config_fills_the_sizes_its_defaults_leave_unset_keeps_derived_ones_and_runs(name):
     """Their defaults leave `head_dim`, the expert counts or top-k None (which the model reads with no fallback),
-    or share keys and values across more layers than the tiny model keeps; the tiny config builds."""
+    share keys and values across more layers than the tiny model keeps, double key/value heads on some layers,
+    sum a head width from two parts, or divide Mamba heads by groups; the tiny config builds and trains."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -137,8 +139,12 @@ def test_a_tiny_config_fills_the_sizes_its_defaults_leave_unset_and_builds(name)
 
     [family] = sweep.families([name])
     config = sweep.fitted(family, 4).config
-    with torch.device("meta"):
-        AutoModelForCausalLM.from_config(config)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    ids = torch.randint(0, config.vocab_size, (2, 12))
+    out = model(input_ids=ids, labels=ids, use_cache=False)
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
 
 
 def test_a_family_whose_own_defaults_do_not_build_is_a_named_skip(tmp_path):

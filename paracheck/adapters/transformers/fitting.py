@@ -212,8 +212,8 @@ def _fit_heads(values: dict, found: dict, need: Need, changes: dict) -> None:
         changes[key] = _up(values[key], need.tp)
     q = next((k for k in ("num_attention_heads", "n_head") if k in heads), None)
     kv = "num_key_value_heads" if "num_key_value_heads" in heads else None
-    if q and kv and changes[kv]:
-        changes[q] = _up(changes[q], changes[kv])
+    if q and kv and changes[kv]:  # a multiple of the key/value heads, as many times over as the config's were
+        changes[q] = max(_up(changes[q], changes[kv]), changes[kv] * (values[q] // max(values[kv], 1)))
     hidden = next(iter(found.get(HIDDEN, [])), None)
     if q and hidden and not values.get("head_dim") and values[q]:
         head_dim = values[hidden] // values[q]
@@ -325,11 +325,28 @@ def tiny(config_class, **overrides):
     for key in ("rotary_dim", "rotary_emb_base_dim"):  # a rotary width wider than the shrunk head (codegen, gptj)
         if _is_int(defaults.get(key)) and defaults[key] > head_dim:
             values[key] = head_dim // 2
+    _keep_derived(defaults, values)
     if defaults.get("num_key_value_heads", 0) is None and "num_attention_heads" in values:
         values["num_key_value_heads"] = values["num_attention_heads"]  # a model may read it unresolved (nemotron)
     if "tie_word_embeddings" in defaults:
         values["tie_word_embeddings"] = False
     return _build(default, {**defaults, **values, **overrides})
+
+
+def _keep_derived(defaults: dict, values: dict) -> None:
+    """Sizes the shrunk ones must still relate to as the defaults' do: query heads at least twice the key/value
+    heads where the defaults have them so (mimo_v2_flash doubles its key/value heads on sliding layers), the
+    query/key head width the sum of its two parts (the latent-attention families: longcat_flash), and the Mamba
+    mixers' groups no more than their heads (nemotron_h divides one by the other)."""
+    q, kv = defaults.get("num_attention_heads"), defaults.get("num_key_value_heads")
+    if _is_int(q) and _is_int(kv) and kv and q // kv >= 2 and "num_key_value_heads" in values:
+        values["num_attention_heads"] = max(values.get("num_attention_heads", q), 2 * values["num_key_value_heads"])
+    parts = [values.get(k, defaults.get(k)) for k in ("qk_nope_head_dim", "qk_rope_head_dim")]
+    if _is_int(defaults.get("qk_head_dim")) and all(_is_int(p) for p in parts):
+        values["qk_head_dim"] = sum(parts)
+    heads = values.get("mamba_num_heads", defaults.get("mamba_num_heads"))
+    if _is_int(defaults.get("n_groups")) and _is_int(heads) and defaults["n_groups"] > heads:
+        values["n_groups"] = heads
 
 
 #: Sizes a config class's defaults may leave unset (None) although its model reads them with no fallback
