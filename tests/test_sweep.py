@@ -85,3 +85,17 @@ def test_a_family_runs_on_real_ranks_through_the_sweep(tmp_path, family, layouts
     assert run.code == 0, run.out
     for control in controls:
         assert {c["status"] for c in run.report["cases"] if c["control"] == control} == {"detected"}, control
+
+
+def test_a_sweep_case_replays_by_its_family_name():
+    from paracheck.adapters.transformers.layout import TfLayout
+    from paracheck.adapters.transformers.sweep import FACTORY
+    from paracheck.domain.case import Case
+    from paracheck.domain.records import CaseStatus, Route
+    from paracheck.results.report import replay_command
+    from paracheck.results.verdict import Verdict
+
+    case = Case("sarvam_moe", FACTORY, TfLayout(fsdp=4), route=Route.SHARDED_LOAD, library="transformers",
+                payload="sarvam_moe")
+    command = replay_command(Verdict(case, CaseStatus.ERROR, route=Route.SHARDED_LOAD), ["--nproc", "4"])
+    assert "--models transformers:sarvam_moe" in command and "--spec" not in command

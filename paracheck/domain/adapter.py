@@ -155,7 +155,9 @@ class Adapter(Protocol):
         """Negative controls by name (`domain.control.Control`)."""
 
     def case_options(self, case) -> list[str]:
-        """The `paracheck run` options beyond the generic ones that pick `case` out again (replay commands)."""
+        """The `paracheck run` options beyond the generic ones that pick `case` out again (replay commands).
+        An adapter may also offer `models_option(case) -> [options] | None`: how a replay names the model where
+        `--models NAME` or `--spec FACTORY` would not find it again."""
 
     def case_body(self, ctx: CaseContext) -> ContextManager[CaseBody]:
         """Rank side: a `with` block (the library's scopes for one case) yielding the case's `CaseBody`."""

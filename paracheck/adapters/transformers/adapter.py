@@ -62,6 +62,12 @@ class TransformersAdapter:
     def case_options(self, case) -> list[str]:
         return []
 
+    def models_option(self, case) -> list[str] | None:
+        """How a replay names a sweep family's model (`--models transformers:NAME`); None for the others."""
+        from paracheck.adapters.transformers.sweep import FACTORY, PREFIX
+
+        return ["--models", PREFIX + case.model] if case.factory == FACTORY else None
+
     def case_body(self, ctx):
         from paracheck.adapters.transformers.body import case_body
 

@@ -33,6 +33,9 @@ from paracheck.domain.records import Failure, FailureKind, RankResult, RankStatu
 from paracheck.domain.sharding import parse_shard, shard
 
 PREFIX = "transformers:"
+#: A sweep case's factory: its checkpoint is the family's, written by the launcher (`case.payload`), and a replay
+#: names it `--models transformers:NAME` (`TransformersAdapter.models_option`).
+FACTORY = "sweep"
 #: Parameters a tiny model may have (the largest fitted family has under 1M); above it a size was missed.
 MAX_PARAMETERS = 20_000_000
 
@@ -99,7 +102,7 @@ def plan(args, world: int):
 def _plan(args, world: int) -> tuple[list[Case], dict[int, str], list[Family]]:
     """The sweep's cases (this shard's, less those a resumed report holds), the indices refused before launch
     with their reasons, and the families whose checkpoints the remaining cases need."""
-    from paracheck.adapters.transformers.mixin_cases import FACTORY, plan_layouts
+    from paracheck.adapters.transformers.mixin_cases import plan_layouts
 
     logging.disable(logging.WARNING)  # tiny configs warn about token ids; the report says what matters
     cases, refused, by_family = [], {}, {}
