@@ -23,17 +23,19 @@ DEFAULT_STEPS = 3
 
 def choose(args, cases: list) -> list:
     """`cases` as built (the full matrix), or their quick tier; then parity.steps and checkpoint.roundtrip turned on
-    where the tier takes them (`domain.tier.with_training`)."""
+    on one layout of each kind (`domain.tier.with_training`), on every case with --all."""
     from paracheck.domain.tier import with_training
 
-    everything = getattr(args, "all", False) or args.variants is not None
+    whole = getattr(args, "all", False)
+    everything = whole or args.variants is not None
     steps = getattr(args, "steps", DEFAULT_STEPS)
     if steps < 0:
         from paracheck.cli.common import UsageError
 
         raise UsageError(f"--steps {steps}: a number of optimizer steps, 0 or more")
     checkpoint = not getattr(args, "no_checkpoint", False)
-    return with_training(cases if everything else _quick(args, cases), steps, checkpoint, everything,
+    # Naming the variants asks for those inputs everywhere, not for training everywhere: that is --all's.
+    return with_training(cases if everything else _quick(args, cases), steps, checkpoint, whole,
                          needs=_needs_training, runs=runs)
 
 
