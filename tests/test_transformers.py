@@ -192,7 +192,8 @@ PLAIN = [("llama", "tp4", "base"), ("llama", "fsdp4", "left_pad"), ("qwen3", "tp
 PLANTED = [("tf-norm-replicate", "qwen3", "tp4"), ("tf-norm-replicate", "qwen3_moe", "tp2xfsdp2"),
            ("tf-skip-dp-reduce", "llama", "fsdp4"), ("tf-skip-dp-reduce", "qwen3", "dpr2xfsdp2"),
            ("tf-grad-divide", "mistral", "tp2xfsdp2"), ("tf-grad-divide", "qwen3_moe", "fsdp4xep2"),
-           ("tf-embed-replicate", "llama", "tp4"), ("tf-embed-replicate", "qwen3", "tp2xfsdp2")]
+           ("tf-embed-replicate", "llama", "tp4"), ("tf-embed-replicate", "qwen3", "tp2xfsdp2"),
+           ("tf-router-topk-on-shard", "qwen3_moe", "tp4"), ("tf-router-topk-on-shard", "qwen3_moe", "tp2xfsdp2xep2")]
 
 
 #: Pipeline layouts: what transformers gets wrong there is declared in known_failures.toml.
@@ -239,6 +240,14 @@ def test_every_control_is_detected_on_every_rank(gloo_verdicts, control, model, 
     assert v.status.value == "detected", v.reason
     tripped = [c for c in v.checks if c.id in CONTROLS[control].must_trip]
     assert all(c.failed_ranks == [0, 1, 2, 3] for c in tripped)
+
+
+@pytest.mark.slow
+def test_a_router_taking_its_top_k_on_a_shard_is_localized_to_the_router(gloo_verdicts):
+    for layout in ("tp4", "tp2xfsdp2xep2"):
+        v = gloo_verdicts[("qwen3_moe", layout, "base", "tf-router-topk-on-shard")]
+        first = v.localization["forward"]["first"]["module"]
+        assert first == "model.layers.0.mlp.gate" and CONTROLS["tf-router-topk-on-shard"].planted_at(first), first
 
 
 def test_every_registered_control_is_planted_in_the_world_above():

@@ -96,6 +96,51 @@ def _packed_as_colwise(ref) -> dict:
     return {k: "colwise" for k, v in dict(getattr(ref, "tp_plan", None) or {}).items() if v == "packed_colwise"}
 
 
+def _routers(model) -> list:
+    """The modules that pick each token's experts: transformers' top-k routers (a `top_k` and a router weight)."""
+    return [m for m in model.modules() if hasattr(m, "top_k") and hasattr(m, "weight")
+            and "router" in type(m).__name__.lower()]
+
+
+def _topk_on_shard(model, layout) -> None:
+    """Each router takes its top-k among this rank's share of the experts first (as a router whose logits were
+    split across ranks by expert would): the experts a token is sent to differ from rank to rank. Planted by
+    wrapping each router's own forward, so only `torch.topk` calls made inside a router are bent."""
+    import torch
+    from unittest import mock
+
+    import torch.distributed as dist
+
+    shards = max(layout.tp, layout.ep)
+    index = dist.get_rank() % shards
+    topk = torch.topk
+
+    def local_topk(scores, k, dim=-1, *args, **kwargs):
+        experts = scores.shape[dim]
+        lo, hi = index * experts // shards, (index + 1) * experts // shards
+        outside = torch.ones(experts, dtype=torch.bool, device=scores.device)
+        outside[lo:hi] = False
+        shape = [1] * scores.dim()
+        shape[dim] = experts
+        _, chosen = topk(scores - 10.0 * outside.view(shape).to(scores.dtype), k, dim, *args, **kwargs)
+        return scores.gather(dim, chosen), chosen
+
+    for router in _routers(model):
+        forward = router.forward
+
+        def bent(*args, forward=forward, **kwargs):
+            with mock.patch.object(torch, "topk", local_topk):
+                return forward(*args, **kwargs)
+
+        router.forward = bent
+
+
+def _needs_split_experts(layout) -> str | None:
+    if layout.tp > 1 or layout.ep > 1:
+        return None
+    return f"layout {layout} splits no experts across ranks (neither tp nor ep)"
+
+
 def _local(tensor):
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
@@ -127,6 +172,14 @@ _ENTRIES = (
              "forward stays exact, the gradients do not)", (CheckId.TP_SHARDS, CheckId.GRADS), _needs_tp_without_ep),
      Plant(tp_plan_from=_packed_as_colwise, needs_model=lambda ref: None if _packed_as_colwise(ref) else
            "the model's tp_plan has no packed_colwise rule")),
+)
+
+_ENTRIES += (
+    (Control("tf-router-topk-on-shard", "each MoE router takes its top-k among this rank's share of the experts "
+             "first, so ranks send a token to different experts", (CheckId.INFERENCE, CheckId.FORWARD),
+             _needs_split_experts, plants_in="*.gate|*.router"),
+     Plant(after_load=_topk_on_shard, needs_model=lambda ref: None if _routers(ref) else
+           "the model has no top-k router (a dense model)")),
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}
