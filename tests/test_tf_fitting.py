@@ -154,3 +154,24 @@ def test_a_family_whose_own_defaults_do_not_build_is_a_named_skip(tmp_path):
     [family] = sweep.families(["lfm2_moe"])
     status, why = sweep.build(sweep.fitted(family, 4), str(tmp_path))
     assert status == RankStatus.SKIP and "Lfm2MoeConfig's own defaults do not build its model (TypeError" in why
+
+
+def test_a_family_with_an_expert_plan_gets_its_moe_block_on_and_an_inert_plan_checks_nothing():
+    """Gemma4's defaults leave its MoE block off; its tiny config turns it on. Where a model has no experts to
+    dispatch to, transformers applies none of its EP plan, and the structure check expects none."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from paracheck.adapters.transformers import sweep
+    from paracheck.adapters.transformers.layout import TfLayout
+    from paracheck.adapters.transformers.structure import active_plans
+
+    [family] = sweep.families(["gemma4_text"])
+    config = sweep.fitted(family, 4).config
+    assert config.enable_moe_block and config.num_experts == 4
+    with torch.device("meta"):
+        moe = AutoModelForCausalLM.from_config(config)
+        config.enable_moe_block = False
+        dense = AutoModelForCausalLM.from_config(config)
+    layout = TfLayout.parse("fsdp4xep2")
+    assert active_plans(moe, layout)[1] and not active_plans(dense, layout)[1]

@@ -304,6 +304,9 @@ def tiny(config_class, **overrides):
             # Layers reusing an earlier layer's keys and values (gemma3n): with the layers cut to a few, the
             # earlier layers would not hold every kind the sharing ones read, which the config refuses.
             values[key] = 0
+    if defaults.get("enable_moe_block") is False and getattr(config_class, "base_model_ep_plan", None):
+        # A family with an expert plan whose defaults leave its MoE block off (gemma4): on, so the plan has experts.
+        values.update({"enable_moe_block": True, **{k: v for k, v in _MOE_UNSET.items() if defaults.get(k, 0) is None}})
     for key, small_value in _UNSET.items():
         if key in defaults and defaults[key] is None:
             values[key] = small_value
@@ -353,6 +356,10 @@ def _keep_derived(defaults: dict, values: dict) -> None:
 #: (ministral and hunyuan read `head_dim`, dots1 its expert counts, deepseek_v2 its top-k and groups): the tiny model's value for each.
 _UNSET = {"head_dim": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 1,
           "topk_group": 1}
+
+
+#: The sizes of a MoE block the defaults leave unset while it is off.
+_MOE_UNSET = {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32}
 
 
 def _align_rule(need: Need) -> str:

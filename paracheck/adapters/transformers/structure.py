@@ -46,6 +46,10 @@ def active_plans(reference, layout) -> tuple[dict, dict, dict]:
     tp = dict(reference.tp_plan) if layout.tp > 1 else {}
     ep = dict(reference.ep_plan or {}) if layout.ep > 1 else {}
     fsdp = dict(reference.fsdp_plan or {}) if layout.dp > 1 else {}
+    if ep and not any(style_of(name, ep, False) == "ep_dispatch_experts" for name, _ in reference.named_modules()):
+        # transformers applies an EP plan only where it has experts to dispatch to (a config with its MoE block
+        # off has none): its other rules are then inert, and so is the plan.
+        ep = {}
     if ep:
         under_ep = re.compile(rf"(?:{'|'.join(map(re.escape, ep))})(?:\..+)?").fullmatch
         tp = {k: v for k, v in tp.items() if not under_ep(k)}
@@ -96,10 +100,18 @@ def check_placements(model, reference, layout) -> CheckResult:
         if style_of(name, ep, True) == "grouped_gemm":
             problems += _on(name, param, "ep", "Shard", 0)
         if fsdp:
-            problems += _fsdp_problems(name, param, layout, expert=style_of(name, ep, True) is not None)
+            problems += _fsdp_problems(name, param, layout, expert=_dispatched(name, ep))
     problems += _hook_problems(model, tp, ep, fsdp)
     return CheckResult(CheckId.TP_SHARDS, Status.FAIL if problems else Status.PASS, problems_text(problems),
                        data={"parameters": len(params)})
+
+
+def _dispatched(name: str, ep: dict) -> bool:
+    """Whether the parameter lives under a module the EP plan dispatches tokens to (`ep_dispatch_experts`): those
+    are the experts transformers shards on the expert mesh (efsdp); other modules an EP plan names (gemma4 plans
+    its dense MLP there too) stay on fsdp."""
+    parts = name.split(".")
+    return any(style_of(".".join(parts[:n]), ep, False) == "ep_dispatch_experts" for n in range(1, len(parts)))
 
 
 def _tp_problems(name: str, param, ndim: int, style: str | None) -> list[str]:
