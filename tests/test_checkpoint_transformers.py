@@ -78,7 +78,7 @@ def test_a_tensor_parallel_checkpoint_round_trips_every_part(two_ranks):
     check = run.check("llama", "tp2", CHECKPOINT)
     assert case["status"] == "pass" and check["status"] == "pass", check["detail"]
     assert _parts(check) == {p: {"pass"} for p in "abcde"}
-    assert check["max_abs"] < 1e-5  # measured: saves and loads exact, the resumed steps 4.7e-06 (AdamW)
+    assert check["max_abs"] < 1e-5  # measured: saves and loads exact, logits 2e-7, resumed steps ~1e-6
     assert all(r["reload_layout"] == "fsdp2" for r in check["data"]["per_rank"].values())
     assert "Trainer(save_strategy='steps') refuses this model" in check["detail"]
 
