@@ -138,7 +138,8 @@ class _Body:
     def checkpoint(self) -> list:
         from paracheck.adapters.transformers.checkpoint import roundtrip
 
-        return roundtrip(self)
+        # Reloads take the case's DistributedConfig rules, not its plant (a checkpoint control plants its own).
+        return roundtrip(self, lambda path, layout: _load_parallel(path, layout, NO_PLANT, self.ctx.backend))
 
     def localize(self, checks: list) -> None:
         localize.after_checks(self.model, self.ref, self.mine, self.layout, checks, self.ctx.result, self.tol.atol,

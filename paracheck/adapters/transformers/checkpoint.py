@@ -66,13 +66,15 @@ class Part:
         return asdict(self)
 
 
-def roundtrip(body) -> list[CheckResult]:
-    return [_Roundtrip(body).run()]
+def roundtrip(body, load) -> list[CheckResult]:
+    """The pass on `body` (the case's `_Body`); `load(path, layout)`: the checkpoint at `path` loaded with
+    `from_pretrained(distributed_config=...)` on `layout`, on this world's meshes."""
+    return [_Roundtrip(body, load).run()]
 
 
 class _Roundtrip:
-    def __init__(self, body):
-        self.body, self.tol, self.layout = body, body.tol, body.layout
+    def __init__(self, body, load):
+        self.body, self.tol, self.layout, self.load = body, body.tol, body.layout, load
         self.plant = body.plant
         self.root = _agreed(body.ctx.site.workdir)
         self.reference = body.ref.state_dict()  # read only: the reference is shared across cases
@@ -201,11 +203,8 @@ class _Roundtrip:
     # -- shared -------------------------------------------------------------------------------------------
 
     def _load(self, path: str, layout, plant: bool = True):
-        from paracheck.adapters.transformers.body import _load_parallel
-        from paracheck.adapters.transformers.controls import NO_PLANT
-
         with _planted(self.plant.dcp_load_plant if plant else None):
-            return _load_parallel(path, layout, NO_PLANT, self.body.ctx.backend)
+            return self.load(path, layout)
 
     def _held(self, state: dict, problems: list, names: set | None = None, where: str = "") -> Part:
         """`state` (name -> whole tensor) against the reference's; `names`: every name the ranks hold together
