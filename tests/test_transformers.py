@@ -256,19 +256,25 @@ def test_every_registered_control_is_planted_in_the_world_above():
     unnoticed."""
     from paracheck.domain.registry import controls
 
+    from .test_checkpoint_transformers import CHECKPOINT_PLANTED
     from .test_sweep import SWEEP_PLANTED
 
-    assert set(controls("transformers")) == {c for c, _, _ in PLANTED} | {c for *_, cs in SWEEP_PLANTED for c in cs}
+    assert set(controls("transformers")) == {c for c, _, _ in PLANTED} | {c for *_, cs in SWEEP_PLANTED for c in cs} \
+        | {c for c, *_ in CHECKPOINT_PLANTED}
 
 
 @pytest.mark.slow
 def test_every_registered_control_is_detected(gloo_verdicts):
-    """Every control of the registry that the bundled fixtures can carry (the sweep's test has the others)."""
+    """Every control of the registry that the bundled fixtures can carry (the sweep's and the checkpoint test's
+    have the others)."""
     from paracheck.domain.registry import controls
 
+    from .test_checkpoint_transformers import CHECKPOINT_PLANTED
     from .test_sweep import SWEEP_PLANTED
 
-    elsewhere = {c for *_, cs in SWEEP_PLANTED for c in cs} - {c for c, _, _ in PLANTED}
+    # The checkpoint controls' detection is asserted in their own worlds (tests/test_checkpoint_transformers.py).
+    elsewhere = ({c for *_, cs in SWEEP_PLANTED for c in cs} - {c for c, _, _ in PLANTED}) | {c for c, *_ in
+                                                                                          CHECKPOINT_PLANTED}
     for name in set(controls("transformers")) - elsewhere:
         statuses = [v.status.value for k, v in gloo_verdicts.items() if k[3] == name]
         assert "detected" in statuses and "missed" not in statuses, (name, statuses)

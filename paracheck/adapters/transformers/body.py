@@ -135,6 +135,12 @@ class _Body:
             return [CheckResult(CheckId.GRADS, Status.SKIP, skip)]
         return [localize.grads(self.model, self.expected["grads"], self.tol.atol, self.tol.rtol, self.layout)]
 
+    def checkpoint(self) -> list:
+        from paracheck.adapters.transformers.checkpoint import roundtrip
+
+        # Reloads take the case's DistributedConfig rules, not its plant (a checkpoint control plants its own).
+        return roundtrip(self, lambda path, layout: _load_parallel(path, layout, NO_PLANT, self.ctx.backend))
+
     def localize(self, checks: list) -> None:
         localize.after_checks(self.model, self.ref, self.mine, self.layout, checks, self.ctx.result, self.tol.atol,
                               self.tol.rtol)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from paracheck.adapters.transformers import checkpoint_plants
 from paracheck.domain.control import Control, applicable_to
 from paracheck.domain.records import CheckId
 
@@ -31,6 +32,12 @@ class Plant:
     #: single-process model -> more rules for `tp_plan`, read from its modules (for plans whose keys differ
     #: from family to family).
     tp_plan_from: Callable | None = None
+    #: checkpoint.roundtrip: model -> a context manager around the gathered `save_pretrained` (part a).
+    save_plant: Callable | None = None
+    #: checkpoint.roundtrip: model -> a context manager around each sharded (DCP) save (parts b, e).
+    dcp_save_plant: Callable | None = None
+    #: checkpoint.roundtrip: () -> a context manager around each DCP load into a parallel model (parts c, d, e).
+    dcp_load_plant: Callable | None = None
 
     def bound(self, ref) -> "Plant":
         """This plant with the rules `tp_plan_from` reads from the single-process model merged in."""
@@ -141,6 +148,15 @@ def _needs_split_experts(layout) -> str | None:
     return f"layout {layout} splits no experts across ranks (neither tp nor ep)"
 
 
+def _needs_pp(layout) -> str | None:
+    return None if layout.pp > 1 else f"layout {layout} has no pipeline stages"
+
+
+def _needs_two_mesh_dims(layout) -> str | None:
+    split = [t for t in ("dpr", "fsdp", "tp") if getattr(layout, t) > 1]
+    return None if len(split) >= 2 else f"layout {layout} puts parameters on a mesh of fewer than two dimensions"
+
+
 def _local(tensor):
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
@@ -172,6 +188,16 @@ _ENTRIES = (
              "forward stays exact, the gradients do not)", (CheckId.TP_SHARDS, CheckId.GRADS), _needs_tp_without_ep),
      Plant(tp_plan_from=_packed_as_colwise, needs_model=lambda ref: None if _packed_as_colwise(ref) else
            "the model's tp_plan has no packed_colwise rule")),
+    (Control("tf-save-local-shard", "the gathered save_pretrained writes rank 0's local shards (each DTensor's "
+             "to_local()) instead of whole tensors", (CheckId.CHECKPOINT,), _needs_tp),
+     Plant(save_plant=checkpoint_plants.local_shard_save)),
+    (Control("tf-dcp-skip-mesh-dim", "the DCP load reads each shard as if the first sharded dimension of its mesh "
+             "were not there (every rank along it gets coordinate 0's piece; keys and shapes right, a strict load "
+             "passes)", (CheckId.CHECKPOINT,), _needs_two_mesh_dims),
+     Plant(dcp_load_plant=checkpoint_plants.skip_mesh_dim_load)),
+    (Control("tf-pp-local-names", "a pipeline stage saves its layers under local names (stage 1's first layer "
+             "written as layers.0, not layers.N)", (CheckId.CHECKPOINT,), _needs_pp),
+     Plant(dcp_save_plant=checkpoint_plants.local_layer_names)),
 )
 
 _ENTRIES += (

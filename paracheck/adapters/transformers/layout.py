@@ -140,3 +140,29 @@ def _installed_config_fields() -> set[str]:
     classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DistributedConfig"]
     return {n.target.id for c in classes for n in c.body
             if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+#: The dimensions that split parameters: a layout that differs from another in none of them loads a checkpoint
+#: into the same shards (dp_replicate only copies them).
+SHARDING = ("pp", "fsdp", "tp", "ep")
+
+
+def reload_layout(layout: TfLayout, world: int, moe: bool = False, cp_field: bool = False,
+                  rows: int = 0) -> TfLayout | None:
+    """The layout `checkpoint.roundtrip` loads `layout`'s checkpoint into: another layout of `world` ranks that
+    transformers builds for the model, splitting parameters differently in as many of `SHARDING` as it can (then
+    sharding over more of them, then by name), so every dimension's shards are re-cut. A pipeline layout goes to
+    another pipeline size where one builds, else to none (pp1); any other layout stays without pipeline stages (a
+    stage returns no loss to resume training with). `rows`: the global batch's rows, which the new layout's
+    data-parallel degree must divide (0: any). None where no other layout fits."""
+    candidates = [other for other in layouts_for(world, moe, cp_field)
+                  if other != layout and other.dp and (not rows or rows % other.dp == 0)
+                  and any(getattr(other, t) != getattr(layout, t) for t in SHARDING)
+                  # pp with tp raises while loading (declared: docs/upstream/transformers_pp_tp_keyerror.md)
+                  and not (other.pp > 1 and other.tp > 1) and (other.pp == 1 or layout.pp > 1)]
+    staged = [other for other in candidates if other.pp > 1]
+    pool = staged if layout.pp > 1 and staged else [other for other in candidates if other.pp == 1]
+    if not pool:
+        return None
+    return min(pool, key=lambda other: (-sum(getattr(other, t) != getattr(layout, t) for t in SHARDING),
+                                        -sum(getattr(other, t) > 1 for t in SHARDING), other.name))

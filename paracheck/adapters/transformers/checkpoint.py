@@ -1,0 +1,390 @@
+"""`checkpoint.roundtrip` for the transformers adapter: the parallel model saved and loaded back the library's
+ways, every part held to the single-device model.
+
+The parts, in order, each in a folder of its own under the case's workdir (rank 0's, so every rank agrees),
+removed after it, also when it raises:
+
+  (a) gathered: `save_pretrained(dir)` called on every rank (transformers gathers, rank 0 writes), read back on
+      one device with `from_pretrained`: the safetensors' names and shapes those of the single-device checkpoint,
+      every tensor the reference's.
+  (b) sharded: `save_pretrained(dir, distributed_checkpoint=True)` (DCP: each rank writes its shards), read back
+      on one device (`from_pretrained` detects the shards; DCP reads them on every rank).
+  (c) that checkpoint loaded with `from_pretrained(distributed_config=...)` on the case's layout, and
+  (d) on another layout of the same world (`layout.reload_layout`): every tensor, gathered whole, and the
+      no_grad logits of the whole global batch the reference's; the stages' names together cover the model.
+  (e) resume: two AdamW steps on the case's layout, the model and the optimizer saved through the library's
+      distributed save (`distributed_checkpoint=True`, `save_optimizer_distributed`), loaded on the other layout
+      (`load_optimizer_distributed`), one more step; held to three steps on one device (`checks.steps`).
+
+One `CheckResult` per case: the verdict merges a check id's results into one anyway; `data["parts"]` keeps each
+part's outcome (pass, fail, refused, blocked), its figures and seconds, and `data["notes"]` what transformers
+refuses along the way in its own words (its Trainer's refusal to checkpoint an optimizer for these models).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+# A BaseException (not an Exception): every rank's DCP raise, gathered; caught by name, or it ends the rank.
+from torch.distributed.checkpoint.api import CheckpointException
+
+from paracheck.checks.compare import compare
+from paracheck.checks.shards import full
+from paracheck.checks.steps import StepRecord, compare_steps
+from paracheck.domain.adapter import Refused
+from paracheck.domain.records import CheckId, CheckResult, Failure, Status
+from paracheck.adapters.transformers import inputs
+from paracheck.adapters.transformers.layout import cp_supported, reload_layout
+
+PARTS = {"a": "gathered save_pretrained, read on one device", "b": "DCP save, read on one device",
+         "c": "DCP load on the same layout", "d": "DCP load on another layout",
+         "e": "resume on another layout from the library's distributed save of model and optimizer"}
+#: (e): steps before the save, after the load; AdamW's learning rate and the gradient clip every step takes.
+#: AdamW divides by the gradient's own size, so an element whose gradient is near rounding moves by up to ~1e-2 x lr
+#: between two runs whose gradients agree to 1e-7 (measured on llama tp4 at lr 1e-3: 1.03e-5 at step 2, before
+#: any save, past atol 1e-5). At 1e-4 that stays under the tolerance, while a resume that loses or misplaces the
+#: optimizer state still moves elements by ~lr (10x atol) and a wrong weight by its own size.
+BEFORE, AFTER, LR, MAX_NORM = 2, 1, 1e-4, 1.0
+
+
+@dataclass
+class Part:
+    status: str  # pass, fail, refused (the library or the world cannot run it), blocked (an earlier part failed)
+    detail: str = ""
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def roundtrip(body, load) -> list[CheckResult]:
+    """The pass on `body` (the case's `_Body`); `load(path, layout)`: the checkpoint at `path` loaded with
+    `from_pretrained(distributed_config=...)` on `layout`, on this world's meshes."""
+    return [_Roundtrip(body, load).run()]
+
+
+class _Roundtrip:
+    def __init__(self, body, load):
+        self.body, self.tol, self.layout, self.load = body, body.tol, body.layout, load
+        self.plant = body.plant
+        self.root = _agreed(body.ctx.site.workdir)
+        self.reference = body.ref.state_dict()  # read only: the reference is shared across cases
+        self.rows = next(iter(body.batch.values())).shape[0]
+        self.other = reload_layout(self.layout, dist.get_world_size(), bool(getattr(body.ref, "ep_plan", None)),
+                                   cp_supported(), self.rows)
+        self.parts: dict[str, Part] = {}
+        self.notes: list[str] = []
+        self.failure: Failure | None = None
+
+    def run(self) -> CheckResult:
+        # A steps pass before this one may have moved the parallel model on; then save a fresh load of it.
+        source = self._load(self.body.path, self.layout, plant=False) if self.body.case.steps else self.body.model
+        self._part("a", lambda: self._gathered(source))
+        with _folder(self.root, "sharded") as path:
+            if self._part("b", lambda: self._sharded(source, path)):
+                self._part("c", lambda: self._reloaded(path, self.layout))
+                self._part("d", lambda: self._reloaded(path, self.other))
+            else:
+                for name in "cd":
+                    self.parts[name] = Part("blocked", "(b) did not leave a checkpoint to load")
+        del source
+        self._part("e", self._resume)
+        return _verdict(self.parts, self.notes, self.other, self.tol, self.failure)
+
+    def _part(self, name: str, step) -> bool:
+        started = time.perf_counter()
+        try:
+            part = step()
+        except Refused as exc:
+            part = Part("refused", str(exc))
+        except (Exception, CheckpointException) as exc:  # a part's raise is its failure (a control's bug may raise)
+            part = Part("fail", f"raised {type(exc).__name__}: {exc}")
+            self.failure = self.failure or Failure.raised(exc, CheckId.CHECKPOINT)
+        part.seconds = round(time.perf_counter() - started, 3)
+        self.parts[name] = part
+        gc.collect()
+        return part.status == "pass"
+
+    # -- the parts ------------------------------------------------------------------------------------------
+
+    def _gathered(self, model) -> Part:
+        from transformers import AutoModelForCausalLM
+
+        with _folder(self.root, "gathered") as path:
+            with _planted(self.plant.save_plant, model):
+                model.save_pretrained(path)
+            dist.barrier()  # transformers waits for its writer under tp, dp and ep only, not under pp
+            problems = _names_and_shapes(path, self.body.path)
+            try:
+                loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            except Exception as exc:  # what it read is what is wrong: the names and shapes say it first
+                if not problems:
+                    raise
+                return Part("fail", "; ".join(problems + [f"from_pretrained raises {type(exc).__name__}"]))
+            return self._held(dict(loaded.state_dict()), problems)
+
+    def _sharded(self, model, path: str) -> Part:
+        from transformers import AutoModelForCausalLM
+
+        with _planted(self.plant.dcp_save_plant, model):
+            self._save_sharded(model, path)
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return self._held(dict(loaded.state_dict()), [])
+
+    def _save_sharded(self, model, path: str) -> None:
+        try:
+            model.save_pretrained(path, distributed_checkpoint=True)
+        except ValueError as exc:
+            # transformers 5.24 refuses a model sharded neither by tp nor by dp (pipeline stages alone) before
+            # writing; its DCP writer, which that call runs, takes any model: save through it, and say so.
+            from transformers.distributed.checkpoint import _save_model_checkpoint_distributed
+
+            self.notes.append(f"(b) transformers refuses save_pretrained(distributed_checkpoint=True) on "
+                              f"{self.layout}: {exc} Saved through its DCP writer "
+                              "(transformers.distributed.checkpoint._save_model_checkpoint_distributed) instead")
+            dist.barrier()  # rank 0 wrote the config before the refusal
+            _save_model_checkpoint_distributed(model, path)
+
+    def _reloaded(self, path: str, layout) -> Part:
+        if layout is None:
+            raise Refused(f"no other layout of {dist.get_world_size()} ranks that transformers builds for this "
+                          f"model takes the {self.rows}-row batch")
+        model = self._load(path, layout)
+        state = {name: full(value) for name, value in model.state_dict().items()}
+        names = [None] * dist.get_world_size()
+        dist.all_gather_object(names, sorted(state))
+        problems = []
+        with torch.no_grad():
+            logits = full(model(**_model_inputs(self.body.batch), use_cache=False).logits)
+        check = compare(CheckId.CHECKPOINT, logits, self.body.expected["infer"], self.tol.atol, self.tol.rtol,
+                        "no_grad logits")
+        if check.status == Status.FAIL:
+            problems.append(f"{layout}: {check.detail} (max_abs {check.max_abs or 0.0:.2e})")
+        part = self._held(state, problems, {n for ranks in names for n in ranks}, where=f"{layout}: ")
+        part.max_abs = max(part.max_abs, check.max_abs or 0.0)
+        part.max_rel = max(part.max_rel, check.max_rel or 0.0)
+        return part
+
+    def _resume(self) -> Part:
+        from transformers.distributed.checkpoint import load_optimizer_distributed, save_optimizer_distributed
+
+        if self.layout.pp > 1:
+            raise Refused(f"pp_size={self.layout.pp}: the pipeline forward returns no loss to train on "
+                          "(declared upstream: parity.loss on pp*)")
+        if self.other is None:
+            raise Refused(f"no other layout of {dist.get_world_size()} ranks to resume on")
+        expected = _reference_steps(self.body.path, self.body.batch, BEFORE + AFTER)
+        model = self._load(self.body.path, self.layout, plant=False)
+        with _folder(self.root, "resume") as path:
+            self.notes.append(_trainer_refusal(model, os.path.join(path, "trainer")))
+            optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+            records = [_step(model, optimizer, self.body.batch, self.layout) for _ in range(BEFORE)]
+            with _planted(self.plant.dcp_save_plant, model):
+                model.save_pretrained(os.path.join(path, "model"), distributed_checkpoint=True)
+            save_optimizer_distributed(model, optimizer, os.path.join(path, "optimizer"))
+            del model, optimizer
+            model = self._load(os.path.join(path, "model"), self.other)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+            load_optimizer_distributed(model, optimizer, os.path.join(path, "optimizer"))
+            records += [_step(model, optimizer, self.body.batch, self.other) for _ in range(AFTER)]
+        steps = compare_steps(records, expected, self.tol.atol, self.tol.rtol)
+        detail = f"{self.layout} -> {self.other}: {steps.detail}" if steps.detail else ""
+        return Part(steps.status.value, detail, steps.max_abs or 0.0, steps.max_rel or 0.0)
+
+    # -- shared -------------------------------------------------------------------------------------------
+
+    def _load(self, path: str, layout, plant: bool = True):
+        with _planted(self.plant.dcp_load_plant if plant else None):
+            return self.load(path, layout)
+
+    def _held(self, state: dict, problems: list, names: set | None = None, where: str = "") -> Part:
+        """`state` (name -> whole tensor) against the reference's; `names`: every name the ranks hold together
+        (a pipeline stage holds its own), else `state`'s."""
+        names = set(state) if names is None else names
+        missing, extra = sorted(set(self.reference) - names), sorted(names - set(self.reference))
+        if missing:
+            problems.append(f"{where}{len(missing)} of {len(self.reference)} tensors missing ({_few(missing)})")
+        if extra:
+            problems.append(f"{where}{len(extra)} tensors the single-device model lacks ({_few(extra)})")
+        worst_abs = worst_rel = 0.0
+        differing = []
+        for name in sorted(set(state) & set(self.reference)):
+            check = compare(CheckId.CHECKPOINT, state[name], self.reference[name], self.tol.atol, self.tol.rtol, name)
+            worst_abs, worst_rel = max(worst_abs, check.max_abs or 0.0), max(worst_rel, check.max_rel or 0.0)
+            if check.status == Status.FAIL:
+                differing.append((check.max_abs if check.max_abs is not None else float("inf"), name, check.detail))
+        if differing:
+            differing.sort(key=lambda item: (-item[0], item[1]))
+            size, name, detail = differing[0]
+            worst = detail if size == float("inf") else f"worst {name}, max_abs {size:.2e}"
+            problems.append(f"{where}{len(differing)} tensor(s) differ from the reference's: {worst}")
+        return Part("fail" if problems else "pass", "; ".join(problems), worst_abs, worst_rel)
+
+
+def _verdict(parts: dict, notes: list, other, tol, failure) -> CheckResult:
+    failing = [n for n in parts if parts[n].status == "fail"]
+    refused = [n for n in parts if parts[n].status == "refused"]
+    worst_abs = max(p.max_abs for p in parts.values())
+    worst_rel = max(p.max_rel for p in parts.values())
+    data = {"parts": {n: p.to_json() for n, p in parts.items()}, "reload_layout": other.name if other else None,
+            "notes": [n for n in notes if n]}
+    not_run = "; ".join(f"({n}) not run: {parts[n].detail}" for n in refused)
+    if failing:
+        # The parts failing, named first: a known failure of one part alone matches "failing (a): *".
+        named = [f"({n}) {parts[n].detail}" for n in failing] if len(failing) > 1 else [parts[failing[0]].detail]
+        detail = f"failing {', '.join(f'({n})' for n in failing)}: " + "; ".join(named + ([not_run] if not_run else []))
+        return CheckResult(CheckId.CHECKPOINT, Status.FAIL, detail, worst_abs, worst_rel, tol.atol, tol.rtol, data,
+                           failure)
+    status = Status.SKIP if refused else Status.PASS
+    detail = "; ".join(filter(None, [not_run] + ([f"passed {', '.join(f'({n})' for n in parts if n not in refused)}"]
+                                                 if refused else []) + data["notes"]))
+    return CheckResult(CheckId.CHECKPOINT, status, detail, worst_abs, worst_rel, tol.atol, tol.rtol, data)
+
+
+# -- steps (e) -----------------------------------------------------------------------------------------------
+
+
+def _reference_steps(path: str, batch: dict, count: int) -> list[StepRecord]:
+    """`count` steps of a fresh single-device load of the checkpoint (the shared reference is left alone)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    tokens = inputs.predicted_tokens(batch["labels"])
+    records = []
+    for _ in range(count):
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(**batch, num_items_in_batch=tokens, use_cache=False).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        optimizer.step()
+        records.append(StepRecord(loss.detach().clone(), _params(model)))
+    return records
+
+
+def _step(model, optimizer, batch: dict, layout) -> StepRecord:
+    """One step of the parallel model on this rank's share of the global batch; the loss, like the reference's,
+    the global mean (the ranks' shares summed, each counted once)."""
+    rank = dist.get_rank()
+    mine = inputs.share(batch, layout.dp_index(rank), layout.dp)
+    optimizer.zero_grad(set_to_none=True)
+    loss = model(**mine, num_items_in_batch=inputs.predicted_tokens(batch["labels"]), use_cache=False).loss
+    (loss * layout.dp).backward()  # FSDP averages gradients over the dp ranks; each loss is a share of the mean
+    _clip(model)
+    optimizer.step()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return StepRecord(total / (layout.world // layout.dp), _params(model))
+
+
+def _clip(model) -> None:
+    """torch's clip_grad_norm_ where every gradient is on one mesh; over several (experts on their own), the
+    norm of each mesh's gradients, whole, combined, and the same factor applied to all."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    meshes = {getattr(p.grad, "device_mesh", None) for p in params}
+    if len(meshes) <= 1:
+        torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
+        return
+    norms = [full(torch.nn.utils.get_total_norm([p.grad for p in params
+                                                  if getattr(p.grad, "device_mesh", None) == mesh]))
+             for mesh in meshes]
+    factor = min(1.0, MAX_NORM / (float(torch.stack(norms).norm()) + 1e-6))
+    for p in params:
+        p.grad.mul_(factor)
+
+
+def _params(model) -> dict:
+    return {name: full(p).detach().clone() for name, p in model.named_parameters()}
+
+
+def _trainer_refusal(model, folder: str) -> str:
+    """What transformers' Trainer says to checkpointing this model's optimizer (save_strategy='steps')."""
+    from transformers import Trainer, TrainingArguments
+
+    try:
+        Trainer(model=model, args=TrainingArguments(output_dir=folder, save_strategy="steps", report_to="none"))
+    except ValueError as exc:
+        # Its own rule (trainer.py: "Resuming is not supported for models sharded at load time") comes after
+        # accelerate's checks, which on CPU refuse a DistributedConfig model first: whichever speaks, in its words.
+        return f"(e) transformers' Trainer(save_strategy='steps') refuses this model: {exc}"
+    return "(e) transformers' Trainer(save_strategy='steps') accepts this model"
+
+
+# -- folders and files ----------------------------------------------------------------------------------------
+
+
+def _agreed(workdir: str) -> str:
+    """Rank 0's workdir: the folder every rank reads and writes (a torchrun rank's own workdir differs)."""
+    chosen = [os.path.abspath(workdir)]
+    dist.broadcast_object_list(chosen, src=0)
+    return chosen[0]
+
+
+@contextlib.contextmanager
+def _folder(root: str, name: str):
+    """A new folder for one part; removed by rank 0 once every rank is done with it, or by each rank at once when
+    the part raises (its peers may never reach a barrier)."""
+    path = os.path.join(root, f"checkpoint-{name}")
+    if dist.get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path)
+    dist.barrier()
+    try:
+        yield path
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _planted(plant, *args):
+    with plant(*args) if plant else contextlib.nullcontext():
+        yield
+
+
+def _names_and_shapes(saved: str, single: str) -> list[str]:
+    """How the safetensors in `saved` differ, by tensor name and shape, from the single-device checkpoint's."""
+    mine, theirs = _header(saved), _header(single)
+    problems = []
+    missing, extra = sorted(set(theirs) - set(mine)), sorted(set(mine) - set(theirs))
+    if missing:
+        problems.append(f"the safetensors lack {len(missing)} of the single-device model's {len(theirs)} tensors "
+                        f"({_few(missing)})")
+    if extra:
+        problems.append(f"the safetensors hold {len(extra)} names the single-device model lacks ({_few(extra)})")
+    shapes = [f"{n} {list(mine[n])} != {list(theirs[n])}" for n in sorted(set(mine) & set(theirs))
+              if mine[n] != theirs[n]]
+    if shapes:
+        problems.append(f"{len(shapes)} safetensors shape(s) differ from the single-device model's: {_few(shapes)}")
+    return problems
+
+
+def _header(folder: str) -> dict:
+    from safetensors import safe_open
+
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(folder, name), "pt") as handle:
+                found.update({key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()})
+    return found
+
+
+def _few(names: list, count: int = 3) -> str:
+    return ", ".join(names[:count]) + (f", ... ({len(names) - count} more)" if len(names) > count else "")
+
+
+def _model_inputs(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if k != "labels"}
