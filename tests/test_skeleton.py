@@ -192,3 +192,12 @@ def test_a_spec_that_is_no_callable_is_still_claimed_by_its_adapter(tmp_path):
     path.write_text("import types\nspec = types.SimpleNamespace(build=lambda: None, parallelize=lambda m, mesh, l: m,"
                     " inputs=lambda layout, variant: {})\n")
     assert registry.library_of(f"{path}:spec") == "torch"
+
+
+def test_a_checkpoint_exception_is_the_cases_error_not_the_ranks_end(monkeypatch, world):
+    """DCP's CheckpointException derives from BaseException only; a pass raising it still ends as the case's
+    error, with the rank alive for the next case."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    result = _run(monkeypatch, _Toy("checkpoint", CheckpointException("planted", {})), world, checkpoint=True)
+    assert result.status == RankStatus.ERROR and "CheckpointException" in result.reason

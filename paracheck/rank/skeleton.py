@@ -15,6 +15,7 @@ import traceback
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from paracheck.checks.compare import tolerance
 from paracheck.domain import registry
@@ -24,6 +25,9 @@ from paracheck.launch.attribution import lost_peer
 from paracheck.world import meshes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: What a pass may raise that is the case's failure, not the rank's end: every Exception, and DCP's
+#: CheckpointException, which derives from BaseException only (uncaught, it would end the rank).
+RAISES = (Exception, CheckpointException)
 
 
 def case_tolerance(case, device_type: str) -> Tolerance:
@@ -51,7 +55,7 @@ def run_case(case, backend, site) -> RankResult:
     except Refused as exc:
         result.status, result.reason, result.failure = exc.status, str(exc), exc.failure
         result.raised_in_parallel = False
-    except Exception as exc:
+    except RAISES as exc:
         result.status, result.reason = RankStatus.ERROR, f"{type(exc).__name__}: {exc}"
         # Typed where it happened, so explore names the bug by exception and frame, not by the rank's exit.
         result.traceback, result.failure = traceback.format_exc(), Failure.raised(exc)
@@ -133,7 +137,7 @@ def _attempt(step, check_id: CheckId, result: RankResult, raised: list):
     this rank's traceback kept (the first raise is the case's reason)."""
     try:
         return step(), None
-    except Exception as exc:
+    except RAISES as exc:
         result.traceback = result.traceback or traceback.format_exc()
         error = Raised(f"{type(exc).__name__}: {exc}", Failure.raised(exc, check_id))
         raised.append(error)
