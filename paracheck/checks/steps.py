@@ -19,6 +19,9 @@ class StepRecord:
     pipeline stage before the last) and every parameter by name, whole (DTensors gathered), on the CPU."""
     loss: object
     params: dict = field(default_factory=dict)
+    #: The gradient norm the step's clipping took (before clipping), where the trainer reports one; compared like
+    #: the loss when both runs have it.
+    grad_norm: float | None = None
 
 
 def compare_steps(actual: list[StepRecord], expected: list[StepRecord], atol: float, rtol: float) -> CheckResult:
@@ -48,6 +51,15 @@ def _step_problems(mine: StepRecord, ref: StepRecord, atol: float, rtol: float) 
         _worse(figures, loss, "loss")
         if loss.status == Status.FAIL:
             problems.append(f"loss {float(mine.loss):.6g} != reference {float(ref.loss):.6g}")
+    if mine.grad_norm is not None and ref.grad_norm is not None:
+        import torch
+
+        norm = compare(CheckId.STEPS, torch.tensor(mine.grad_norm), torch.tensor(ref.grad_norm), atol, rtol,
+                       "grad_norm")
+        figures.update(grad_norm=mine.grad_norm, reference_grad_norm=ref.grad_norm)
+        _worse(figures, norm, "grad_norm")
+        if norm.status == Status.FAIL:
+            problems.append(f"grad_norm {mine.grad_norm:.6g} != reference {ref.grad_norm:.6g}")
     missing = sorted(set(ref.params) - set(mine.params))
     extra = sorted(set(mine.params) - set(ref.params))
     if missing or extra:

@@ -135,6 +135,11 @@ class _Body:
             return [CheckResult(CheckId.GRADS, Status.SKIP, skip)]
         return [localize.grads(self.model, self.expected["grads"], self.tol.atol, self.tol.rtol, self.layout)]
 
+    def steps(self) -> list:
+        from paracheck.adapters.transformers import steps
+
+        return steps.run(self)
+
     def localize(self, checks: list) -> None:
         localize.after_checks(self.model, self.ref, self.mine, self.layout, checks, self.ctx.result, self.tol.atol,
                               self.tol.rtol)

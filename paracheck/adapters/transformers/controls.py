@@ -31,6 +31,8 @@ class Plant:
     #: single-process model -> more rules for `tp_plan`, read from its modules (for plans whose keys differ
     #: from family to family).
     tp_plan_from: Callable | None = None
+    #: () -> the `Trainer` subclass parity.steps trains the parallel model with (None: transformers' own `Trainer`).
+    trainer_plant: Callable | None = None
 
     def bound(self, ref) -> "Plant":
         """This plant with the rules `tp_plan_from` reads from the single-process model merged in."""
