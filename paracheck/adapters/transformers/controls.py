@@ -102,6 +102,98 @@ def _local(tensor):
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
+def _needs_replicas(layout) -> str | None:
+    """Parameters replicated across data-parallel ranks: HSDP's replicas (every parameter), not FSDP's shards."""
+    if layout.dpr > 1 and layout.pp == 1:
+        return None
+    return f"layout {layout} has no dp_replicate dimension, so no decayed parameter is replicated"
+
+
+def _needs_sharded_grads(layout) -> str | None:
+    """Gradients split across ranks (FSDP's shards, TP's, the experts'), so a shard's norm is not the whole one."""
+    if layout.pp == 1 and (layout.fsdp > 1 or layout.tp > 1 or layout.ep > 1):
+        return None
+    return f"layout {layout} splits no gradient across ranks, so each rank's norm is the whole one"
+
+
+def _local_norm_trainer():
+    """A `Trainer` whose gradient clipping takes the norm of this rank's own shards only: each rank scales its
+    gradients by its own factor, and the norm it logs is its shard's."""
+    import torch
+    from transformers import Trainer
+
+    class LocalNormTrainer(Trainer):
+        def _clip_grad_norm(self, model):
+            grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+            factor = torch.clamp(self.args.max_grad_norm / (norm + 1e-6), max=1.0)
+            for grad in grads:
+                grad.mul_(factor)
+            return norm
+
+    return LocalNormTrainer
+
+
+def _replicated(param) -> bool:
+    """Whether some other rank holds the same values: a DTensor replicated on a mesh dimension, or a plain tensor."""
+    placements = getattr(param, "placements", None)
+    return placements is None or any(p.is_replicate() for p in placements)
+
+
+def _decay_twice_trainer():
+    """A `Trainer` whose optimizer, after each step, decays the replicated parameters of decayed groups once more
+    (AdamW's decoupled decay, p *= 1 - lr * weight_decay, applied a second time)."""
+    import torch
+    from transformers import Trainer
+
+    def decay_again(optimizer, args, kwargs):
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in (p for p in group["params"] if group["weight_decay"] and _replicated(p)):
+                    _local(param).mul_(1 - group["lr"] * group["weight_decay"])
+
+    class DecayTwiceTrainer(Trainer):
+        def create_optimizer(self, model=None):
+            optimizer = super().create_optimizer(model)
+            optimizer.register_step_post_hook(decay_again)
+            return optimizer
+
+    return DecayTwiceTrainer
+
+
+def _needs_trainer(layout) -> str | None:
+    return None if layout.pp == 1 else f"layout {layout}: transformers' Trainer cannot train a pipeline (see parity.steps)"
+
+
+def _untied(ref) -> str | None:
+    head, embed = ref.get_output_embeddings(), ref.get_input_embeddings()
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    return None if tied else "the model does not tie its output head to its input embedding"
+
+
+def _untied_trainer():
+    """A `Trainer` that, preparing the model for training, gives the output head a weight of its own: a copy of
+    the tied embedding's (whole, so the forward is unchanged), in a new head module, so from the first step on
+    the embedding learns from its input use only and the head from its output use only."""
+    import torch
+    from transformers import Trainer
+
+    from paracheck.checks.shards import full
+
+    class UntiedTrainer(Trainer):
+        def create_optimizer(self, model=None):
+            model = model or self.model
+            head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+            weight = full(embed.weight.detach()).clone()
+            untied = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype,
+                                     device=weight.device)
+            untied.weight = torch.nn.Parameter(weight)
+            model.set_output_embeddings(untied)
+            return super().create_optimizer(model)
+
+    return UntiedTrainer
+
+
 _NORMS = ("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm")
 
 _ENTRIES = (
@@ -129,6 +221,17 @@ _ENTRIES = (
              "forward stays exact, the gradients do not)", (CheckId.TP_SHARDS, CheckId.GRADS), _needs_tp_without_ep),
      Plant(tp_plan_from=_packed_as_colwise, needs_model=lambda ref: None if _packed_as_colwise(ref) else
            "the model's tp_plan has no packed_colwise rule")),
+    (Control("tf-clip-local-norm", "the Trainer's gradient clipping takes the norm of each rank's local shards only, "
+             "so each rank clips by its own factor (the norm it logs is its shard's)", (CheckId.STEPS,),
+             _needs_sharded_grads),
+     Plant(trainer_plant=_local_norm_trainer)),
+    (Control("tf-decay-twice", "AdamW's weight decay applied a second time, after each optimizer step, to the "
+             "parameters replicated across ranks (HSDP's replicas)", (CheckId.STEPS,), _needs_replicas),
+     Plant(trainer_plant=_decay_twice_trainer)),
+    (Control("tf-untied-embeddings", "the tied input embedding and output head untied as the Trainer prepares the "
+             "sharded model (the head given a copy of its own): forward unchanged, each then learns from one use",
+             (CheckId.STEPS,), _needs_trainer),
+     Plant(trainer_plant=_untied_trainer, needs_model=_untied)),
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}

@@ -60,14 +60,14 @@ class Recorder:
     """A `TrainerCallback` recording each optimizer step: every parameter whole (`on_step_end`, which every rank
     reaches), then the step's logged loss and gradient norm (`on_log`)."""
 
-    def __init__(self, names=None):
+    def __init__(self):
         from transformers import TrainerCallback
 
         class _Callback(TrainerCallback):
             def on_step_end(inner, args, state, control, model=None, **kwargs):
                 with torch.no_grad():
-                    params = {(names(n) if names else n): full(p.detach()).clone().cpu()
-                              for n, p in model.named_parameters()}
+                    params = {n: full(p.detach()).clone().cpu()
+                              for n, p in model.named_parameters(remove_duplicate=False)}
                 self.records.append(StepRecord(None, params))
 
             def on_log(inner, args, state, control, logs=None, **kwargs):
@@ -111,12 +111,11 @@ def batches(draw, steps: int) -> list[dict]:
     return [draw(SEED + i) for i in range(steps * MICRO)]
 
 
-def train(model, data: list[dict], rows: int, steps: int, use_cpu: bool, workdir: str, trainer_class=None,
-          names=None) -> Recorder:
+def train(model, data: list[dict], rows: int, steps: int, use_cpu: bool, workdir: str, trainer_class=None) -> Recorder:
     """`Trainer.train()` on `model` over `data`, `rows` rows per device batch; the step records."""
     from transformers import Trainer, default_data_collator
 
-    recorder = Recorder(names)
+    recorder = Recorder()
     threads = torch.get_num_threads()  # accelerate sets its own count on a CPU world; the rank keeps its own
     with tempfile.TemporaryDirectory(dir=workdir, prefix="steps-") as folder:
         try:
