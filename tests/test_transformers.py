@@ -247,9 +247,11 @@ def test_every_registered_control_is_planted_in_the_world_above():
     unnoticed."""
     from paracheck.domain.registry import controls
 
+    from .test_steps_transformers import STEPS_PLANTED
     from .test_sweep import SWEEP_PLANTED
 
-    assert set(controls("transformers")) == {c for c, _, _ in PLANTED} | {c for *_, cs in SWEEP_PLANTED for c in cs}
+    assert set(controls("transformers")) == ({c for c, _, _ in PLANTED} | {c for *_, cs in SWEEP_PLANTED for c in cs}
+                                             | {c for c, _ in STEPS_PLANTED})
 
 
 @pytest.mark.slow
@@ -257,9 +259,11 @@ def test_every_registered_control_is_detected(gloo_verdicts):
     """Every control of the registry that the bundled fixtures can carry (the sweep's test has the others)."""
     from paracheck.domain.registry import controls
 
+    from .test_steps_transformers import STEPS_PLANTED
     from .test_sweep import SWEEP_PLANTED
 
-    elsewhere = {c for *_, cs in SWEEP_PLANTED for c in cs} - {c for c, _, _ in PLANTED}
+    # The sweep's controls, and parity.steps' (detected in test_steps_transformers: this world takes no steps).
+    elsewhere = ({c for *_, cs in SWEEP_PLANTED for c in cs} | {c for c, _ in STEPS_PLANTED}) - {c for c, _, _ in PLANTED}
     for name in set(controls("transformers")) - elsewhere:
         statuses = [v.status.value for k, v in gloo_verdicts.items() if k[3] == name]
         assert "detected" in statuses and "missed" not in statuses, (name, statuses)

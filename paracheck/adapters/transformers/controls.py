@@ -210,7 +210,9 @@ _ENTRIES = (
      Plant(loss_factor=lambda dp: 1.0)),
     (Control("tf-embed-replicate", "the input embedding planned replicate instead of embedding_rowwise: numbers "
              "exact, the vocabulary no longer sharded", (CheckId.TP_SHARDS,), _needs_tp),
-     Plant(tp_plan={"model.embed_tokens": "replicate"}, needs_rules=("model.embed_tokens",))),
+     Plant(tp_plan={"model.embed_tokens": "replicate"}, needs_rules=("model.embed_tokens",),
+           needs_model=lambda ref: None if _untied(ref) else "the model ties its input embedding to its output head, "
+           "planned colwise: one weight cannot be planned replicate and colwise (its forward raises)")),
     (Control("tf-rowwise-bias-before-reduce", "a row-parallel bias added on every rank before the reduction, "
              "so the sum counts it tp times (placements exact)", (CheckId.INFERENCE, CheckId.FORWARD),
              _needs_tp),
