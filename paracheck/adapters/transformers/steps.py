@@ -208,7 +208,8 @@ def run(body) -> list[CheckResult]:
     use_cpu = ctx.backend.device_type == "cpu"
     shape = json.dumps(case.shape.to_json(), sort_keys=True) if case.shape is not None else None
     key = (case.factory, body.path, case.variant, shape, layout.dp, case.steps)
-    expected = reference(key, body.path, data, rows, case.steps, ctx.backend.device_type, ctx.site.workdir)
+    with ctx.phase("steps_reference"):  # within "steps": what the single-process run costs (0 when kept)
+        expected = reference(key, body.path, data, rows, case.steps, ctx.backend.device_type, ctx.site.workdir)
     try:
         actual = train(body.model, data, rows // layout.dp, case.steps, use_cpu, ctx.site.workdir,
                        trainer_class=body.plant.trainer_plant and body.plant.trainer_plant())
