@@ -49,14 +49,17 @@ def test_the_single_process_switch_hides_the_world_and_gives_it_back(monkeypatch
     assert os.environ["WORLD_SIZE"] == "4" and PartialState._shared_state == {}
 
 
-def test_the_gradient_norm_is_compared_like_the_loss():
+def test_the_gradient_norm_is_reported_and_named_where_the_parameters_part():
     import torch
 
     ref = [StepRecord(torch.tensor(1.0), {"w": torch.ones(2)}, grad_norm=2.0)]
-    mine = [StepRecord(torch.tensor(1.0), {"w": torch.ones(2)}, grad_norm=1.5)]
-    result = compare_steps(mine, ref, 1e-5, 1e-5)
-    assert result.status.value == "fail" and "grad_norm 1.5 != reference 2" in result.detail
-    assert compare_steps(ref, ref, 1e-5, 1e-5).status.value == "pass"
+    norm_only = [StepRecord(torch.tensor(1.0), {"w": torch.ones(2)}, grad_norm=1.5)]
+    both = [StepRecord(torch.tensor(1.0), {"w": torch.full((2,), 1.1)}, grad_norm=1.5)]
+    alone = compare_steps(norm_only, ref, 1e-5, 1e-5)
+    assert alone.status.value == "pass" and alone.data["steps"][0]["grad_norm"] == 1.5
+    result = compare_steps(both, ref, 1e-5, 1e-5)
+    assert result.status.value == "fail" and result.detail.startswith("step 1 of 1: grad_norm 1.5 != reference 2; ")
+    assert "worst w" in result.detail
 
 
 def test_each_new_control_names_where_it_cannot_apply():

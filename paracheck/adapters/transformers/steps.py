@@ -132,7 +132,16 @@ def train(model, data: list[dict], rows: int, steps: int, use_cpu: bool, workdir
         finally:
             torch.set_num_threads(threads)
             del trainer
+            _forget_accelerate()  # the next case's Trainer, or none, starts from no state
     return recorder
+
+
+def _forget_accelerate() -> None:
+    """accelerate's process-wide singletons (`PartialState`, `AcceleratorState`, `GradientState`) reset."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
 
 
 class TrainerRefused(Exception):
@@ -143,15 +152,13 @@ class TrainerRefused(Exception):
 def _single_process_env():
     """Within: no launcher environment, so accelerate's `PartialState` (which `TrainingArguments` resets) sees one
     process on one device; the environment comes back after."""
-    from accelerate.state import AcceleratorState
-
     saved = {k: os.environ.pop(k) for k in WORLD_ENV if k in os.environ}
-    AcceleratorState._reset_state(reset_partial_state=True)
+    _forget_accelerate()
     try:
         yield
     finally:
         os.environ.update(saved)
-        AcceleratorState._reset_state(reset_partial_state=True)
+        _forget_accelerate()
 
 
 def reference(key, path: str, data: list[dict], rows: int, steps: int, device_type: str, workdir: str,
