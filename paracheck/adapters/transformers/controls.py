@@ -183,8 +183,7 @@ def _untied_trainer():
     class UntiedTrainer(Trainer):
         def create_optimizer(self, model=None):
             model = model or self.model
-            head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-            weight = full(embed.weight.detach()).clone()
+            weight = full(model.get_input_embeddings().weight.detach()).clone()
             untied = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype,
                                      device=weight.device)
             untied.weight = torch.nn.Parameter(weight)

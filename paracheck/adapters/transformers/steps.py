@@ -9,7 +9,7 @@ micro-batch; the reference's device batch is the global batch and the parallel r
 sharding of the loader (contiguous, in data-parallel rank order; TP ranks alike) feeds both the same global batch
 per micro-batch in the same order.
 
-The reference `Trainer` runs in this rank's own process, on one device, although torch.distributed is up: accelerate
+The reference `Trainer` runs in this rank's own process, on the CPU alone, although torch.distributed is up: accelerate
 and `TrainingArguments` decide "distributed" from the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...),
 which `_single_process_env` hides while the reference is built and trained (transformers' own switch is the same
 environment; no Trainer code is replaced). Each rank computes it (every rank has its own reference in this adapter)
@@ -49,11 +49,13 @@ ADAM_EPSILON = 1e-4
 #: The seed of the first micro-batch's rows (each micro-batch draws its own, after the case's own batch).
 SEED = 100
 #: The launcher's environment that makes accelerate and TrainingArguments treat a process as one of a world.
-WORLD_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "NODE_RANK",
-             "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ACCELERATE_USE_CPU")
+WORLD_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+             "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "PMI_RANK", "PMI_SIZE",
+             "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_RANK",
+             "MV2_COMM_WORLD_SIZE", "MPI_LOCALRANKID", "ACCELERATE_USE_CPU", "ACCELERATE_TORCH_DEVICE")
 
-#: This process's reference step records by (checkpoint, variant, shape, dp, steps, tied): a world runs a fixture's
-#: layouts one after another, so neighbouring cases of one dp share them.
+#: This process's reference step records by (factory, checkpoint, variant, shape, dp, steps): a world runs a
+#: fixture's layouts one after another, so neighbouring cases of one dp share them (and a control its plain case's).
 _STEPS = Recent(3)
 
 
@@ -81,17 +83,16 @@ class Recorder:
         self.callback = _Callback()
 
 
-def arguments(folder: str, rows: int, steps: int, use_cpu: bool, **extra):
+def arguments(folder: str, rows: int, steps: int, use_cpu: bool):
     """The `TrainingArguments` both runs take (`rows`: this run's device batch)."""
     from transformers import TrainingArguments
 
     return TrainingArguments(output_dir=folder, per_device_train_batch_size=rows, gradient_accumulation_steps=MICRO,
                              max_steps=steps, learning_rate=LEARNING_RATE, lr_scheduler_type="constant",
                              warmup_steps=0, weight_decay=WEIGHT_DECAY, adam_epsilon=ADAM_EPSILON,
-                             max_grad_norm=MAX_GRAD_NORM,
-                             optim="adamw_torch", train_sampling_strategy="sequential", logging_strategy="steps",
+                             max_grad_norm=MAX_GRAD_NORM, optim="adamw_torch", train_sampling_strategy="sequential", logging_strategy="steps",
                              logging_steps=1, save_strategy="no", report_to=[], use_cpu=use_cpu,
-                             dataloader_num_workers=0, disable_tqdm=True, seed=0, **extra)
+                             dataloader_num_workers=0, disable_tqdm=True, seed=0)
 
 
 class Rows(torch.utils.data.Dataset):
@@ -161,18 +162,17 @@ def _single_process_env():
         _forget_accelerate()
 
 
-def reference(key, path: str, data: list[dict], rows: int, steps: int, device_type: str, workdir: str,
-              prepare=None) -> Recorder:
-    """The single-process run: a fresh load of `path` (never a case's shared reference model), trained alone."""
+def reference(key, path: str, data: list[dict], rows: int, steps: int, workdir: str) -> Recorder:
+    """The single-process run: a fresh load of `path` (never a case's shared reference model), trained alone on
+    the CPU, where the adapter's other references run (`use_cpu`: on a GPU machine a single-process Trainer would
+    otherwise take cuda:0, and with several GPUs visible wrap the model in DataParallel)."""
 
     def compute():
         from transformers import AutoModelForCausalLM
 
         with _single_process_env():
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            if prepare:
-                prepare(model)
-            return train(model, data, rows, steps, device_type == "cpu", workdir)
+            return train(model, data, rows, steps, True, workdir)
 
     return _STEPS.get(key, compute)
 
@@ -216,15 +216,24 @@ def run(body) -> list[CheckResult]:
     shape = json.dumps(case.shape.to_json(), sort_keys=True) if case.shape is not None else None
     key = (case.factory, body.path, case.variant, shape, layout.dp, case.steps)
     with ctx.phase("steps_reference"):  # within "steps": what the single-process run costs (0 when kept)
-        expected = reference(key, body.path, data, rows, case.steps, ctx.backend.device_type, ctx.site.workdir)
-    try:
-        actual = train(body.model, data, rows // layout.dp, case.steps, use_cpu, ctx.site.workdir,
-                       trainer_class=body.plant.trainer_plant and body.plant.trainer_plant())
-    except TrainerRefused as exc:
+        expected = reference(key, body.path, data, rows, case.steps, ctx.site.workdir)
+    trainer_class = body.plant.trainer_plant and body.plant.trainer_plant()
+
+    def parallel():
+        try:
+            return train(body.model, data, rows // layout.dp, case.steps, use_cpu, ctx.site.workdir, trainer_class)
+        except TrainerRefused as exc:
+            return exc
+
+    # A raise inside train() is this check's failure, with the rank's traceback kept (the skeleton's rule).
+    actual, raised = ctx.attempt(parallel, CheckId.STEPS)
+    if raised is not None:
+        return [CheckResult(CheckId.STEPS, Status.FAIL, f"Trainer.train() raised: {raised}", failure=raised.failure)]
+    if isinstance(actual, TrainerRefused):
         reason = (f"transformers' Trainer refuses the model loaded with DistributedConfig({_sizes(layout)}) on this "
-                  f"{ctx.backend.name} world: {exc}")
+                  f"{ctx.backend.name} world: {actual}")
         if body.control is not None and CheckId.STEPS in body.control.must_trip:
-            raise Refused(f"{case.control}: {reason}") from exc  # the bug it plants cannot show: a skip, not a miss
+            raise Refused(f"{case.control}: {reason}")  # the bug it plants cannot show: a skip, not a miss
         return skip(reason)
     return [check(actual, expected, body.tol.atol, body.tol.rtol)]
 
