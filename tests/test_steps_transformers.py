@@ -115,3 +115,19 @@ def test_the_pipeline_abort_is_declared_and_tp_on_cpu_is_accelerates_refusal(ste
     assert pp["status"] == "xfail" and "_sync_replicated_trainable_parameters" in _steps(pp)["detail"]
     tp = _steps(_cases(steps_run)["tp2"])
     assert tp["status"] == "skip" and "ParallelismConfig is only compatible" in tp["detail"]
+
+
+def test_the_untie_control_runs_where_a_fixture_ties_in_the_default_tier():
+    """llama's cases train first (one layout of each kind), but llama does not tie: the control also runs, with
+    steps, on gemma3's first case, which does."""
+    from paracheck.adapters.transformers import cases
+    from paracheck.cli.tiers import runs
+    from paracheck.domain.tier import with_training
+    from paracheck.cli.tiers import _needs_training
+
+    matrix = [c for m in ("llama", "gemma3") for c in cases.expand(m, "all", 4, ["base"], controls=True)]
+    chosen = with_training(matrix, 3, False, needs=_needs_training, runs=runs)
+    untie = [c for c in chosen if c.control == "tf-untied-embeddings" and runs(c)]
+    assert untie and all(c.model == "gemma3" and c.steps == 3 for c in untie)
+    twin = next(c for c in chosen if c.control is None and c.model == "gemma3" and c.layout == untie[0].layout)
+    assert twin.steps == 3

@@ -33,6 +33,9 @@ class Plant:
     tp_plan_from: Callable | None = None
     #: () -> the `Trainer` subclass parity.steps trains the parallel model with (None: transformers' own `Trainer`).
     trainer_plant: Callable | None = None
+    #: The bug needs a model whose output head is tied to its input embedding (`needs_model` says so on the ranks;
+    #: for a bundled fixture the tier knows it from the config, `will_run`, before any rank starts).
+    trainer_needs_tied: bool = False
 
     def bound(self, ref) -> "Plant":
         """This plant with the rules `tp_plan_from` reads from the single-process model merged in."""
@@ -232,7 +235,7 @@ _ENTRIES = (
     (Control("tf-untied-embeddings", "the tied input embedding and output head untied as the Trainer prepares the "
              "sharded model (the head given a copy of its own): forward unchanged, each then learns from one use",
              (CheckId.STEPS,), _needs_trainer),
-     Plant(trainer_plant=_untied_trainer, needs_model=_untied)),
+     Plant(trainer_plant=_untied_trainer, needs_model=_untied, trainer_needs_tied=True)),
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}
