@@ -127,7 +127,8 @@ def with_training(cases: list, steps: int, checkpoint: bool, everything: bool = 
             continue
         kept.append(c)
     for c in orphans.values():
-        if not any(k.control == c.control and k.library == c.library for k in kept):
+        # Kept only where it will be a skip (a model that cannot carry it) is not run: it runs on its orphan too.
+        if not any(k.control == c.control and k.library == c.library and runs(k) for k in kept):
             chosen.add(_twin(c))
             kept.append(c)
     on = dict(steps=steps, checkpoint=checkpoint)

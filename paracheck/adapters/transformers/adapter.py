@@ -68,6 +68,18 @@ class TransformersAdapter:
 
         return ["--models", PREFIX + case.model] if case.factory == FACTORY else None
 
+    def will_run(self, case) -> bool:
+        """False for a control on a bundled fixture that cannot carry it (a skip on the ranks): one that unties a
+        tied head on a fixture whose config does not tie (so the tier runs it where one does)."""
+        from paracheck.adapters.transformers.cases import factory_of
+        from paracheck.adapters.transformers.controls import PLANTS
+        from paracheck.adapters.transformers.fixtures import CONFIGS
+
+        plant = PLANTS.get(case.control) if case.control else None
+        if plant is None or not plant.trainer_needs_tied or case.payload or case.factory != factory_of(case.model):
+            return True
+        return bool(CONFIGS.get(case.model, ("", {}))[1].get("tie_word_embeddings"))
+
     def case_body(self, ctx):
         from paracheck.adapters.transformers.body import case_body
 

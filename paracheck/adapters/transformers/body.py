@@ -141,6 +141,11 @@ class _Body:
         # Reloads take the case's DistributedConfig rules, not its plant (a checkpoint control plants its own).
         return roundtrip(self, lambda path, layout: _load_parallel(path, layout, NO_PLANT, self.ctx.backend))
 
+    def steps(self) -> list:
+        from paracheck.adapters.transformers import steps
+
+        return steps.run(self)
+
     def localize(self, checks: list) -> None:
         localize.after_checks(self.model, self.ref, self.mine, self.layout, checks, self.ctx.result, self.tol.atol,
                               self.tol.rtol)

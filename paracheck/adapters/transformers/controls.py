@@ -38,6 +38,11 @@ class Plant:
     dcp_save_plant: Callable | None = None
     #: checkpoint.roundtrip: () -> a context manager around each DCP load into a parallel model (parts c, d, e).
     dcp_load_plant: Callable | None = None
+    #: () -> the `Trainer` subclass parity.steps trains the parallel model with (None: transformers' own `Trainer`).
+    trainer_plant: Callable | None = None
+    #: The bug needs a model whose output head is tied to its input embedding (`needs_model` says so on the ranks;
+    #: for a bundled fixture the tier knows it from the config, `will_run`, before any rank starts).
+    trainer_needs_tied: bool = False
 
     def bound(self, ref) -> "Plant":
         """This plant with the rules `tp_plan_from` reads from the single-process model merged in."""
@@ -161,6 +166,97 @@ def _local(tensor):
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
+def _needs_replicas(layout) -> str | None:
+    """Parameters replicated across data-parallel ranks: HSDP's replicas (every parameter), not FSDP's shards."""
+    if layout.dpr > 1 and layout.pp == 1:
+        return None
+    return f"layout {layout} has no dp_replicate dimension, so no decayed parameter is replicated"
+
+
+def _needs_sharded_grads(layout) -> str | None:
+    """Gradients split across ranks (FSDP's shards, TP's, the experts'), so a shard's norm is not the whole one."""
+    if layout.pp == 1 and (layout.fsdp > 1 or layout.tp > 1 or layout.ep > 1):
+        return None
+    return f"layout {layout} splits no gradient across ranks, so each rank's norm is the whole one"
+
+
+def _local_norm_trainer():
+    """A `Trainer` whose gradient clipping takes the norm of this rank's own shards only: each rank scales its
+    gradients by its own factor, and the norm it logs is its shard's."""
+    import torch
+    from transformers import Trainer
+
+    class LocalNormTrainer(Trainer):
+        def _clip_grad_norm(self, model):
+            grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+            factor = torch.clamp(self.args.max_grad_norm / (norm + 1e-6), max=1.0)
+            for grad in grads:
+                grad.mul_(factor)
+            return norm
+
+    return LocalNormTrainer
+
+
+def _replicated(param) -> bool:
+    """Whether some other rank holds the same values: a DTensor replicated on a mesh dimension, or a plain tensor."""
+    placements = getattr(param, "placements", None)
+    return placements is None or any(p.is_replicate() for p in placements)
+
+
+def _decay_twice_trainer():
+    """A `Trainer` whose optimizer, after each step, decays the replicated parameters of decayed groups once more
+    (AdamW's decoupled decay, p *= 1 - lr * weight_decay, applied a second time)."""
+    import torch
+    from transformers import Trainer
+
+    def decay_again(optimizer, args, kwargs):
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in (p for p in group["params"] if group["weight_decay"] and _replicated(p)):
+                    _local(param).mul_(1 - group["lr"] * group["weight_decay"])
+
+    class DecayTwiceTrainer(Trainer):
+        def create_optimizer(self, model=None):
+            optimizer = super().create_optimizer(model)
+            optimizer.register_step_post_hook(decay_again)
+            return optimizer
+
+    return DecayTwiceTrainer
+
+
+def _needs_trainer(layout) -> str | None:
+    return None if layout.pp == 1 else f"layout {layout}: transformers' Trainer cannot train a pipeline (see parity.steps)"
+
+
+def _untied(ref) -> str | None:
+    head, embed = ref.get_output_embeddings(), ref.get_input_embeddings()
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    return None if tied else "the model does not tie its output head to its input embedding"
+
+
+def _untied_trainer():
+    """A `Trainer` that, preparing the model for training, gives the output head a weight of its own: a copy of
+    the tied embedding's (whole, so the forward is unchanged), in a new head module, so from the first step on
+    the embedding learns from its input use only and the head from its output use only."""
+    import torch
+    from transformers import Trainer
+
+    from paracheck.checks.shards import full
+
+    class UntiedTrainer(Trainer):
+        def create_optimizer(self, model=None):
+            model = model or self.model
+            weight = full(model.get_input_embeddings().weight.detach()).clone()
+            untied = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype,
+                                     device=weight.device)
+            untied.weight = torch.nn.Parameter(weight)
+            model.set_output_embeddings(untied)
+            return super().create_optimizer(model)
+
+    return UntiedTrainer
+
+
 _NORMS = ("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm")
 
 _ENTRIES = (
@@ -177,7 +273,9 @@ _ENTRIES = (
      Plant(loss_factor=lambda dp: 1.0)),
     (Control("tf-embed-replicate", "the input embedding planned replicate instead of embedding_rowwise: numbers "
              "exact, the vocabulary no longer sharded", (CheckId.TP_SHARDS,), _needs_tp),
-     Plant(tp_plan={"model.embed_tokens": "replicate"}, needs_rules=("model.embed_tokens",))),
+     Plant(tp_plan={"model.embed_tokens": "replicate"}, needs_rules=("model.embed_tokens",),
+           needs_model=lambda ref: None if _untied(ref) else "the model ties its input embedding to its output head, "
+           "planned colwise: one weight cannot be planned replicate and colwise (its forward raises)")),
     (Control("tf-rowwise-bias-before-reduce", "a row-parallel bias added on every rank before the reduction, "
              "so the sum counts it tp times (placements exact)", (CheckId.INFERENCE, CheckId.FORWARD),
              _needs_tp),
@@ -206,6 +304,17 @@ _ENTRIES += (
              _needs_split_experts, plants_in="*.gate|*.router"),
      Plant(after_load=_topk_on_shard, needs_model=lambda ref: None if _routers(ref) else
            "the model has no top-k router (a dense model)")),
+    (Control("tf-clip-local-norm", "the Trainer's gradient clipping takes the norm of each rank's local shards only, "
+             "so each rank clips by its own factor (the norm it logs is its shard's)", (CheckId.STEPS,),
+             _needs_sharded_grads),
+     Plant(trainer_plant=_local_norm_trainer)),
+    (Control("tf-decay-twice", "AdamW's weight decay applied a second time, after each optimizer step, to the "
+             "parameters replicated across ranks (HSDP's replicas)", (CheckId.STEPS,), _needs_replicas),
+     Plant(trainer_plant=_decay_twice_trainer)),
+    (Control("tf-untied-embeddings", "the tied input embedding and output head untied as the Trainer prepares the "
+             "sharded model (the head given a copy of its own): forward unchanged, each then learns from one use",
+             (CheckId.STEPS,), _needs_trainer),
+     Plant(trainer_plant=_untied_trainer, needs_model=_untied, trainer_needs_tied=True)),
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}

@@ -28,7 +28,7 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "qwen3_moe": ("Qwen3MoeConfig", dict(_COMMON, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
                                           decoder_sparse_step=1, mlp_only_layers=[])),
     # Sliding and full layers mixed.
-    "gemma3": ("Gemma3TextConfig", dict(_COMMON, sliding_window=4, layer_types=["sliding_attention",
+    "gemma3": ("Gemma3TextConfig", dict(_COMMON, tie_word_embeddings=True, sliding_window=4, layer_types=["sliding_attention",
                                         "full_attention", "sliding_attention", "full_attention"])),
 }
 FIXTURES = tuple(CONFIGS)

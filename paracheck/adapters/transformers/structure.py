@@ -162,7 +162,7 @@ def _hook_problems(model, tp: dict, ep: dict, fsdp: dict) -> list[str]:
         style = style_of(name, {**tp, **ep}, False)
         if style in _HOOKED and not getattr(module, "_is_hooked", False):
             problems.append(f"{name}: planned {style}, but transformers' hook is not installed")
-        if name and style_of(name, fsdp, False) and not isinstance(module, FSDPModule):
+        if name and style_of(name, fsdp, False) and not isinstance(module, FSDPModule) and not _tied_head(model, module):
             problems.append(f"{name}: in the fsdp_plan, but not FSDP-managed")
     return problems
 
@@ -175,3 +175,11 @@ def _dims(param) -> tuple:
 def _placement(param, dim_name: str):
     dims = _dims(param)
     return param.placements[dims.index(dim_name)] if dim_name in dims else None
+
+
+def _tied_head(model, module) -> bool:
+    """Whether `module` is the output head and holds the input embedding's own weight: transformers wraps a tied
+    pair once, on the embedding (`distributed.fsdp._resolve_tied_embed_lm_head_plan`), so the head is not an
+    FSDP module of its own."""
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    return module is head and head is not None and embed is not None and head.weight is embed.weight

@@ -1,0 +1,133 @@
+"""parity.steps for transformers: the Trainer's arguments and data, the single-process switch, in process; then one
+real 2-rank gloo run of `paracheck run` where the plain cases' steps pass and clip, each new control is detected by
+parity.steps alone, the pipeline's abort is declared and TP on CPU is a skip in accelerate's words."""
+
+import os
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from paracheck.adapters.transformers import inputs, steps  # noqa: E402
+from paracheck.adapters.transformers.controls import CONTROLS  # noqa: E402
+from paracheck.adapters.transformers.layout import TfLayout  # noqa: E402
+from paracheck.checks.steps import StepRecord, compare_steps  # noqa: E402
+from paracheck.domain.records import CheckId  # noqa: E402
+from tests.support import run_paracheck  # noqa: E402
+
+#: (control, layout on 2 ranks): each parity.steps control where it applies (gemma3 ties its embedding and head).
+STEPS_PLANTED = [("tf-clip-local-norm", "fsdp2"), ("tf-decay-twice", "dpr2"), ("tf-untied-embeddings", "fsdp2"),
+                 ("tf-untied-embeddings", "dpr2")]
+NEW = {c for c, _ in STEPS_PLANTED}
+
+
+def test_the_trainer_is_set_up_as_the_issue_asks(tmp_path):
+    args = steps.arguments(str(tmp_path), 2, 3, True)
+    assert (args.gradient_accumulation_steps, args.max_steps, args.weight_decay) == (2, 3, steps.WEIGHT_DECAY) > (0,)
+    assert args.lr_scheduler_type == "constant" and args.train_sampling_strategy == "sequential"
+    assert args.save_strategy == "no" and args.report_to == [] and args.max_grad_norm == steps.MAX_GRAD_NORM
+    assert args.optim == "adamw_torch" and args.adam_epsilon == steps.ADAM_EPSILON
+
+
+def test_the_rows_are_the_micro_batches_end_to_end_and_fresh_each():
+    data = steps.batches(lambda seed: inputs.global_batch("left_pad", 2, 128, seed), 3)
+    assert len(data) == 3 * steps.MICRO
+    rows = steps.Rows(data)
+    assert len(rows) == 3 * steps.MICRO * 2
+    assert (rows[2]["input_ids"] == data[1]["input_ids"][0]).all()
+    assert not (data[0]["input_ids"] == data[1]["input_ids"]).all()
+
+
+def test_the_single_process_switch_hides_the_world_and_gives_it_back(monkeypatch):
+    from accelerate.state import PartialState
+
+    for key, value in {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(key, value)
+    with steps._single_process_env():
+        assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK"} & set(os.environ)
+        assert PartialState(cpu=True).num_processes == 1
+    assert os.environ["WORLD_SIZE"] == "4" and PartialState._shared_state == {}
+
+
+def test_the_gradient_norm_is_reported_and_named_where_the_parameters_part():
+    import torch
+
+    ref = [StepRecord(torch.tensor(1.0), {"w": torch.ones(2)}, grad_norm=2.0)]
+    norm_only = [StepRecord(torch.tensor(1.0), {"w": torch.ones(2)}, grad_norm=1.5)]
+    both = [StepRecord(torch.tensor(1.0), {"w": torch.full((2,), 1.1)}, grad_norm=1.5)]
+    alone = compare_steps(norm_only, ref, 1e-5, 1e-5)
+    assert alone.status.value == "pass" and alone.data["steps"][0]["grad_norm"] == 1.5
+    result = compare_steps(both, ref, 1e-5, 1e-5)
+    assert result.status.value == "fail" and result.detail.startswith("step 1 of 1: grad_norm 1.5 != reference 2; ")
+    assert "worst w" in result.detail
+
+
+def test_each_new_control_names_where_it_cannot_apply():
+    assert CONTROLS["tf-clip-local-norm"].applies(TfLayout(dpr=4)) is not None
+    assert CONTROLS["tf-clip-local-norm"].applies(TfLayout(fsdp=4)) is None
+    assert CONTROLS["tf-decay-twice"].applies(TfLayout(fsdp=4)) is not None
+    assert CONTROLS["tf-decay-twice"].applies(TfLayout(dpr=2, fsdp=2)) is None
+    assert CONTROLS["tf-untied-embeddings"].applies(TfLayout(pp=4)) is not None
+    assert all(CheckId.STEPS in CONTROLS[name].must_trip for name in NEW)
+
+
+@pytest.fixture(scope="module")
+def steps_run(tmp_path_factory):
+    """One 2-rank world: gemma3 (tied) on FSDP, replicas, a pipeline and TP, base inputs, every control."""
+    return run_paracheck(["--models", "gemma3", "--layouts", "fsdp2,dpr2,pp2,tp2", "--nproc", "2", "--variants",
+                          "base", "--controls", "--steps", "3", "--no-checkpoint"], tmp_path_factory.mktemp("steps"))
+
+
+def _cases(run, control=None):
+    return {c["layout"]: c for c in run.report["cases"] if c["control"] == control}
+
+
+def _steps(case):
+    return next(k for k in case["checks"] if k["id"] == "parity.steps")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["fsdp2", "dpr2"])
+def test_the_plain_cases_steps_agree_and_every_step_clips(steps_run, layout):
+    case = _cases(steps_run)[layout]
+    assert case["status"] == "pass", steps_run.out
+    check = _steps(case)
+    assert check["status"] == "pass" and not check["failed_ranks"] and check["max_abs"] < 1e-5
+    ranks = check["data"]["per_rank"]
+    assert sorted(ranks) == ["0", "1"] and all(r["clipped"] == [True] * 3 for r in ranks.values()), ranks
+    assert all(s["reference_grad_norm"] > steps.MAX_GRAD_NORM for r in ranks.values() for s in r["steps"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("control,layout", STEPS_PLANTED)
+def test_each_new_control_is_detected_by_the_steps_alone(steps_run, control, layout):
+    case = _cases(steps_run, control)[layout]
+    assert case["status"] == "detected", (case["reason"], steps_run.out)
+    assert _steps(case)["status"] == "fail" and _steps(case)["failed_ranks"] == [0, 1]
+    older = {k["id"]: k["status"] for k in case["checks"] if k["id"] != "parity.steps"}
+    assert older and set(older.values()) <= {"pass", "skip"}, older
+
+
+@pytest.mark.slow
+def test_the_pipeline_abort_is_declared_and_tp_on_cpu_is_accelerates_refusal(steps_run):
+    assert steps_run.code == 0, steps_run.out
+    pp = _cases(steps_run)["pp2"]
+    assert pp["status"] == "xfail" and "_sync_replicated_trainable_parameters" in _steps(pp)["detail"]
+    tp = _steps(_cases(steps_run)["tp2"])
+    assert tp["status"] == "skip" and "ParallelismConfig is only compatible" in tp["detail"]
+
+
+def test_the_untie_control_runs_where_a_fixture_ties_in_the_default_tier():
+    """llama's cases train first (one layout of each kind), but llama does not tie: the control also runs, with
+    steps, on gemma3's first case, which does."""
+    from paracheck.adapters.transformers import cases
+    from paracheck.cli.tiers import runs
+    from paracheck.domain.tier import with_training
+    from paracheck.cli.tiers import _needs_training
+
+    matrix = [c for m in ("llama", "gemma3") for c in cases.expand(m, "all", 4, ["base"], controls=True)]
+    chosen = with_training(matrix, 3, False, needs=_needs_training, runs=runs)
+    untie = [c for c in chosen if c.control == "tf-untied-embeddings" and runs(c)]
+    assert untie and all(c.model == "gemma3" and c.steps == 3 for c in untie)
+    twin = next(c for c in chosen if c.control is None and c.model == "gemma3" and c.layout == untie[0].layout)
+    assert twin.steps == 3
