@@ -49,6 +49,8 @@ def run_case(case, backend, site) -> RankResult:
         adapter = registry.adapter(case.library)
         if case.dtype not in adapter.dtypes:
             raise Refused(f"--dtype {case.dtype}: the {case.library} adapter runs {', '.join(adapter.dtypes)} only")
+        if case.control and (off := _pass_off(case)):
+            raise Refused(off)
         with adapter.case_body(ctx) as body:
             _passes(body, ctx, raised)
         _settle_raised(result, raised, case)
@@ -120,6 +122,17 @@ def _later(body, ctx: CaseContext, name: str, check_id: CheckId, asked: bool) ->
         return [CheckResult(check_id, Status.SKIP, f"the {ctx.case.library} adapter has no {check_id.value} pass")]
     with ctx.phase(name):
         return list(getattr(body, name)())
+
+
+def _pass_off(case) -> str | None:
+    """Why a control cannot be judged here: it must trip parity.steps or checkpoint.roundtrip, and the run turned
+    that pass off (`--steps 0`, `--no-checkpoint`)."""
+    must = set(registry.get_control(case.control).must_trip)
+    if CheckId.STEPS in must and not case.steps:
+        return f"{case.control} shows in parity.steps only, which this run does not take (--steps 0)"
+    if CheckId.CHECKPOINT in must and not case.checkpoint:
+        return f"{case.control} shows in checkpoint.roundtrip only, which this run does not take (--no-checkpoint)"
+    return None
 
 
 def _settle_raised(result: RankResult, raised: list[Raised], case) -> None:
