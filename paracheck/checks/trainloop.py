@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 from paracheck.checks.steps import StepRecord
 
@@ -167,6 +168,17 @@ def train(model, step_loss: Callable, steps: int, settings: Settings | None = No
     for param in params:
         param.grad = None
     return trace
+
+
+def agreed(reason: str | None, device) -> str | None:
+    """Every rank's answer to whether the steps run, agreed in one all-reduce (on `device`, the backend's): a rank
+    that cannot take them stops them everywhere (a rank skipping while another steps would leave its peers in a
+    collective)."""
+    flag = torch.tensor([0 if reason is None else 1], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if not int(flag):
+        return None
+    return reason or "another rank cannot take the steps (its parity.grads or training pass failed)"
 
 
 def measured(params: list) -> Settings:

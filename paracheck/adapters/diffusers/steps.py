@@ -78,18 +78,8 @@ def not_trained(body) -> str | None:
     return None
 
 
-def agreed(reason: str | None) -> str | None:
-    """Every rank's answer to whether the steps run, agreed in one all-reduce: a rank that cannot take them stops
-    them everywhere (a rank skipping while another steps would leave its peers in a collective)."""
-    flag = torch.tensor([0 if reason is None else 1])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if not int(flag):
-        return None
-    return reason or "another rank cannot take the steps (its parity.grads or training pass failed)"
-
-
 def run(body, hooks: trainloop.Hooks = trainloop.PLAIN) -> list[CheckResult]:
-    reason = agreed(not_trained(body))
+    reason = trainloop.agreed(not_trained(body), body.ref.out.device)
     if reason:
         return [CheckResult(CheckId.STEPS, Status.SKIP, reason)]
     ref, p, steps = body.ref, body.plan, body.case.steps

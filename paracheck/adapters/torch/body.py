@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from paracheck.adapters.torch import spec as specs
 from paracheck.adapters.torch import structure
-from paracheck.adapters.torch.controls import CONTROLS, PLANTS
+from paracheck.adapters.torch import steps as training
+from paracheck.adapters.torch.controls import CONTROLS, PLANTS, step_hooks
 from paracheck.checks.compare import compare
 from paracheck.checks.grads import compare_grads
 from paracheck.domain.adapter import Refused
@@ -63,6 +64,7 @@ class TorchBody:
         self.loss_fn = self.spec.loss or default_loss
         self.device = local_device(ctx.backend)
         self.infer = self.train = self.local_loss = None
+        self.grads_failed = False
 
     # -- reference ------------------------------------------------------------------------------------
     def reference(self) -> None:
@@ -85,6 +87,7 @@ class TorchBody:
         model = model.to(self.device, torch.float32)
         self.ctx.result.model_class = type(model).__name__
         self.copy = copy.deepcopy(model)  # the same weights, before any gradient exists
+        self.twin = copy.deepcopy(model) if case.steps else None  # parity.steps' single-device run
         self.ref_params = {n: p.detach().clone() for n, p in model.named_parameters()}
         with torch.no_grad():
             self.ref_infer = _detached(_call(model, self.batch))
@@ -146,7 +149,12 @@ class TorchBody:
         pairs = ((name, _full(p.grad), self.ref_grads.get(name)) for name, p in self.model.named_parameters())
         layout = self.layout
         degrees = {"tp": layout.tp, "dp": layout.dp, "fsdp": layout.fsdp, "cp": layout.cp, "world": layout.world}
-        return [compare_grads(pairs, self.atol, self.rtol, degrees)]
+        checks = [compare_grads(pairs, self.atol, self.rtol, degrees)]
+        self.grads_failed = checks[0].status == Status.FAIL
+        return checks
+
+    def steps(self) -> list[CheckResult]:
+        return training.run(self, step_hooks(self.case.control))
 
     # -- helpers --------------------------------------------------------------------------------------
     def _outputs(self, check_id, actual, expected, what: str) -> CheckResult:
