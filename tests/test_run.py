@@ -26,7 +26,8 @@ def test_default_run_passes_on_every_rank(default_run):
             assert forward["max_abs"] < 1e-6 and forward["failed_ranks"] == []
             assert {c["id"] for c in case["checks"]} == {
                 "structure.mesh", "structure.cp_hooks", "structure.processor_config", "structure.tp_shards",
-                "structure.collectives", "parity.forward", "parity.inference", "parity.grads"}
+                "structure.collectives", "parity.forward", "parity.inference", "parity.grads", "parity.steps",
+                "checkpoint.roundtrip"}  # --variants given: every case takes the steps and the save
             # diffusers' own backend, as users run it; the kit's op only where none can run (ring on CPU)
             assert case["attention_backend"] == "native", case
             inference = default_run.check(model, layout, "parity.inference")

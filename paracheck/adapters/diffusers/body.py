@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from paracheck.adapters.diffusers import attention, library, localize, reference
-from paracheck.adapters.diffusers import steps as training
+from paracheck.adapters.diffusers import checkpoint as saving, steps as training
 from paracheck.adapters.diffusers.checks import STRUCTURE, CheckContext, grads_skip_reason, run_checks
 from paracheck.adapters.diffusers.controls import CONTROLS, step_hooks
 from paracheck.adapters.diffusers.fitting import Unfittable
@@ -120,3 +120,6 @@ class _Body:
 
     def steps(self) -> list:
         return training.run(self, step_hooks(self.case.control))
+
+    def checkpoint(self) -> list:
+        return saving.run(self)
