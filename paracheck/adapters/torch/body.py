@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.adapters.torch import spec as specs
+from paracheck.adapters.torch.batches import call as _call, full as _full, shard as _shard, to as _to
 from paracheck.adapters.torch import structure
 from paracheck.adapters.torch import steps as training
 from paracheck.adapters.torch.controls import CONTROLS, PLANTS, step_hooks
@@ -177,40 +178,12 @@ class TorchBody:
         return compare(CheckId.LOSS, mean, self.ref_loss.float(), self.atol, self.rtol, "loss (mean over dp ranks)")
 
 
-def _call(model, batch):
-    return model(**batch) if isinstance(batch, dict) else model(batch)
 
 
-def _to(batch, device):
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
 
-def _shard(value, index: int, degree: int):
-    """Shard `index` of `degree` equal shards on dim 0 of every tensor in `value` (nested tuples and dicts)."""
-    if degree == 1:
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.chunk(degree, dim=0)[index] if value.dim() >= 1 else value
-    if isinstance(value, dict):
-        return {k: _shard(v, index, degree) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_shard(v, index, degree) for v in value)
-    return value
 
 
-def _full(value):
-    """DTensors gathered whole (differentiably), anywhere in nested tuples and dicts."""
-    if value is None:
-        return None
-    if hasattr(value, "full_tensor"):
-        return value.full_tensor()
-    if isinstance(value, dict):
-        return {k: _full(v) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_full(v) for v in value)
-    return value
 
 
 def _detached(value):

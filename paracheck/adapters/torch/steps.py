@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from paracheck.adapters.torch import spec as specs
+from paracheck.adapters.torch.batches import call, full, shard, to
 from paracheck.checks import trainloop
 from paracheck.checks.steps import compare_steps
 from paracheck.domain.records import CheckId, CheckResult, Status
@@ -37,33 +38,27 @@ def not_trained(body) -> str | None:
 
 def batches(body) -> list:
     """Each step's global batch, on this rank's device."""
-    from paracheck.adapters.torch.body import _to
-
-    return [_to(specs.call_inputs(body.case.factory, body.spec, body.layout, body.case.variant, STEP_SEED + step),
+    return [to(specs.call_inputs(body.case.factory, body.spec, body.layout, body.case.variant, STEP_SEED + step),
                 body.device) for step in range(body.case.steps)]
 
 
 def reference_loss(body, steps: list):
     def loss(model, step: int):
-        from paracheck.adapters.torch.body import _call
-
-        value = body.loss_fn(_call(model, steps[step]), steps[step])
+        value = body.loss_fn(call(model, steps[step]), steps[step])
         return value, value
     return loss
 
 
 def parallel_loss(body, steps: list):
     """This rank's shard's loss to differentiate, and the mean of every rank's (the step's recorded loss)."""
-    from paracheck.adapters.torch.body import _call, _full, _shard
-
     layout = body.layout
     index, degree = layout.dp_index(body.rank), layout.dp_degree
     share = degree if body.spec.grad_reduction == "sum" else 1
 
     def loss(model, step: int):
-        mine = _shard(steps[step], index, degree)
-        local = body.loss_fn(_call(model, mine), mine)
-        mean = _full(local).detach().float().clone()
+        mine = shard(steps[step], index, degree)
+        local = body.loss_fn(call(model, mine), mine)
+        mean = full(local).detach().float().clone()
         dist.all_reduce(mean)
         return local / share, mean / layout.world
     return loss
