@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.checks.steps import StepRecord
+from paracheck.domain.records import CheckId, CheckResult, Status
 
 LR = 1e-2
 WEIGHT_DECAY = 0.1
@@ -181,11 +182,15 @@ def agreed(reason: str | None, device) -> str | None:
     return reason or "another rank cannot take the steps (its parity.grads or training pass failed)"
 
 
+def raised_result(raised) -> CheckResult:
+    """`parity.steps` where the parallel run's loop raised (`raised`: the skeleton's `Raised`, typed, with this
+    rank's traceback kept)."""
+    return CheckResult(CheckId.STEPS, Status.FAIL, f"the optimizer steps raised {raised}", failure=raised.failure)
+
+
 def control_refusal(control, case) -> str | None:
     """Why a control that plants its bug in this loop cannot run on `case` (decided alike on every rank, before any
     collective, so the case is a skip, not a miss); None when it can, or when the control plants elsewhere."""
-    from paracheck.domain.records import CheckId
-
     if control is None or CheckId.STEPS not in control.must_trip:
         return None
     if case.steps <= 0:

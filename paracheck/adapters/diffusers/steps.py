@@ -88,9 +88,12 @@ def run(body, hooks: trainloop.Hooks = trainloop.PLAIN) -> list[CheckResult]:
     summed: set = set()
     applied = body.checks.applied
     specs = library.tp_shard_specs(ref.model, applied.layout.tp) if applied.layout.has_tp else {}
-    actual = trainloop.train(body.model, loss, steps, expected.settings, hooks,
-                             after_backward=functools.partial(user_reductions, applied=applied, summed=summed),
-                             gather=functools.partial(whole_params, specs=specs, applied=applied))
+    actual, raised = body.ctx.attempt(lambda: trainloop.train(
+        body.model, loss, steps, expected.settings, hooks,
+        after_backward=functools.partial(user_reductions, applied=applied, summed=summed),
+        gather=functools.partial(whole_params, specs=specs, applied=applied)), CheckId.STEPS)
+    if raised:
+        return [trainloop.raised_result(raised)]
     tol = body.ctx.tolerance
     result = compare_steps(actual.records, expected.records, tol.atol, tol.rtol)
     result.data.update(trainloop.figures(actual, expected))

@@ -70,7 +70,10 @@ def run(body, hooks: trainloop.Hooks = trainloop.PLAIN) -> list[CheckResult]:
         return [CheckResult(CheckId.STEPS, Status.SKIP, reason)]
     steps = batches(body)
     expected = trainloop.train(body.twin, reference_loss(body, steps), body.case.steps)
-    actual = trainloop.train(body.model, parallel_loss(body, steps), body.case.steps, expected.settings, hooks)
+    actual, raised = body.ctx.attempt(lambda: trainloop.train(body.model, parallel_loss(body, steps), body.case.steps,
+                                                              expected.settings, hooks), CheckId.STEPS)
+    if raised:
+        return [trainloop.raised_result(raised)]
     result = compare_steps(actual.records, expected.records, body.atol, body.rtol)
     result.data.update(trainloop.figures(actual, expected))
     return [result]
