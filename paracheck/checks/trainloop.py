@@ -44,9 +44,8 @@ def _is_dtensor(tensor) -> bool:
 
 
 def _kind(tensor):
-    """What torch clips together: plain tensors, or DTensors of one mesh."""
-    return (tensor.device_mesh.mesh_dim_names, tuple(tensor.device_mesh.mesh.flatten().tolist())) \
-        if _is_dtensor(tensor) else None
+    """What torch clips together: plain tensors (None), or DTensors of one mesh (that mesh's id)."""
+    return id(tensor.device_mesh) if _is_dtensor(tensor) else None
 
 
 def _by_kind(params: list) -> list[list]:
@@ -60,30 +59,33 @@ def _whole(norm) -> torch.Tensor:
     return norm.full_tensor() if _is_dtensor(norm) else norm
 
 
-def total_norm(params: list, local: bool = False) -> torch.Tensor:
+def total_norm(params: list, local: bool = False, groups: list | None = None) -> torch.Tensor:
     """The 2-norm of every gradient of `params` together (torch's `get_total_norm` per kind, combined); `local`:
-    of this rank's own shards only (the bug `clip_local_norm` plants)."""
+    of this rank's own shards only (the bug `clip_local_norm` plants). `groups`: `params` by kind, if known."""
     from torch.nn.utils import get_total_norm
 
     if local:
         return get_total_norm([p.grad.to_local() if _is_dtensor(p.grad) else p.grad for p in params])
-    return get_total_norm([_whole(get_total_norm([p.grad for p in group])).reshape(()) for group in _by_kind(params)])
+    groups = _by_kind(params) if groups is None else groups
+    return get_total_norm([_whole(get_total_norm([p.grad for p in group])).reshape(()) for group in groups])
 
 
 def clip(params: list, max_norm: float) -> tuple[float, str]:
     """Clip the gradients of `params` to `max_norm` by their total norm; (the norm before clipping, how).
 
-    torch's own `clip_grad_norm_` where it takes the gradients: all plain, or DTensors of one mesh. A mix (a
-    diffusers TP model: its planned parameters are DTensors, the rest plain; FSDP + TP: DTensors of two meshes) it
-    refuses (`aten._foreach_norm ... got mixed torch.Tensor and DTensor`), so there the norm is taken per kind with
-    its `get_total_norm`, combined whole, and every kind clipped by it with its `clip_grads_with_norm_`."""
+    torch's own `clip_grad_norm_` where it takes the gradients: all plain, or DTensors of one mesh (every layout of
+    the torch example, FSDP + TP included, and diffusers under CP). A mix of DTensors and plain tensors (a diffusers
+    TP model: its planned parameters are DTensors, the rest plain) it refuses (`aten._foreach_norm.Scalar got mixed
+    torch.Tensor and DTensor`), so there, and for DTensors of several meshes, the norm is taken per kind with its
+    `get_total_norm`, made whole and combined, and every kind clipped by it with its `clip_grads_with_norm_`."""
     from torch.nn.utils import clip_grad_norm_, clip_grads_with_norm_
 
     params = [p for p in params if p.grad is not None]
-    if len(_by_kind(params)) <= 1:
+    groups = _by_kind(params)
+    if len(groups) <= 1:
         return float(_whole(clip_grad_norm_(params, max_norm))), "clip_grad_norm_"
-    norm = total_norm(params)
-    for group in _by_kind(params):
+    norm = total_norm(params, groups=groups)
+    for group in groups:
         clip_grads_with_norm_(group, max_norm, norm)
     return float(norm), "get_total_norm + clip_grads_with_norm_ per kind (clip_grad_norm_ refuses a mix)"
 
