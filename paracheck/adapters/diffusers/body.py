@@ -15,15 +15,17 @@ from dataclasses import dataclass, field
 import torch
 
 from paracheck.adapters.diffusers import attention, library, localize, reference
+from paracheck.adapters.diffusers import checkpoint as saving, steps as training
 from paracheck.adapters.diffusers.checks import STRUCTURE, CheckContext, grads_skip_reason, run_checks
-from paracheck.adapters.diffusers.controls import CONTROLS
+from paracheck.adapters.diffusers.controls import CONTROLS, step_hooks
 from paracheck.adapters.diffusers.fitting import Unfittable
 from paracheck.adapters.diffusers.plan import Sources, plan
 from paracheck.adapters.diffusers.routes import apply
 from paracheck.adapters.diffusers.weights import copy_of
 from paracheck.checks.collectives import count_collectives
+from paracheck.checks.trainloop import control_refusal
 from paracheck.domain.adapter import CaseContext, Refused
-from paracheck.domain.records import CheckId
+from paracheck.domain.records import CheckId, Status
 from paracheck.world.site import local_device
 
 
@@ -56,6 +58,7 @@ class _Body:
         self.scopes = contextlib.ExitStack()
         self.findings = None
         self.control = CONTROLS[self.case.control] if self.case.control else None
+        self.grads_failed = False
 
     def reference(self) -> None:
         ctx, result = self.ctx, self.ctx.result
@@ -67,6 +70,8 @@ class _Body:
             reference.compute(p, ctx.site.refs_dir, device)
         if p.stop:  # decided while planning, identically on every rank
             raise Refused(p.stop.reason, p.stop.failure, p.stop.status)
+        if (reason := control_refusal(self.control, self.case)):
+            raise Refused(reason)
         self.ref = _KEPT.last_reference.get(p, ctx.site.refs_dir, device)
 
     def parallelize(self) -> None:
@@ -109,7 +114,15 @@ class _Body:
         _, c.backward_error = self.ctx.attempt(lambda: (c.out * self.ref.weights).sum().backward(), CheckId.GRADS)
 
     def grads_checks(self) -> list:
-        return run_checks([CheckId.GRADS], self.checks)
+        checks = run_checks([CheckId.GRADS], self.checks)
+        self.grads_failed = any(c.status == Status.FAIL for c in checks)
+        return checks
 
     def localize(self, checks: list) -> None:
         localize.after_checks(self.checks, self.ref.inputs, checks, self.ctx.result)
+
+    def steps(self) -> list:
+        return training.run(self, step_hooks(self.case.control))
+
+    def checkpoint(self) -> list:
+        return saving.run(self)

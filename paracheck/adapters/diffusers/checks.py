@@ -301,7 +301,7 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
     `data["localization"]["grads"]`."""
     layout, applied = ctx.layout, ctx.applied
     specs = library.tp_shard_specs(ctx.reference, layout.tp) if layout.has_tp else {}
-    groups = _Groups(_cp_process_group(applied), applied.meshes["tp"].get_group() if layout.has_tp else None)
+    groups = _Groups(cp_process_group(applied), applied.meshes["tp"].get_group() if layout.has_tp else None)
     ref_params = dict(ctx.reference.named_parameters())
     worst = CheckResult(CheckId.GRADS, Status.PASS, atol=ctx.atol, rtol=ctx.rtol, max_abs=0.0, max_rel=0.0)
     failures, tp_partial, ratio, entries, rounded = [], [], 0.0, [], []
@@ -426,7 +426,7 @@ def _whole_grads(grads: dict, specs: dict, groups: _Groups, tp_partial: list[str
             local[name] = grad
         else:
             whole[name] = grad
-    for name, pieces in gather_each(local, functools.partial(_all_gather, group=groups.tp)).items():
+    for name, pieces in gather_each(local, functools.partial(all_gather_pieces, group=groups.tp)).items():
         if isinstance(grads[name], DTensor):
             whole[name] = assemble(pieces, specs[name])
         elif any(not torch.equal(p, pieces[0]) for p in pieces[1:]):
@@ -440,13 +440,13 @@ def _whole_grads(grads: dict, specs: dict, groups: _Groups, tp_partial: list[str
     return whole
 
 
-def _cp_process_group(applied):
+def cp_process_group(applied):
     if not applied.layout.has_cp:
         return None
     return library.cp_flattened_mesh(applied.parallel_config.context_parallel_config).get_group()
 
 
-def _all_gather(tensor: torch.Tensor, group) -> list[torch.Tensor]:
+def all_gather_pieces(tensor: torch.Tensor, group) -> list[torch.Tensor]:
     tensor = tensor.contiguous()
     pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
     dist.all_gather(pieces, tensor, group=group)

@@ -45,6 +45,11 @@ def _always(layout: Layout) -> str | None:
     return None
 
 
+def _needs_tp(layout: Layout) -> str | None:
+    # Under CP alone every gradient is whole on every rank once summed over the CP group: no local norm differs.
+    return None if layout.has_tp else f"layout {layout} has no tensor parallelism: no rank holds a shard of a gradient"
+
+
 # -- what each control plants ------------------------------------------------------------------------
 
 
@@ -131,6 +136,18 @@ GATHER_POINT = "proj_out|*.attn1"
 #: query projection is the first of them a forward reaches on Flux, Flux2 and QwenImage).
 FIRST_TP_MODULE = "*.attn.to_q|*.attn.to_qkv_mlp_proj"
 
+def _clip_local_norm():
+    from paracheck.checks import trainloop
+
+    return trainloop.Hooks(clip=trainloop.clip_local_norm)
+
+
+def _decay_twice():
+    from paracheck.checks import trainloop
+
+    return trainloop.Hooks(after_step=trainloop.decay_replicated_again)
+
+
 CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("skip-cp-hooks", "CP requested; hooks never registered, processors not told",
             (CheckId.CP_HOOKS, CheckId.PROCESSOR_CONFIG), _needs_cp, _skip_cp_hooks, note=_numbers_stayed_right,
@@ -161,7 +178,25 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
             "attention backend ignores the CP config and attends this rank's own shard; the training pass is "
             "exact", (CheckId.INFERENCE, CheckId.COLLECTIVES), _needs_cp, attention_fault="ignore-cp-config-no-grad",
             note=_training_pass_right, plants_in=SELF_ATTENTION),
+    Control("clip-local-norm", "parity.steps' gradient clip takes its norm over this rank's own shards only, so each "
+            "TP rank scales its gradients by a factor of its own; every pass before the steps exact",
+            (CheckId.STEPS,), _needs_tp),
+    Control("decay-twice", "AdamW's weight decay applied a second time, after each step, to every parameter "
+            "replicated on every rank (outside the _tp_plan, or all of them under CP); every pass before the steps "
+            "exact", (CheckId.STEPS,), _always),
 )}
+
+#: control name -> what it plants in parity.steps' optimizer loop: a builder of the loop's hooks
+#: (`checks.trainloop.Hooks`), called on the rank (torch is imported there).
+_STEP_HOOKS = {"clip-local-norm": _clip_local_norm, "decay-twice": _decay_twice}
+
+
+def step_hooks(name: str | None):
+    """The optimizer loop's hooks for a case with control `name` (the plain loop's for any other)."""
+    from paracheck.checks import trainloop
+
+    builder = _STEP_HOOKS.get(name)
+    return builder() if builder else trainloop.PLAIN
 
 
 def applicable(layout: Layout) -> list[str]:

@@ -24,10 +24,13 @@ import torch
 import torch.distributed as dist
 
 from paracheck.adapters.torch import spec as specs
+from paracheck.adapters.torch.batches import call as _call, full as _full, shard as _shard, to as _to
 from paracheck.adapters.torch import structure
-from paracheck.adapters.torch.controls import CONTROLS, PLANTS
+from paracheck.adapters.torch import steps as training
+from paracheck.adapters.torch.controls import CONTROLS, PLANTS, step_hooks
 from paracheck.checks.compare import compare
 from paracheck.checks.grads import compare_grads
+from paracheck.checks.trainloop import control_refusal
 from paracheck.domain.adapter import Refused
 from paracheck.domain.records import CheckId, CheckResult, Route, Status
 from paracheck.world import meshes
@@ -63,13 +66,14 @@ class TorchBody:
         self.loss_fn = self.spec.loss or default_loss
         self.device = local_device(ctx.backend)
         self.infer = self.train = self.local_loss = None
+        self.grads_failed = False
 
     # -- reference ------------------------------------------------------------------------------------
     def reference(self) -> None:
         layout, case = self.layout, self.case
         reason = specs.refusal(self.spec, layout)
         control = CONTROLS[case.control] if case.control else None
-        reason = reason or (control.skip_reason(layout) if control else None)
+        reason = reason or (control.skip_reason(layout) if control else None) or control_refusal(control, case)
         if reason:
             raise Refused(reason)
         batch = specs.call_inputs(case.factory, self.spec, layout, case.variant)
@@ -85,6 +89,7 @@ class TorchBody:
         model = model.to(self.device, torch.float32)
         self.ctx.result.model_class = type(model).__name__
         self.copy = copy.deepcopy(model)  # the same weights, before any gradient exists
+        self.twin = copy.deepcopy(model) if case.steps else None  # parity.steps' single-device run
         self.ref_params = {n: p.detach().clone() for n, p in model.named_parameters()}
         with torch.no_grad():
             self.ref_infer = _detached(_call(model, self.batch))
@@ -146,7 +151,12 @@ class TorchBody:
         pairs = ((name, _full(p.grad), self.ref_grads.get(name)) for name, p in self.model.named_parameters())
         layout = self.layout
         degrees = {"tp": layout.tp, "dp": layout.dp, "fsdp": layout.fsdp, "cp": layout.cp, "world": layout.world}
-        return [compare_grads(pairs, self.atol, self.rtol, degrees)]
+        checks = [compare_grads(pairs, self.atol, self.rtol, degrees)]
+        self.grads_failed = checks[0].status == Status.FAIL
+        return checks
+
+    def steps(self) -> list[CheckResult]:
+        return training.run(self, step_hooks(self.case.control))
 
     # -- helpers --------------------------------------------------------------------------------------
     def _outputs(self, check_id, actual, expected, what: str) -> CheckResult:
@@ -169,40 +179,12 @@ class TorchBody:
         return compare(CheckId.LOSS, mean, self.ref_loss.float(), self.atol, self.rtol, "loss (mean over dp ranks)")
 
 
-def _call(model, batch):
-    return model(**batch) if isinstance(batch, dict) else model(batch)
 
 
-def _to(batch, device):
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
 
-def _shard(value, index: int, degree: int):
-    """Shard `index` of `degree` equal shards on dim 0 of every tensor in `value` (nested tuples and dicts)."""
-    if degree == 1:
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.chunk(degree, dim=0)[index] if value.dim() >= 1 else value
-    if isinstance(value, dict):
-        return {k: _shard(v, index, degree) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_shard(v, index, degree) for v in value)
-    return value
 
 
-def _full(value):
-    """DTensors gathered whole (differentiably), anywhere in nested tuples and dicts."""
-    if value is None:
-        return None
-    if hasattr(value, "full_tensor"):
-        return value.full_tensor()
-    if isinstance(value, dict):
-        return {k: _full(v) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_full(v) for v in value)
-    return value
 
 
 def _detached(value):

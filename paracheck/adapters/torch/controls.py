@@ -80,6 +80,32 @@ def _sum_not_mean(model, mesh, layout, spec) -> str:
     return type(modules[-1]).__name__
 
 
+def _has_shards(layout) -> str | None:
+    return None if layout.tp > 1 or layout.dp_degree > 1 else f"layout {layout} shards no gradient"
+
+
+def _no_dp(layout) -> str | None:
+    return None if layout.dp_degree == 1 else (f"layout {layout} shards every parameter over its data-parallel ranks "
+                                               "(fully_shard), so none is replicated on every rank")
+
+
+def _in_the_loop(model, mesh, layout, spec) -> str:
+    """A bug of parity.steps' optimizer loop: nothing to plant in the model (`step_hooks` plants it)."""
+    return "parity.steps' optimizer loop"
+
+
+def _clip_local_norm():
+    from paracheck.checks import trainloop
+
+    return trainloop.Hooks(clip=trainloop.clip_local_norm)
+
+
+def _decay_twice():
+    from paracheck.checks import trainloop
+
+    return trainloop.Hooks(after_step=trainloop.decay_replicated_again)
+
+
 _ENTRIES = (
     (Control("torch-shard-swap", "one tensor-parallel parameter's local shard taken from the next TP rank (the "
              "first parameter sharded on tp): every rank holds a shard, none the one its coordinate names",
@@ -90,11 +116,30 @@ _ENTRIES = (
     (Control("torch-grad-sum", "FSDP's gradient divide factor set to 1: gradients summed over the data-parallel "
              "ranks, not averaged (dp x fsdp times too large), outputs exact", (CheckId.GRADS,), _needs_dp),
      _sum_not_mean),
+    (Control("torch-clip-local-norm", "parity.steps' gradient clip takes its norm over this rank's own shards only "
+             "(DTensor gradients' local tensors), so each rank scales by a factor of its own; every pass before the "
+             "steps exact", (CheckId.STEPS,), _has_shards), _in_the_loop),
+    (Control("torch-decay-twice", "AdamW's weight decay applied a second time, after each step, to every parameter "
+             "replicated on every rank (a plain tensor, or a DTensor replicated on every mesh dimension); every "
+             "pass before the steps exact", (CheckId.STEPS,), _no_dp), _in_the_loop),
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}
 #: control name -> planter(model, mesh, layout, spec) -> the parameter or module class it planted in.
 PLANTS: dict[str, Callable] = {c.name: p for c, p in _ENTRIES}
+
+
+#: control name -> what it plants in parity.steps' optimizer loop: a builder of the loop's hooks
+#: (`checks.trainloop.Hooks`), called on the rank.
+_STEP_HOOKS = {"torch-clip-local-norm": _clip_local_norm, "torch-decay-twice": _decay_twice}
+
+
+def step_hooks(name: str | None):
+    """The optimizer loop's hooks for a case with control `name` (the plain loop's for any other)."""
+    from paracheck.checks import trainloop
+
+    builder = _STEP_HOOKS.get(name)
+    return builder() if builder else trainloop.PLAIN
 
 
 def applicable(layout) -> list[str]:

@@ -128,13 +128,14 @@ def refusal(spec: Spec, layout: TorchLayout) -> str | None:
     return None
 
 
-def call_inputs(path: str, spec: Spec, layout: TorchLayout, variant: str):
-    """The spec's global batch for `layout` and `variant`, under a fixed seed; SpecError names what it broke."""
+def call_inputs(path: str, spec: Spec, layout: TorchLayout, variant: str, seed: int = 1):
+    """The spec's global batch for `layout` and `variant`, under a fixed seed (`seed`: parity.steps asks each
+    step's batch under a seed of its own); SpecError names what it broke."""
     import torch
 
     try:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(1)
+            torch.manual_seed(seed)
             batch = spec.inputs(layout, variant)
     except Exception as exc:  # the user's function may raise anything
         raise SpecError(f"--spec {path!r}: inputs({layout.name!r}, {variant!r}) raised "
