@@ -61,19 +61,22 @@ def test_the_planted_bugs_change_the_steps_and_the_plain_hooks_do_not():
     assert trainloop.replicated(torch.nn.Parameter(torch.ones(2)))
 
 
-def test_a_steps_control_is_refused_by_name_where_no_fp32_step_is_taken():
+def test_a_training_control_is_refused_by_name_where_its_pass_is_not_taken():
+    """The skeleton's rule, for every adapter: a control only parity.steps (or checkpoint.roundtrip) shows is a
+    named skip where the case takes no fp32 step (or no save), not a miss."""
     from dataclasses import replace
 
     from paracheck.domain.case import Case
     from paracheck.domain.layout import Layout
-    from paracheck.domain.registry import get_control
+    from paracheck.rank.skeleton import _pass_off
 
     case = Case("flux", "f:m", Layout.parse("tp2"), control="decay-twice", library="diffusers", steps=3)
-    control = get_control("decay-twice")
-    assert trainloop.control_refusal(control, case) is None
-    assert "--steps 0 takes no step" in trainloop.control_refusal(control, replace(case, steps=0))
-    assert "a bf16 case does not take" in trainloop.control_refusal(control, replace(case, dtype="bf16"))
-    assert trainloop.control_refusal(get_control("backward-only"), replace(case, steps=0)) is None
+    assert _pass_off(case) is None
+    assert "(--steps 0)" in _pass_off(replace(case, steps=0))
+    assert "a bf16 case does not take" in _pass_off(replace(case, dtype="bf16"))
+    assert _pass_off(replace(case, control="backward-only", steps=0)) is None
+    saved = Case("llama", "f:m", Layout.parse("tp2"), control="tf-save-local-shard", library="transformers")
+    assert "(--no-checkpoint)" in _pass_off(saved) and _pass_off(replace(saved, checkpoint=True)) is None
 
 
 # -- real worlds ---------------------------------------------------------------------------------

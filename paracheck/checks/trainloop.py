@@ -190,18 +190,6 @@ def raised_result(raised) -> CheckResult:
     return CheckResult(CheckId.STEPS, Status.FAIL, f"the optimizer steps raised {raised}", failure=raised.failure)
 
 
-def control_refusal(control, case) -> str | None:
-    """Why a control that plants its bug in this loop cannot run on `case` (decided alike on every rank, before any
-    collective, so the case is a skip, not a miss); None when it can, or when the control plants elsewhere."""
-    if control is None or CheckId.STEPS not in control.must_trip:
-        return None
-    if case.steps <= 0:
-        return f"{control.name} plants its bug in parity.steps' optimizer loop, and --steps 0 takes no step"
-    if case.dtype != "fp32":  # the steps are held to the fp32 rule; a planted 1e-3 is within bf16's
-        return f"{control.name} plants its bug in parity.steps, which a {case.dtype} case does not take"
-    return None
-
-
 def measured(params: list) -> Settings:
     """The settings from a first gradient (see `Settings`)."""
     with_grad = [p for p in params if p.grad is not None]

@@ -125,11 +125,14 @@ def _later(body, ctx: CaseContext, name: str, check_id: CheckId, asked: bool) ->
 
 
 def _pass_off(case) -> str | None:
-    """Why a control cannot be judged here: it must trip parity.steps or checkpoint.roundtrip, and the run turned
-    that pass off (`--steps 0`, `--no-checkpoint`)."""
+    """Why a control cannot be judged here, decided alike on every rank before any collective (a skip, not a miss):
+    it must trip parity.steps or checkpoint.roundtrip, and the case does not take that pass (`--steps 0`,
+    `--no-checkpoint`, a dtype whose steps are not held to a rule)."""
     must = set(registry.get_control(case.control).must_trip)
     if CheckId.STEPS in must and not case.steps:
         return f"{case.control} shows in parity.steps only, which this run does not take (--steps 0)"
+    if CheckId.STEPS in must and case.dtype != "fp32":  # the steps are held to the fp32 rule; a planted 1e-3 is
+        return f"{case.control} shows in parity.steps only, which a {case.dtype} case does not take"  # within bf16's
     if CheckId.CHECKPOINT in must and not case.checkpoint:
         return f"{case.control} shows in checkpoint.roundtrip only, which this run does not take (--no-checkpoint)"
     return None

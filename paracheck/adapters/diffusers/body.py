@@ -23,7 +23,6 @@ from paracheck.adapters.diffusers.plan import Sources, plan
 from paracheck.adapters.diffusers.routes import apply
 from paracheck.adapters.diffusers.weights import copy_of
 from paracheck.checks.collectives import count_collectives
-from paracheck.checks.trainloop import control_refusal
 from paracheck.domain.adapter import CaseContext, Refused
 from paracheck.domain.records import CheckId, Status
 from paracheck.world.site import local_device
@@ -70,8 +69,6 @@ class _Body:
             reference.compute(p, ctx.site.refs_dir, device)
         if p.stop:  # decided while planning, identically on every rank
             raise Refused(p.stop.reason, p.stop.failure, p.stop.status)
-        if (reason := control_refusal(self.control, self.case)):
-            raise Refused(reason)
         self.ref = _KEPT.last_reference.get(p, ctx.site.refs_dir, device)
 
     def parallelize(self) -> None:

@@ -30,7 +30,6 @@ from paracheck.adapters.torch import steps as training
 from paracheck.adapters.torch.controls import CONTROLS, PLANTS, step_hooks
 from paracheck.checks.compare import compare
 from paracheck.checks.grads import compare_grads
-from paracheck.checks.trainloop import control_refusal
 from paracheck.domain.adapter import Refused
 from paracheck.domain.records import CheckId, CheckResult, Route, Status
 from paracheck.world import meshes
@@ -73,7 +72,7 @@ class TorchBody:
         layout, case = self.layout, self.case
         reason = specs.refusal(self.spec, layout)
         control = CONTROLS[case.control] if case.control else None
-        reason = reason or (control.skip_reason(layout) if control else None) or control_refusal(control, case)
+        reason = reason or (control.skip_reason(layout) if control else None)
         if reason:
             raise Refused(reason)
         batch = specs.call_inputs(case.factory, self.spec, layout, case.variant)
