@@ -439,3 +439,16 @@ def test_the_other_fixtures_pass_every_layout_they_take(tmp_path):
     helios = run.case("helios", "u4")
     assert helios["status"] == "xfail" and "Helios's _cp_plan splits and gathers" in helios["known_failure"]
     assert "num_layers 2->40" in " ".join(run.case("helios", "u4")["fit"])
+
+
+def test_the_runs_switches_reach_ranks_forked_from_an_older_fork_server(tmp_path, monkeypatch):
+    """PARACHECK_BARE and PARACHECK_LOCALIZE are set here after the session's fork server started: the launcher
+    hands them to the ranks, which run the bare work (no check at all) and, with them unset, check again."""
+    monkeypatch.setenv("PARACHECK_BARE", "1")
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    bare = run_paracheck(["--models", "flux", "--layouts", "tp2", "--nproc", "2", "--variants", "base"], tmp_path / "a")
+    assert bare.report["cases"] and all(c["checks"] == [] for c in bare.report["cases"]), bare.out
+    monkeypatch.delenv("PARACHECK_BARE")
+    checked = run_paracheck(["--models", "flux", "--layouts", "tp2", "--nproc", "2", "--variants", "base"],
+                            tmp_path / "b")
+    assert checked.code == 0 and checked.check("flux", "tp2", "parity.forward")["status"] == "pass", checked.out

@@ -29,8 +29,8 @@ DEGREE_MATCH = 1e-3
 
 
 def enabled() -> bool:
-    """Whether a failing case is localized on this rank: always, unless the environment says
-    `PARACHECK_LOCALIZE=0` (every rank of a world inherits the same environment, so all decide alike); the
+    """Whether a failing case is localized on this rank: always, unless the run says `PARACHECK_LOCALIZE=0` (one of
+    `launch.protocol.RUN_SWITCHES`: every rank of a world applies the launcher's, so all decide alike); the
     benchmark of what localization costs (`benchmarks/localize_cost.py`) runs both ways."""
     return os.environ.get("PARACHECK_LOCALIZE", "1") != "0"
 

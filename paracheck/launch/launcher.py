@@ -18,7 +18,7 @@ from typing import Callable
 from paracheck.launch.attribution import attribute
 from paracheck.domain.case import Case
 from paracheck.launch.protocol import (FAIL_FAST_GRACE, EndKind, Phase, RankProgress, RunDir, Todo, read_json,
-                                       write_json)
+                                       run_switches, write_json)
 from paracheck.domain.records import RankResult, RankStatus, RunEvent
 from paracheck.launch.supervisor import Supervisor
 
@@ -52,7 +52,7 @@ class Launcher:
     def run(self, cases: list[Case]) -> Outcome:
         self.cases = cases
         rundir = RunDir(tempfile.mkdtemp(prefix="paracheck-")).make()
-        write_json(rundir.run, {"backend": self.backend.name, "timeout": self.timeout,
+        write_json(rundir.run, {"backend": self.backend.name, "timeout": self.timeout, "switches": run_switches(),
                                 "cases": [c.to_json() for c in cases]})
         self.supervisor = Supervisor(rundir, self.backend.name, self.nproc, self.timeout, self.startup_timeout)
         outcome = Outcome(start_method=self.supervisor.method)
@@ -149,7 +149,8 @@ class Feeder:
 
     def __enter__(self) -> "Feeder":
         self.rundir = RunDir(tempfile.mkdtemp(prefix="paracheck-explore-")).make()
-        write_json(self.rundir.run, {"backend": self.backend.name, "timeout": self.timeout, "cases": []})
+        write_json(self.rundir.run, {"backend": self.backend.name, "timeout": self.timeout, "switches": run_switches(),
+                                     "cases": []})
         self.supervisor = Supervisor(self.rundir, self.backend.name, self.nproc, self.timeout, self.startup_timeout)
         return self
 

@@ -45,6 +45,24 @@ ENV_TODO = "PARACHECK_TODO"          # todo file name of this world (case indice
 ENV_PG_TIMEOUT = "PARACHECK_PG_TIMEOUT"
 ENV_PROFILE = "PARACHECK_PROFILE"    # a folder: each rank writes its cProfile stats there (rank-R.prof)
 
+#: The switches a run's ranks read from the environment (`PARACHECK_LOCALIZE=0`, `PARACHECK_BARE=1`): the launcher
+#: writes the ones it sees into run.json and every rank applies them before its cases, since a rank forks from a
+#: fork server that may have started earlier, with an older environment (a pytest session, a benchmark's runs).
+RUN_SWITCHES = ("PARACHECK_LOCALIZE", "PARACHECK_BARE")
+
+
+def run_switches() -> dict:
+    return {name: os.environ[name] for name in RUN_SWITCHES if name in os.environ}
+
+
+def apply_switches(switches: dict) -> None:
+    for name in RUN_SWITCHES:
+        if name in switches:
+            os.environ[name] = switches[name]
+        else:
+            os.environ.pop(name, None)
+
+
 #: Seconds a rank that raised mid-case waits for its peers before it declares its world broken.
 FAIL_FAST_GRACE = 5.0
 

@@ -26,8 +26,8 @@ from paracheck.domain.backends import get_backend
 from paracheck.domain.case import Case
 from paracheck.domain.records import RankResult
 from paracheck.launch.protocol import (ENV_PG_TIMEOUT, ENV_PROFILE, ENV_STORE, ENV_TODO, FAIL_FAST_GRACE,
-                                       STORE_BROKEN_KEY, Phase, RankExit, RankProgress, RunDir, Todo, read_json,
-                                       store_done_key, write_json)
+                                       STORE_BROKEN_KEY, Phase, RankExit, RankProgress, RunDir, Todo, apply_switches,
+                                       read_json, store_done_key, write_json)
 from paracheck.world import meshes
 from paracheck.world.site import CaseSite, Owners, local_device
 
@@ -192,6 +192,7 @@ def fed(rundir: RunDir, start: int, rank: int, poll: float = 0.02):
 def main(rundir_path: str) -> int:
     rundir = RunDir(rundir_path)
     run = read_json(rundir.run)
+    apply_switches(run.get("switches", {}))
     backend = get_backend(run["backend"])
     rank = int(os.environ["RANK"])
     stacks = open(rundir.stacks(rank), "w")
