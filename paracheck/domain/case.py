@@ -80,9 +80,10 @@ class Case:
 
     @property
     def plain(self) -> "Case":
-        """The same case without its planted bug: what a control is judged against (controls always
-        run gradients, so the plain case is matched whatever its `grads`)."""
-        return replace(self, control=None, grads=True)
+        """The same case without its planted bug: what a control is judged against (controls always run
+        gradients, and take the steps and the save only where their bug shows there, so the plain case is matched
+        whatever its `grads`, `steps` and `checkpoint`)."""
+        return replace(self, control=None, grads=True, steps=0, checkpoint=False)
 
     def to_json(self) -> dict:
         data = asdict(self)

@@ -93,7 +93,7 @@ def _rank(i: int, met: dict, todo: set) -> tuple:
 
 def _controls(cases: list, chosen: set[int]) -> set[int]:
     """The control cases whose plain case was chosen, and the first case of each control that got none."""
-    twins = {replace(cases[i], grads=True) for i in chosen}
+    twins = {cases[i].plain for i in chosen}
     picked = {i for i, c in enumerate(cases) if c.control is not None and c.plain in twins}
     named = {cases[i].control for i in picked}
     for i, c in enumerate(cases):
@@ -117,10 +117,10 @@ def with_training(cases: list, steps: int, checkpoint: bool, everything: bool = 
     A control case follows its plain case. A control that `needs` them (its bug shows in steps or a save only)
     runs where its plain case has them, else once, on its first case, with its plain case turned on too."""
     plain = [c for c in cases if c.control is None]
-    chosen = {_twin(c) for c in plain} if everything else _kind_cover(plain, runs)
+    chosen = {c.plain for c in plain} if everything else _kind_cover(plain, runs)
     kept, orphans = [], {}
     for c in cases:
-        if c.control is not None and needs(c) and _twin(c) not in chosen:
+        if c.control is not None and needs(c) and c.plain not in chosen:
             first = orphans.get((c.library, c.control))
             if first is None or (runs(c) and not runs(first)):  # the first case that will run
                 orphans[(c.library, c.control)] = c
@@ -129,10 +129,11 @@ def with_training(cases: list, steps: int, checkpoint: bool, everything: bool = 
     for c in orphans.values():
         # Kept only where it will be a skip (a model that cannot carry it) is not run: it runs on its orphan too.
         if not any(k.control == c.control and k.library == c.library and runs(k) for k in kept):
-            chosen.add(_twin(c))
+            chosen.add(c.plain)
             kept.append(c)
     on = dict(steps=steps, checkpoint=checkpoint)
-    return [replace(c, **on) if _twin(c) in chosen else c for c in _in_order(cases, kept)]
+    return [replace(c, **on) if c.plain in chosen and (c.control is None or needs(c)) else c
+            for c in _in_order(cases, kept)]
 
 
 def _kind_cover(plain: list, runs) -> set:
@@ -144,13 +145,8 @@ def _kind_cover(plain: list, runs) -> set:
         parts = {(c.library, part) for part in layout_parts(c.layout.name)}
         if runs(c) and parts - covered:
             covered |= parts
-            chosen.add(_twin(c))
+            chosen.add(c.plain)
     return chosen
-
-
-def _twin(case):
-    """What a case and its controls share: the plain case with training off."""
-    return replace(case, control=None, grads=True, steps=0, checkpoint=False)
 
 
 def _in_order(cases: list, kept: list) -> list:
