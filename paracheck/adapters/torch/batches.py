@@ -31,12 +31,15 @@ def shard(value, index: int, degree: int):
 
 def full(value):
     """DTensors gathered whole (differentiably), anywhere in nested tuples and dicts."""
-    if value is None:
-        return None
-    if hasattr(value, "full_tensor"):
-        return value.full_tensor()
+    return each_tensor(value, lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t)
+
+
+def each_tensor(value, fn):
+    """`value` with `fn` applied to every tensor in it, anywhere in nested tuples, lists and dicts."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
     if isinstance(value, dict):
-        return {k: full(v) for k, v in value.items()}
+        return {k: each_tensor(v, fn) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
-        return type(value)(full(v) for v in value)
+        return type(value)(each_tensor(v, fn) for v in value)
     return value

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.adapters.torch import spec as specs
-from paracheck.adapters.torch.batches import call as _call, full as _full, shard as _shard, to as _to
+from paracheck.adapters.torch.batches import call as _call, each_tensor, full as _full, shard as _shard, to as _to
 from paracheck.adapters.torch import structure
 from paracheck.adapters.torch import steps as training
 from paracheck.adapters.torch.controls import CONTROLS, PLANTS, step_hooks
@@ -187,13 +187,7 @@ class TorchBody:
 
 
 def _detached(value):
-    if isinstance(value, torch.Tensor):
-        return value.detach()
-    if isinstance(value, dict):
-        return {k: _detached(v) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_detached(v) for v in value)
-    return value
+    return each_tensor(value, lambda t: t.detach())
 
 
 def _leaves(value, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
