@@ -201,3 +201,26 @@ def test_a_checkpoint_exception_is_the_cases_error_not_the_ranks_end(monkeypatch
 
     result = _run(monkeypatch, _Toy("checkpoint", CheckpointException("planted", {})), world, checkpoint=True)
     assert result.status == RankStatus.ERROR and "CheckpointException" in result.reason
+
+
+def test_a_rank_whose_pass_raised_takes_no_steps_nor_save(monkeypatch, world):
+    """Its peers may still be inside the pass that raised: a rank joining the steps' collectives would hang."""
+    toy = _Toy()
+
+    def attempted(ctx):
+        ctx.attempt(lambda: (_ for _ in ()).throw(RuntimeError("planted")), CheckId.FORWARD)
+
+    class Raising(_Toy):
+        def case_body(self, ctx):
+            body = toy.case_body(ctx).__enter__()
+            original = body.training
+
+            def training(*args):
+                original()
+                attempted(ctx)
+            body.training = training
+            return contextlib.nullcontext(body)
+
+    result = _run(monkeypatch, Raising(), world, steps=3, checkpoint=True)
+    assert "steps" not in toy.calls and "checkpoint" not in toy.calls
+    assert [c.status for c in result.checks if c.id in (CheckId.STEPS, CheckId.CHECKPOINT)] == [Status.SKIP] * 2

@@ -24,7 +24,7 @@ DEFAULT_STEPS = 3
 def choose(args, cases: list) -> list:
     """`cases` as built (the full matrix), or their quick tier; then parity.steps and checkpoint.roundtrip turned on
     on one layout of each kind (`domain.tier.with_training`), on every case with --all."""
-    from paracheck.domain.tier import with_training
+    from paracheck.domain.tier import needs_training, with_training
 
     whole = getattr(args, "all", False)
     everything = whole or args.variants is not None
@@ -36,16 +36,7 @@ def choose(args, cases: list) -> list:
     checkpoint = not getattr(args, "no_checkpoint", False)
     # Naming the variants asks for those inputs everywhere, not for training everywhere: that is --all's.
     return with_training(cases if everything else _quick(args, cases), steps, checkpoint, whole,
-                         needs=_needs_training, runs=runs)
-
-
-def _needs_training(case) -> bool:
-    """A control whose bug only steps or a save show (it must trip parity.steps or checkpoint.roundtrip)."""
-    from paracheck.domain import registry
-    from paracheck.domain.records import CheckId
-
-    control = registry.controls(case.library).get(case.control)
-    return bool(control) and bool({CheckId.STEPS, CheckId.CHECKPOINT} & set(control.must_trip))
+                         needs=needs_training, runs=runs)
 
 
 def _quick(args, cases: list) -> list:

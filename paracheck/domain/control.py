@@ -39,6 +39,12 @@ class Control:
     #: (`checks.localize`); a glob where the name depends on the model ("*.attn*"). None: it breaks neither.
     plants_in: str | None = None
 
+    @property
+    def shows_in_training(self) -> bool:
+        """Whether its bug shows in the optimizer steps or a save only (it must trip parity.steps or
+        checkpoint.roundtrip): such a control runs where its case takes them (`domain.tier.with_training`)."""
+        return bool({CheckId.STEPS, CheckId.CHECKPOINT} & set(self.must_trip))
+
     def planted_at(self, name: str | None) -> bool:
         """Whether `name` (a module or parameter a localization named) is where this control plants:
         one of the `|`-separated globs of `plants_in` matches it."""

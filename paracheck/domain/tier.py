@@ -136,6 +136,13 @@ def with_training(cases: list, steps: int, checkpoint: bool, everything: bool = 
             for c in _in_order(cases, kept)]
 
 
+def needs_training(case) -> bool:
+    """A control case whose bug only the steps or a save show (`Control.shows_in_training`)."""
+    from paracheck.domain import registry
+
+    return bool(case.control) and registry.get_control(case.control).shows_in_training
+
+
 def _kind_cover(plain: list, runs) -> set:
     covered: set = set()
     chosen = set()

@@ -6,7 +6,8 @@ cases one launch runs (`_paracheck_cases`). The host knows no library; `parachec
 mixins by name. All cases of one class and world size run in one launch, the first test that needs them starts
 it, and every test reads its own verdict; one fork server serves every launch of the session. Optional class
 attributes: `paracheck_layouts`, `paracheck_backend`, `paracheck_atol`, `paracheck_rtol`, `paracheck_timeout`,
-`paracheck_controls`, `paracheck_dtype`, `paracheck_variants`, `paracheck_known_failures`.
+`paracheck_controls`, `paracheck_dtype`, `paracheck_variants`, `paracheck_known_failures`, `paracheck_steps`,
+`paracheck_checkpoint`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from paracheck.domain.control import applicable_to
 from paracheck.domain.records import CheckId
 
 STRUCTURE_IDS = tuple(c for c in CheckId if c.structural)
+_TRAINING = {CheckId.STEPS, CheckId.CHECKPOINT}
 
 _RESULTS: dict[tuple, dict] = {}
 
@@ -38,6 +40,10 @@ class ParallelTesterMixin:
     paracheck_variants: tuple[str, ...] = ("base",)
     #: A known-failures TOML path, "none", or None for the file paracheck ships.
     paracheck_known_failures: str | None = None
+    #: Optimizer steps parity.steps takes, on one layout of each kind of parallelism (0: none), and whether
+    #: checkpoint.roundtrip runs there (as `paracheck run`'s default tier: `domain.tier.with_training`).
+    paracheck_steps: int = 3
+    paracheck_checkpoint: bool = True
 
     #: The structure checks a case of this mixin runs (its structure test reads these).
     paracheck_structure_ids = STRUCTURE_IDS
@@ -83,6 +89,10 @@ class ParallelTesterMixin:
     @pytest.mark.paracheck
     def test_paracheck_grads(self, paracheck_case, request):
         expect(self, request, paracheck_case, (CheckId.GRADS,))
+
+    @pytest.mark.paracheck
+    def test_paracheck_training(self, paracheck_case, request):
+        expect(self, request, paracheck_case, (CheckId.STEPS, CheckId.CHECKPOINT))
 
     @pytest.mark.paracheck
     def test_paracheck_control(self, paracheck_control_case, request):
@@ -138,6 +148,9 @@ def expect(test, request, case: tuple, check_ids) -> None:
         pytest.skip(f"the tester config has no inputs for variant {variant!r}: define "
                     "paracheck_variant_inputs(variant), or get_dummy_inputs(batch_size=...) for batch2")
     verdict, ranks = found
+    if set(check_ids) & _TRAINING and not (verdict.case.steps or verdict.case.checkpoint):
+        pytest.skip(f"{layout}: the class takes the steps and the save on one layout of each kind of parallelism, "
+                    "not this one (paracheck_steps, paracheck_checkpoint)")
     outcome, why = outcome_for_test(verdict, check_ids)
     replay = f"pytest '{request.node.nodeid}'" + (f" --paracheck-backend {backend.name}"
                                                  if backend.name != "gloo" else "")
@@ -162,13 +175,15 @@ def _results(test, backend, world: int) -> dict:
 def _launch(test, backend, world: int) -> dict:
     from paracheck.results import known
     from paracheck.launch.launcher import Launcher
+    from paracheck.domain.tier import needs_training, with_training
     from paracheck.results.verdict import judge
 
     cls = type(test)
     layouts = [layout for layout in cls._paracheck_layouts() if layout.world == world]
     folder = tempfile.mkdtemp(prefix="paracheck-mixin-")
     try:
-        cases = test._paracheck_cases(layouts, folder)
+        cases = with_training(test._paracheck_cases(layouts, folder), cls.paracheck_steps, cls.paracheck_checkpoint,
+                              needs=needs_training)
         outcome = Launcher(backend, world, cls.paracheck_timeout).run(cases)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -107,17 +107,20 @@ def _passes(body, ctx: CaseContext, raised: list) -> None:
     if hasattr(body, "localize") and not raised:
         with phase("localize"):
             body.localize(checks)
-    # Last, as they change the model (localization reruns the passes above on it as they were checked).
-    checks += _later(body, ctx, "steps", CheckId.STEPS, ctx.case.steps > 0)
-    checks += _later(body, ctx, "checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint)
+    # Last, as they change the model (localization reruns the passes above on it as they were checked). A rank
+    # whose pass raised takes neither, as it takes no localization: its peers may still be inside that pass.
+    checks += _later(body, ctx, "steps", CheckId.STEPS, ctx.case.steps > 0, raised)
+    checks += _later(body, ctx, "checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint, raised)
     result.checks = checks
     result.raised_in_parallel = False
 
 
-def _later(body, ctx: CaseContext, name: str, check_id: CheckId, asked: bool) -> list:
+def _later(body, ctx: CaseContext, name: str, check_id: CheckId, asked: bool, raised: list) -> list:
     """The optional `steps` or `checkpoint` pass where the case asks for it; a body without one says so."""
     if not asked:
         return []
+    if raised:
+        return [CheckResult(check_id, Status.SKIP, f"not run: an earlier pass raised on this rank ({raised[0]})")]
     if not hasattr(body, name):
         return [CheckResult(check_id, Status.SKIP, f"the {ctx.case.library} adapter has no {check_id.value} pass")]
     with ctx.phase(name):
