@@ -31,3 +31,12 @@ def html_run(tmp_path_factory):
                          "--only-control", "backward-only", "--html", str(tmp / "run.html")], tmp)
     assert run.code == 0 and run.report, run.out
     return run, tmp / "run.html"
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, what .ci/run runs), the tests that read one session run share a
+    worker: the run is then launched once, not once per worker."""
+    for item in items:
+        shared = [name for name in ("default_run", "html_run") if name in getattr(item, "fixturenames", ())]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))

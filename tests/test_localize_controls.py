@@ -73,7 +73,8 @@ def test_a_failing_case_says_where_in_its_note_and_its_json(tmp_path):
 
 @pytest.mark.slow
 def test_every_transformers_control_is_localized_where_it_plants(tmp_path):
-    run = run_paracheck(["--models", "qwen3", "--layouts", "tp2xfsdp2", "--variants", "base", "--controls"], tmp_path)
+    run = run_paracheck(["--models", "qwen3", "--layouts", "tp2xfsdp2", "--variants", "base", "--controls", "--steps",
+                         "0", "--no-checkpoint"], tmp_path)  # the forward and gradient controls: no training
     assert run.code == 0, run.out
     cases = _planted_cases(run)
     assert {c["control"] for c in cases} == {"tf-norm-replicate", "tf-skip-dp-reduce", "tf-grad-divide"}

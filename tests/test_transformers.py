@@ -300,8 +300,9 @@ def test_what_cannot_apply_is_a_skip_in_the_refusers_words(gloo_verdicts):
 
 @pytest.mark.slow
 def test_cli_runs_the_transformers_fixtures(tmp_path):
+    # Training has its own worlds (test_steps_transformers, test_checkpoint_transformers): here the CLI alone.
     run = run_paracheck(["--models", "qwen3_moe", "--layouts", "tp2xfsdp2xep2,dpr2xfsdp2", "--variants", "base",
-                         "--controls"], tmp_path)
+                         "--controls", "--steps", "0", "--no-checkpoint"], tmp_path)
     assert run.code == 0, run.out
     statuses = {(c["layout"], c["control"]): c["status"] for c in run.report["cases"]}
     assert statuses[("tp2xfsdp2xep2", None)] == "pass" and statuses[("dpr2xfsdp2", None)] == "pass"
