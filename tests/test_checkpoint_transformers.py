@@ -143,3 +143,12 @@ def test_the_skip_mesh_dim_control_is_detected_on_a_two_dimensional_mesh():
     older = {c.id: c.status for c in control.checks if c.id.value != CHECKPOINT}
     assert older == {c.id: c.status for c in plain.checks if c.id.value != CHECKPOINT}
     assert set(s.value for s in older.values()) == {"pass"}
+
+
+def test_the_other_layout_is_one_the_models_sizes_take():
+    """A user's tiny config with 2 heads takes tp2 but not tp4: the reload layout is chosen among those it fits."""
+    from paracheck.adapters.transformers.layout import TfLayout, reload_layout
+
+    unfitted = reload_layout(TfLayout.parse("tp2xfsdp2"), 4)
+    fitted = reload_layout(TfLayout.parse("tp2xfsdp2"), 4, fits=lambda other: other.tp <= 2)
+    assert unfitted.tp == 4 and fitted is not None and fitted.tp <= 2 and fitted.name != "tp2xfsdp2"

@@ -123,7 +123,7 @@ def test_the_untie_control_runs_where_a_fixture_ties_in_the_default_tier():
     from paracheck.adapters.transformers import cases
     from paracheck.cli.tiers import runs
     from paracheck.domain.tier import with_training
-    from paracheck.cli.tiers import _needs_training
+    from paracheck.domain.tier import needs_training as _needs_training
 
     matrix = [c for m in ("llama", "gemma3") for c in cases.expand(m, "all", 4, ["base"], controls=True)]
     chosen = with_training(matrix, 3, False, needs=_needs_training, runs=runs)

@@ -41,6 +41,7 @@ from paracheck.checks.steps import StepRecord, compare_steps
 from paracheck.domain.adapter import Refused
 from paracheck.domain.records import CheckId, CheckResult, Failure, Status
 from paracheck.adapters.transformers import inputs
+from paracheck.adapters.transformers import fitting
 from paracheck.adapters.transformers.layout import cp_supported, reload_layout
 
 PARTS = {"a": "gathered save_pretrained, read on one device", "b": "DCP save, read on one device",
@@ -79,8 +80,10 @@ class _Roundtrip:
         self.root = _agreed(body.ctx.site.workdir)
         self.reference = body.ref.state_dict()  # read only: the reference is shared across cases
         self.rows = next(iter(body.batch.values())).shape[0]
+        config = body.ref.config
         self.other = reload_layout(self.layout, dist.get_world_size(), bool(getattr(body.ref, "ep_plan", None)),
-                                   cp_supported(), self.rows)
+                                   cp_supported(), self.rows,
+                                   fits=lambda other: fitting.refusal(config, fitting.Need.of(other)) is None)
         self.parts: dict[str, Part] = {}
         self.notes: list[str] = []
         self.failure: Failure | None = None

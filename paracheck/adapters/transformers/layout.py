@@ -148,15 +148,16 @@ SHARDING = ("pp", "fsdp", "tp", "ep")
 
 
 def reload_layout(layout: TfLayout, world: int, moe: bool = False, cp_field: bool = False,
-                  rows: int = 0) -> TfLayout | None:
+                  rows: int = 0, fits=lambda other: True) -> TfLayout | None:
     """The layout `checkpoint.roundtrip` loads `layout`'s checkpoint into: another layout of `world` ranks that
     transformers builds for the model, splitting parameters differently in as many of `SHARDING` as it can (then
     sharding over more of them, then by name), so every dimension's shards are re-cut. A pipeline layout goes to
     another pipeline size where one builds, else to none (pp1); any other layout stays without pipeline stages (a
     stage returns no loss to resume training with). `rows`: the global batch's rows, which the new layout's
-    data-parallel degree must divide (0: any). None where no other layout fits."""
+    data-parallel degree must divide (0: any). `fits(other)`: whether the model's sizes take it (the fitting rule on
+    the model's config: a user's tiny config may not split by 4). None where no other layout fits."""
     candidates = [other for other in layouts_for(world, moe, cp_field)
-                  if other != layout and other.dp and (not rows or rows % other.dp == 0)
+                  if other != layout and other.dp and (not rows or rows % other.dp == 0) and fits(other)
                   and any(getattr(other, t) != getattr(layout, t) for t in SHARDING)
                   # pp with tp raises while loading (declared: docs/upstream/transformers_pp_tp_keyerror.md)
                   and not (other.pp > 1 and other.tp > 1) and (other.pp == 1 or layout.pp > 1)]
