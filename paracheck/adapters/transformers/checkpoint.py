@@ -292,15 +292,15 @@ def _step(model, optimizer, batch: dict, layout) -> StepRecord:
 def _clip(model) -> None:
     """torch's clip_grad_norm_ where every gradient is on one mesh; over several (experts on their own), the
     norm of each mesh's gradients, whole, combined, and the same factor applied to all."""
+    from paracheck.checks.trainloop import total_norm
+
     params = [p for p in model.parameters() if p.grad is not None]
-    meshes = {getattr(p.grad, "device_mesh", None) for p in params}
-    if len(meshes) <= 1:
+    if len({id(getattr(p.grad, "device_mesh", None)) for p in params}) <= 1:
         torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
         return
-    norms = [full(torch.nn.utils.get_total_norm([p.grad for p in params
-                                                  if getattr(p.grad, "device_mesh", None) == mesh]))
-             for mesh in meshes]
-    factor = min(1.0, MAX_NORM / (float(torch.stack(norms).norm()) + 1e-6))
+    # The meshes in the parameters' order, the same on every rank (a set's order is not, and each mesh's norm is a
+    # collective: ranks taking them in another order hung, measured on qwen3_moe fsdp4xep2).
+    factor = min(1.0, MAX_NORM / (float(total_norm(params)) + 1e-6))
     for p in params:
         p.grad.mul_(factor)
 
