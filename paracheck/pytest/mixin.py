@@ -40,10 +40,12 @@ class ParallelTesterMixin:
     paracheck_variants: tuple[str, ...] = ("base",)
     #: A known-failures TOML path, "none", or None for the file paracheck ships.
     paracheck_known_failures: str | None = None
-    #: Optimizer steps parity.steps takes, on one layout of each kind of parallelism (0: none), and whether
-    #: checkpoint.roundtrip runs there (as `paracheck run`'s default tier: `domain.tier.with_training`).
-    paracheck_steps: int = 3
-    paracheck_checkpoint: bool = True
+    #: Optimizer steps parity.steps takes on one layout of each kind of parallelism, and whether
+    #: checkpoint.roundtrip runs there (`domain.tier.with_training`, as `paracheck run`'s default tier does). Off
+    #: by default: a model's test class runs in its library's suite, and the steps and the save cost seconds per
+    #: layout; `paracheck_steps = 3` turns them on (a training control is a named skip while they are off).
+    paracheck_steps: int = 0
+    paracheck_checkpoint: bool = False
 
     #: The structure checks a case of this mixin runs (its structure test reads these).
     paracheck_structure_ids = STRUCTURE_IDS
