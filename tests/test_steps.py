@@ -72,11 +72,11 @@ def test_a_training_control_is_refused_by_name_where_its_pass_is_not_taken():
 
     case = Case("flux", "f:m", Layout.parse("tp2"), control="decay-twice", library="diffusers", steps=3)
     assert _pass_off(case) is None
-    assert "(--steps 0)" in _pass_off(replace(case, steps=0))
+    assert "(--steps 0;" in _pass_off(replace(case, steps=0))
     assert "a bf16 case does not take" in _pass_off(replace(case, dtype="bf16"))
     assert _pass_off(replace(case, control="backward-only", steps=0)) is None
     saved = Case("llama", "f:m", Layout.parse("tp2"), control="tf-save-local-shard", library="transformers")
-    assert "(--no-checkpoint)" in _pass_off(saved) and _pass_off(replace(saved, checkpoint=True)) is None
+    assert "(--no-checkpoint;" in _pass_off(saved) and _pass_off(replace(saved, checkpoint=True)) is None
 
 
 # -- real worlds ---------------------------------------------------------------------------------

@@ -133,11 +133,13 @@ def _pass_off(case) -> str | None:
     `--no-checkpoint`, a dtype whose steps are not held to a rule)."""
     must = set(registry.get_control(case.control).must_trip)
     if CheckId.STEPS in must and not case.steps:
-        return f"{case.control} shows in parity.steps only, which this run does not take (--steps 0)"
+        return (f"{case.control} shows in parity.steps only, which this run takes no step of (--steps 0; a mixin's "
+                "paracheck_steps = 0)")
     if CheckId.STEPS in must and case.dtype != "fp32":  # the steps are held to the fp32 rule; a planted 1e-3 is
         return f"{case.control} shows in parity.steps only, which a {case.dtype} case does not take"  # within bf16's
     if CheckId.CHECKPOINT in must and not case.checkpoint:
-        return f"{case.control} shows in checkpoint.roundtrip only, which this run does not take (--no-checkpoint)"
+        return (f"{case.control} shows in checkpoint.roundtrip only, which this run does not take (--no-checkpoint; a "
+                "mixin's paracheck_checkpoint = False)")
     return None
 
 
