@@ -44,7 +44,19 @@ def degree_parts(text, pattern: re.Pattern, tokens, example: str, error: type) -
     return parts
 
 
-class DegreeLayout:
+class _Splits:
+    """What every layout answers the same way from its tp and cp degrees."""
+
+    @property
+    def has_tp(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def has_cp(self) -> bool:
+        return self.cp > 1
+
+
+class DegreeLayout(_Splits):
     """What an adapter's layout of named degrees shares (the transformers and torch grammars): each degree an
     integer >= 1, parsed from and named by its `tokenN` parts, the kinds it uses, each rank's coordinates.
 
@@ -89,14 +101,6 @@ class DegreeLayout:
         """The kinds of parallelism this layout uses, as the kit's `Layout.kinds` (a wrong result is named by them)."""
         return tuple(t for t in self.TOKENS if getattr(self, t) > 1)
 
-    @property
-    def has_tp(self) -> bool:
-        return self.tp > 1
-
-    @property
-    def has_cp(self) -> bool:
-        return self.cp > 1
-
     def coords(self, rank: int) -> dict[str, int]:
         """This rank's coordinate on each of `COORDS` (row-major, as `init_device_mesh` lays them out)."""
         if not 0 <= rank < self.world:
@@ -123,7 +127,7 @@ def factorizations(n: int, parts: int):
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(_Splits):
     tp: int = 1
     ring: int = 1
     ulysses: int = 1
@@ -168,14 +172,6 @@ class Layout:
     def kinds(self) -> tuple[str, ...]:
         """The kinds of parallelism this layout uses (a wrong result is named by them)."""
         return tuple(d for d in DIM_NAMES if getattr(self, d) > 1)
-
-    @property
-    def has_tp(self) -> bool:
-        return self.tp > 1
-
-    @property
-    def has_cp(self) -> bool:
-        return self.cp > 1
 
     @property
     def head_multiple(self) -> int:

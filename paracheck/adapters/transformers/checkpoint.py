@@ -33,16 +33,17 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 # A BaseException (not an Exception): every rank's DCP raise, gathered; caught by name, or it ends the rank.
-from torch.distributed.checkpoint.api import CheckpointException
 
 from paracheck.checks.compare import compare
 from paracheck.checks.shards import full
 from paracheck.checks.steps import StepRecord, compare_steps
+from paracheck.checks.trainloop import clip, whole_params
 from paracheck.domain.adapter import Refused
 from paracheck.domain.records import CheckId, CheckResult, Failure, Status
 from paracheck.adapters.transformers import inputs
 from paracheck.adapters.transformers import fitting
 from paracheck.adapters.transformers.layout import cp_supported, reload_layout
+from paracheck.rank.skeleton import RAISES
 
 PARTS = {"a": "gathered save_pretrained, read on one device", "b": "DCP save, read on one device",
          "c": "DCP load on the same layout", "d": "DCP load on another layout",
@@ -109,7 +110,7 @@ class _Roundtrip:
             part = step()
         except Refused as exc:
             part = Part("refused", str(exc))
-        except (Exception, CheckpointException) as exc:  # a part's raise is its failure (a control's bug may raise)
+        except RAISES as exc:  # a part's raise is its failure (a control's bug may raise; DCP's is a BaseException)
             part = Part("fail", f"raised {type(exc).__name__}: {exc}")
             self.failure = self.failure or Failure.raised(exc, CheckId.CHECKPOINT)
         part.seconds = round(time.perf_counter() - started, 3)
@@ -268,9 +269,9 @@ def _reference_steps(path: str, batch: dict, count: int) -> list[StepRecord]:
         optimizer.zero_grad(set_to_none=True)
         loss = model(**batch, num_items_in_batch=tokens, use_cache=False).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        clip(list(model.parameters()), MAX_NORM)
         optimizer.step()
-        records.append(StepRecord(loss.detach().clone(), _params(model)))
+        records.append(StepRecord(loss.detach().clone(), whole_params(model)))
     return records
 
 
@@ -282,31 +283,11 @@ def _step(model, optimizer, batch: dict, layout) -> StepRecord:
     optimizer.zero_grad(set_to_none=True)
     loss = model(**mine, num_items_in_batch=inputs.predicted_tokens(batch["labels"]), use_cache=False).loss
     (loss * layout.dp).backward()  # FSDP averages gradients over the dp ranks; each loss is a share of the mean
-    _clip(model)
+    clip(list(model.parameters()), MAX_NORM)
     optimizer.step()
     total = loss.detach().clone()
     dist.all_reduce(total)
-    return StepRecord(total / (layout.world // layout.dp), _params(model))
-
-
-def _clip(model) -> None:
-    """torch's clip_grad_norm_ where every gradient is on one mesh; over several (experts on their own), the
-    norm of each mesh's gradients, whole, combined, and the same factor applied to all."""
-    from paracheck.checks.trainloop import total_norm
-
-    params = [p for p in model.parameters() if p.grad is not None]
-    if len({id(getattr(p.grad, "device_mesh", None)) for p in params}) <= 1:
-        torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
-        return
-    # The meshes in the parameters' order, the same on every rank (a set's order is not, and each mesh's norm is a
-    # collective: ranks taking them in another order hung, measured on qwen3_moe fsdp4xep2).
-    factor = min(1.0, MAX_NORM / (float(total_norm(params)) + 1e-6))
-    for p in params:
-        p.grad.mul_(factor)
-
-
-def _params(model) -> dict:
-    return {name: full(p).detach().clone() for name, p in model.named_parameters()}
+    return StepRecord(total / (layout.world // layout.dp), whole_params(model))
 
 
 def _trainer_refusal(model, folder: str) -> str:
