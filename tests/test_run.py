@@ -153,6 +153,16 @@ def test_ring_runs_on_cpu_with_the_kits_attention(default_run):
         assert default_run.case("flux", layout, "ring-stale-kv-backward")["status"] == "detected"
 
 
+def test_declared_failures_are_not_rerun_with_hooks_and_controls_are(default_run):
+    """A known failure's rerun would say what its entry says, in every run (`rank.declared`); a control's planted
+    bug, declared nowhere, is rerun and localized (its gradient table is kept either way)."""
+    r4 = default_run.case("flux", "r4")
+    assert "declared known failure" in r4["localization"]["not_run"], r4["localization"]
+    assert "backward" not in r4["localization"]["grads"] and r4["localization"]["grads"]["params"]
+    control = default_run.case("flux", "r4", "ring-drop-merge")["localization"]
+    assert "not_run" not in control and ("forward" in control or "backward" in control.get("grads", {}))
+
+
 def _ring_cases_run_the_kits_attention(run) -> None:
     """Every ring case of four models is in the report (a missing one fails, never skips the check): the two
     without a TP plan skip tp2xr2, QwenImage's r2xu2 is the declared unified-path failure, the rest run the

@@ -233,10 +233,12 @@ def _sharded(args, cases: list[Case]) -> list[Case]:
 
 def _launch(args, backend, cases: list[Case], entries) -> int:
     from paracheck.launch.launcher import Launcher
+    from paracheck.results import known
     from paracheck.results.progress import Progress
 
     progress = Progress(cases, quiet=args.quiet, entries=entries)
-    launcher = Launcher(backend, args.nproc, args.timeout, on_case=progress.case_done, after_hang=args.after_hang)
+    launcher = Launcher(backend, args.nproc, args.timeout, on_case=progress.case_done, after_hang=args.after_hang,
+                        known=known.as_data(entries))
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     started = time.time()
     try:

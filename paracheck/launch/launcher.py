@@ -40,12 +40,16 @@ AFTER_HANG = ("skip", "run")
 
 class Launcher:
     def __init__(self, backend, nproc: int, timeout: float, startup_timeout: float = 300.0, keep: bool = False,
-                 on_case: Callable[[int, list[RankResult]], None] | None = None, after_hang: str = "skip"):
+                 on_case: Callable[[int, list[RankResult]], None] | None = None, after_hang: str = "skip",
+                 known: list[dict] = ()):
         if after_hang not in AFTER_HANG:
             raise ValueError(f"after_hang {after_hang!r}: must be one of {', '.join(AFTER_HANG)}")
         self.backend, self.nproc, self.timeout = backend, nproc, timeout
         self.startup_timeout, self.keep, self.on_case = startup_timeout, keep, on_case
         self.after_hang = after_hang
+        #: The run's declared known failures, as plain data: a rank does not rerun a failure they explain whole
+        #: with localization's hooks (`rank.declared`).
+        self.known = list(known)
         self.supervisor: Supervisor | None = None
         self.cases: list[Case] = []
 
@@ -53,7 +57,7 @@ class Launcher:
         self.cases = cases
         rundir = RunDir(tempfile.mkdtemp(prefix="paracheck-")).make()
         write_json(rundir.run, {"backend": self.backend.name, "timeout": self.timeout, "switches": run_switches(),
-                                "cases": [c.to_json() for c in cases]})
+                                "known": self.known, "cases": [c.to_json() for c in cases]})
         self.supervisor = Supervisor(rundir, self.backend.name, self.nproc, self.timeout, self.startup_timeout)
         outcome = Outcome(start_method=self.supervisor.method)
         try:

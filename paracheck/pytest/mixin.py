@@ -186,11 +186,11 @@ def _launch(test, backend, world: int) -> dict:
     try:
         cases = with_training(test._paracheck_cases(layouts, folder), cls.paracheck_steps, cls.paracheck_checkpoint,
                               needs=needs_training)
-        outcome = Launcher(backend, world, cls.paracheck_timeout).run(cases)
+        entries = known.load(cls.paracheck_known_failures or known.SHIPPED)
+        outcome = Launcher(backend, world, cls.paracheck_timeout, known=known.as_data(entries)).run(cases)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    verdicts = judge(cases, [outcome.results[i] for i in range(len(cases))],
-                     known.load(cls.paracheck_known_failures or known.SHIPPED))
+    verdicts = judge(cases, [outcome.results[i] for i in range(len(cases))], entries)
     return {(v.case.layout.name, v.case.variant, v.case.control): (v, outcome.results[i])
             for i, v in enumerate(verdicts)}
 

@@ -22,6 +22,7 @@ from paracheck.domain import registry
 from paracheck.domain.adapter import CaseContext, Refused, Tolerance
 from paracheck.domain.records import CheckId, CheckResult, Failure, FailureKind, Raised, RankResult, RankStatus, Status
 from paracheck.launch.attribution import lost_peer
+from paracheck.rank import declared
 from paracheck.world import meshes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -102,11 +103,15 @@ def _passes(body, ctx: CaseContext, raised: list) -> None:
         return
     with phase("checks"):
         checks += body.grads_checks()
-    # On every rank, which decide alike whether a failing pass is rerun with hooks; a rank whose pass raised does not
-    # join (its peers may be inside another collective of that pass, and the fail-fast rule ends the world).
+    # On every rank, which decide alike whether a failing pass is rerun with hooks (not where declared known failures
+    # explain it whole: `rank.declared`); a rank whose pass raised does not join (its peers may be inside another
+    # collective of that pass, and the fail-fast rule ends the world).
     if hasattr(body, "localize") and not raised:
         with phase("localize"):
-            body.localize(checks)
+            if (reasons := declared.explained(ctx.case, result, checks)) is None:
+                body.localize(checks)
+            else:
+                declared.not_rerun(checks, reasons)
     # Last, as they change the model (localization reruns the passes above on it as they were checked). A rank
     # whose pass raised takes neither, as it takes no localization: its peers may still be inside that pass.
     checks += _later(body, ctx, "steps", CheckId.STEPS, ctx.case.steps > 0, raised)

@@ -46,9 +46,12 @@ class _Watchdog:
 def run_as_rank(args, backend, cases, entries) -> int:
     import torch.distributed as dist
 
+    from paracheck.rank import declared
     from paracheck.rank.worker import case_ended, join, plan_and_run
+    from paracheck.results.known import as_data
 
     store = join(backend)
+    declared.use(as_data(entries))
     rank, world = dist.get_rank(), dist.get_world_size()
     workdir = tempfile.mkdtemp(prefix=f"paracheck-torchrun-{rank}-")
     refs_dir = os.path.join(workdir, "refs")

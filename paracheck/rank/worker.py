@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.domain.registry import parse_layout
+from paracheck.rank import declared
 from paracheck.rank.skeleton import run_case
 from paracheck.domain.backends import get_backend
 from paracheck.domain.case import Case
@@ -193,6 +194,7 @@ def main(rundir_path: str) -> int:
     rundir = RunDir(rundir_path)
     run = read_json(rundir.run)
     apply_switches(run.get("switches", {}))
+    declared.use(run.get("known", []))
     backend = get_backend(run["backend"])
     rank = int(os.environ["RANK"])
     stacks = open(rundir.stacks(rank), "w")

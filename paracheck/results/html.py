@@ -15,7 +15,7 @@ import re
 from html import escape
 
 from paracheck.launch.attribution import ranks_text
-from paracheck.results import localized, plots
+from paracheck.results import localization, localized, plots
 from paracheck.results.plots import ints, items
 from paracheck.results.report import models_by_layouts, who
 
@@ -224,9 +224,9 @@ def _detail(case: dict, i: int, with_plots: bool) -> str:
     if case.get("replay"):
         parts.append(f'<p>reproduce: <code class="replay">{_e(case["replay"])}</code></p>')
     parts.append(_checks(case))
-    localization = case.get("localization")
-    if isinstance(localization, dict):
-        parts.append(_localization(case, localization, _anchor(case, i), with_plots))
+    loc = case.get("localization")
+    if isinstance(loc, dict):
+        parts.append(_localization(case, loc, _anchor(case, i), with_plots))
     if case.get("traceback"):
         parts.append(f"<details><summary>traceback</summary><pre>{_e(case['traceback'])}</pre></details>")
     return "\n".join(parts)
@@ -255,6 +255,8 @@ def _localization(case: dict, loc: dict, anchor: str, with_plots: bool) -> str:
     if "grads" in found:
         check = _check(case, "parity.grads")
         parts.append(_grads_part(found["grads"], check, anchor, with_plots))
+    if isinstance(loc.get(localization.NOT_RUN), str):
+        parts.append(f'<p class="not-run">{_e(loc[localization.NOT_RUN])}</p>')
     return "\n".join(parts) + "</div>"
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 from paracheck.domain.case import options_text
 from paracheck.domain.records import CaseStatus, CheckId, Status
@@ -113,6 +113,11 @@ def load(path: str | None) -> list[KnownFailure]:
     except tomllib.TOMLDecodeError as exc:
         raise KnownFailuresError(f"--known-failures {path}: not valid TOML ({exc})") from exc
     return [_entry(path, i, raw) for i, raw in enumerate(data.get("known", []))]
+
+
+def as_data(entries: list[KnownFailure]) -> list[dict]:
+    """The entries as run.json carries them to the ranks (`rank.declared`)."""
+    return [dict(asdict(e), inputs=list(e.inputs)) for e in entries]
 
 
 def _entry(path: str, i: int, raw: dict) -> KnownFailure:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from paracheck.domain.records import CheckId, CheckResult
 
 KEY = "localization"
+#: Why a failing case was not rerun with hooks (a declared known failure explains it: `rank.declared`).
+NOT_RUN = "not_run"
 
 
 def strip(data: dict) -> dict:
@@ -28,6 +30,10 @@ def merge(per_check: dict) -> dict:
             found[part] = merged
     if "forward" not in found and "inference" in found:
         found["forward"] = found.pop("inference")  # the no-grad pass is the forward that failed
+    not_run = [c.data[KEY]["not_run"] for held in per_check.values() for _, c in held
+               if NOT_RUN in (c.data or {}).get(KEY, {})]
+    if not_run:
+        found[NOT_RUN] = not_run[0]  # every rank decided alike (`rank.declared`), with the same reasons
     return found
 
 
@@ -81,6 +87,8 @@ def note(localization: dict) -> list[str]:
         lines.extend(f"  {grad_line(e)}" for e in grads["params"][:TOP])
     if grads and grads.get("error"):
         lines.append(f"grads: {grads['error']}")
+    if localization.get(NOT_RUN):
+        lines.append(localization[NOT_RUN])
     return lines
 
 

@@ -208,6 +208,7 @@ def _nonzero_biases(model) -> None:
 def run_sweep(args, backend, entries) -> int:
     """Plan, build the families this run needs (a line per family), launch the rest, report every case."""
     from paracheck.launch.launcher import Launcher
+    from paracheck.results import known
     from paracheck.results.finish import finish
     from paracheck.results.progress import Progress
     from paracheck.results.verdict import judge
@@ -232,7 +233,7 @@ def run_sweep(args, backend, entries) -> int:
         runnable = [i for i in range(len(cases)) if i not in refused]
         launched = [cases[i] for i in runnable]
         progress = Progress(launched, quiet=args.quiet, entries=entries)
-        launcher = Launcher(backend, world, args.timeout, on_case=progress.case_done)
+        launcher = Launcher(backend, world, args.timeout, on_case=progress.case_done, known=known.as_data(entries))
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             outcome = launcher.run(launched) if launched else None

@@ -1,0 +1,91 @@
+"""A failing case that declared known failures explain whole is not rerun with localization's hooks
+(`rank.declared`): decided on a real one-rank gloo world, with every way it must still rerun, and carried into the
+case's localization and the report's lines (`results.localization`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from paracheck.domain.case import Case, Route
+from paracheck.domain.layout import Layout
+from paracheck.domain.records import CheckId, CheckResult, RankResult, RankStatus, Status
+from paracheck.rank import declared
+from paracheck.results import known, localization
+from paracheck.results.known import KnownFailure
+
+RING = KnownFailure(reason="ring backward rotates the wrong way", model="flux", layout="r4", check="parity.grads")
+
+
+@pytest.fixture
+def world(tmp_path):
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def entries(monkeypatch):
+    monkeypatch.delenv("PARACHECK_LOCALIZE", raising=False)
+    yield
+    declared.use([])
+
+
+def _case(model="flux", layout="r4") -> Case:
+    return Case(model, "diffusers:flux", Layout.parse(layout), library="diffusers")
+
+
+def _result() -> RankResult:
+    return RankResult(0, 0, RankStatus.OK, route=Route.NATIVE, model_class="FluxTransformer2DModel")
+
+
+def _checks(*failing: CheckId) -> list[CheckResult]:
+    ids = (CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS)
+    return [CheckResult(i, Status.FAIL if i in failing else Status.PASS) for i in ids]
+
+
+def test_a_failure_its_entry_declares_is_not_rerun(world):
+    declared.use(known.as_data([RING]))
+    assert declared.explained(_case(), _result(), _checks(CheckId.GRADS)) == RING.reason
+
+
+def test_an_undeclared_check_failing_beside_it_is_rerun(world):
+    declared.use(known.as_data([RING]))
+    assert declared.explained(_case(), _result(), _checks(CheckId.GRADS, CheckId.FORWARD)) is None
+
+
+def test_an_entry_for_another_case_or_with_a_message_does_not_count(world):
+    worded = KnownFailure(reason="x", model="flux", layout="r4", check="parity.grads", message="*accumulator*")
+    declared.use(known.as_data([worded, RING]))
+    assert declared.explained(_case(layout="r2"), _result(), _checks(CheckId.GRADS)) is None
+    declared.use(known.as_data([worded]))
+    assert declared.explained(_case(), _result(), _checks(CheckId.GRADS)) is None
+
+
+def test_an_entry_matched_on_the_resolved_route_is_held_to_it(world):
+    composed = KnownFailure(reason="composed only", model="flux", layout="r4", check="parity.grads", route="composed")
+    declared.use(known.as_data([composed]))
+    assert declared.explained(_case(), _result(), _checks(CheckId.GRADS)) is None  # this rank resolved native
+
+
+def test_localize_all_reruns_declared_failures_too(world, monkeypatch):
+    declared.use(known.as_data([RING]))
+    monkeypatch.setenv("PARACHECK_LOCALIZE", "all")
+    assert declared.explained(_case(), _result(), _checks(CheckId.GRADS)) is None
+
+
+def test_a_case_no_entry_may_meet_takes_no_collective():
+    # No process group is up here: an all-reduce would raise.
+    declared.use(known.as_data([RING]))
+    assert declared.explained(_case(model="wan"), _result(), _checks(CheckId.GRADS)) is None
+
+
+def test_the_reason_reaches_the_cases_localization_and_the_report():
+    checks = _checks(CheckId.GRADS)
+    declared.not_rerun(checks, RING.reason)
+    merged = localization.merge({c.id: [(0, c)] for c in checks})
+    assert RING.reason in merged["not_run"] and "PARACHECK_LOCALIZE=all" in merged["not_run"]
+    assert merged["not_run"] in localization.note(merged)
+    assert "localization" not in checks[0].data  # the passing checks say nothing
