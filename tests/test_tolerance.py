@@ -1,10 +1,11 @@
 """The reduced-precision rule, on synthetic errors: the parallel error against fp32 may be at most
 BOUND_FACTOR times the single-device error at the run's dtype, plus a floor; fp32 keeps atol/rtol."""
 
+import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from paracheck.checks.compare import BOUND_FACTOR, FLOOR, compare
+from paracheck.checks.compare import BOUND_FACTOR, FLOOR, compare, compare_named
 from paracheck.domain.records import CheckId, Status
 
 REF32 = torch.linspace(-1.0, 1.0, 64, dtype=torch.float64)
@@ -44,3 +45,28 @@ def pytest_approx(x):
     import pytest
 
     return pytest.approx(x, rel=1e-9, abs=1e-12)
+
+
+@given(st.dictionaries(st.sampled_from("abcdef"), st.floats(-1.0, 1.0, allow_nan=False), max_size=6),
+       st.dictionaries(st.sampled_from("abcdef"), st.floats(-1.0, 1.0, allow_nan=False), max_size=6))
+def test_named_tensors_are_held_by_name_worst_first(ours, theirs):
+    """`compare_named`: the names on one side only, every shared name beyond the rule worst first, the maxima."""
+    actual = {n: torch.tensor([v]) for n, v in ours.items()}
+    expected = {n: torch.tensor([v]) for n, v in theirs.items()}
+    held = compare_named(CheckId.CHECKPOINT, actual, expected, 1e-5, 1e-5)
+    assert held.missing == sorted(set(theirs) - set(ours)) and held.extra == sorted(set(ours) - set(theirs))
+    shared = set(ours) & set(theirs)
+    diffs = {n: abs(float(actual[n]) - float(expected[n])) for n in shared}
+    assert {n for _, n, _ in held.failing} == {n for n in shared if diffs[n] > 1e-5 + 1e-5 * abs(float(expected[n]))}
+    assert [size for size, _, _ in held.failing] == sorted((size for size, _, _ in held.failing), reverse=True)
+    assert held.max_abs == pytest.approx(max(diffs.values(), default=0.0))
+
+
+def test_named_tensors_at_zero_tolerance_ask_for_equality_and_a_shape_is_worst():
+    expected = {"w": torch.ones(2), "b": torch.zeros(3)}
+    exact = compare_named(CheckId.CHECKPOINT, {"w": torch.ones(2), "b": torch.zeros(3)}, expected, 0.0, 0.0)
+    assert not exact.failing and exact.max_abs == 0.0
+    moved = compare_named(CheckId.CHECKPOINT, {"w": torch.ones(2) + 1e-7, "b": torch.zeros(2)}, expected, 0.0, 0.0)
+    assert [name for _, name, _ in moved.failing] == ["b", "w"] and "shape" in moved.failing[0][2]
+    staged = compare_named(CheckId.CHECKPOINT, {"w": torch.ones(2)}, expected, 0.0, 0.0, names={"w", "b"})
+    assert not staged.missing and not staged.failing  # another stage holds b

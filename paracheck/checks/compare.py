@@ -5,6 +5,8 @@ Library-neutral: every adapter's numerical checks (outputs, logits, losses, grad
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from paracheck.domain.records import CheckId, CheckResult, Status
@@ -67,6 +69,37 @@ def _compare_reduced(check_id: CheckId, actual, expected, expected32, what: str,
                             f"({BOUND_FACTOR:g} x single-device error {own:.2e} + {floor:g} x {scale:.2e})")
     return CheckResult(check_id, Status.PASS if ok else Status.FAIL, detail, error, error / max(scale, 1e-12),
                        data={"single_device_error": own, "bound": bound, "ratio": error / max(bound, 1e-30)})
+
+
+@dataclass
+class Named:
+    """Named tensors held to a reference's by name: the names on one side only, the names beyond the rule
+    (worst first, as (max_abs, name, detail); max_abs is inf where a shape or finiteness failed), and the
+    largest max_abs (with its name) and max_rel over every name compared."""
+    missing: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    failing: list[tuple[float, str, str]] = field(default_factory=list)
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    worst: str | None = None
+
+
+def compare_named(check_id: CheckId, actual: dict, expected: dict, atol: float, rtol: float,
+                  names: set | None = None) -> Named:
+    """Every name of `expected` against `actual` by `compare`; `names`: the names the parallel side holds where
+    they are more than `actual`'s (a pipeline stage holds its own, the stages together hold all). atol = rtol = 0
+    asks for equality."""
+    names = set(actual) if names is None else names
+    out = Named(sorted(set(expected) - names), sorted(names - set(expected)))
+    for name in sorted(set(actual) & set(expected)):
+        result = compare(check_id, actual[name], expected[name], atol, rtol, name)
+        if (result.max_abs or 0.0) >= out.max_abs:
+            out.max_abs, out.worst = result.max_abs or 0.0, name
+        out.max_rel = max(out.max_rel, result.max_rel or 0.0)
+        if result.status == Status.FAIL:
+            out.failing.append((result.max_abs if result.max_abs is not None else float("inf"), name, result.detail))
+    out.failing.sort(key=lambda item: (-item[0], item[1]))
+    return out
 
 
 def problems_text(items: list[str], limit: int = 3) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from paracheck.checks.compare import compare
+from paracheck.checks.compare import compare, compare_named
 from paracheck.domain.records import CheckId, CheckResult, Status
 
 
@@ -54,22 +54,17 @@ def _step_problems(mine: StepRecord, ref: StepRecord, atol: float, rtol: float) 
         if loss.status == Status.FAIL:
             problems.append(f"loss {float(mine.loss):.6g} != reference {float(ref.loss):.6g}")
     norm_note = _norm_note(mine, ref, figures, atol, rtol)
-    missing = sorted(set(ref.params) - set(mine.params))
-    extra = sorted(set(mine.params) - set(ref.params))
-    if missing or extra:
-        problems.append(f"parameters missing {missing[:3]}, unexpected {extra[:3]}")
-    failing = []
-    for name in sorted(set(ref.params) & set(mine.params)):
-        result = compare(CheckId.STEPS, mine.params[name], ref.params[name], atol, rtol, name)
-        _worse(figures, result, name)
-        if result.status == Status.FAIL:
-            failing.append((result.max_abs or 0.0, name, result.detail))
-    if failing:
-        failing.sort(reverse=True)
-        worst = failing[0]
-        problems.append(f"{len(failing)} parameter(s) differ, worst {worst[1]} (max_abs {worst[0]:.2e})"
-                        if worst[0] else f"{worst[1]}: {worst[2]}")
-        figures["failing"] = [name for _, name, _ in failing[:10]]
+    held = compare_named(CheckId.STEPS, mine.params, ref.params, atol, rtol)
+    if held.missing or held.extra:
+        problems.append(f"parameters missing {held.missing[:3]}, unexpected {held.extra[:3]}")
+    if held.worst is not None and held.max_abs >= figures["max_abs"]:
+        figures["max_abs"], figures["worst"] = held.max_abs, held.worst
+    figures["max_rel"] = max(figures["max_rel"], held.max_rel)
+    if held.failing:
+        size, name, detail = held.failing[0]
+        problems.append(f"{len(held.failing)} parameter(s) differ, worst {name} (max_abs {size:.2e})"
+                        if size and size != float("inf") else f"{name}: {detail}")
+        figures["failing"] = [n for _, n, _ in held.failing[:10]]
     return ([norm_note] + problems if problems and norm_note else problems), figures
 
 

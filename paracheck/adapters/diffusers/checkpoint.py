@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import shutil
 
-import torch
 import torch.distributed as dist
 
 from paracheck.adapters.diffusers import library
 from paracheck.adapters.diffusers.steps import whole_params
+from paracheck.checks.compare import compare_named
 from paracheck.domain.records import CheckId, CheckResult, Failure, Status
 
 
@@ -69,14 +69,10 @@ def _refused(entry: str, exc: Exception, body) -> CheckResult:
 
 
 def _judge(loaded: dict, expected: dict) -> CheckResult:
-    missing, extra = sorted(set(expected) - set(loaded)), sorted(set(loaded) - set(expected))
-    differ = []
-    for name in sorted(set(expected) & set(loaded)):
-        mine, want = loaded[name].detach().cpu(), expected[name]
-        if mine.shape != want.shape:
-            differ.append(f"{name} has shape {tuple(mine.shape)}, the model's is {tuple(want.shape)}")
-        elif not torch.equal(mine, want):
-            differ.append(f"{name} (max_abs {float((mine.double() - want.double()).abs().max()):.2e})")
+    """Held to equality (atol = rtol = 0): a save and load moves no bit."""
+    held = compare_named(CheckId.CHECKPOINT, {n: t.detach().cpu() for n, t in loaded.items()}, expected, 0.0, 0.0)
+    differ = [f"{name} (max_abs {size:.2e})" if size != float("inf") else detail for size, name, detail in held.failing]
+    missing, extra = held.missing, held.extra
     problems = ([f"missing {missing[:3]}"] if missing else []) + ([f"unexpected {extra[:3]}"] if extra else [])
     if differ:
         problems.append(f"{len(differ)} tensor(s) differ: {'; '.join(differ[:3])}")

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 # A BaseException (not an Exception): every rank's DCP raise, gathered; caught by name, or it ends the rank.
 
-from paracheck.checks.compare import compare
+from paracheck.checks.compare import compare, compare_named
 from paracheck.checks.shards import full
 from paracheck.checks.steps import StepRecord, compare_steps
 from paracheck.checks.trainloop import clip, whole_params
@@ -213,25 +213,17 @@ class _Roundtrip:
     def _held(self, state: dict, problems: list, names: set | None = None, where: str = "") -> Part:
         """`state` (name -> whole tensor) against the reference's; `names`: every name the ranks hold together
         (a pipeline stage holds its own), else `state`'s."""
-        names = set(state) if names is None else names
-        missing, extra = sorted(set(self.reference) - names), sorted(names - set(self.reference))
-        if missing:
-            problems.append(f"{where}{len(missing)} of {len(self.reference)} tensors missing ({_few(missing)})")
-        if extra:
-            problems.append(f"{where}{len(extra)} tensors the single-device model lacks ({_few(extra)})")
-        worst_abs = worst_rel = 0.0
-        differing = []
-        for name in sorted(set(state) & set(self.reference)):
-            check = compare(CheckId.CHECKPOINT, state[name], self.reference[name], self.tol.atol, self.tol.rtol, name)
-            worst_abs, worst_rel = max(worst_abs, check.max_abs or 0.0), max(worst_rel, check.max_rel or 0.0)
-            if check.status == Status.FAIL:
-                differing.append((check.max_abs if check.max_abs is not None else float("inf"), name, check.detail))
-        if differing:
-            differing.sort(key=lambda item: (-item[0], item[1]))
-            size, name, detail = differing[0]
+        held = compare_named(CheckId.CHECKPOINT, state, self.reference, self.tol.atol, self.tol.rtol, names)
+        if held.missing:
+            problems.append(f"{where}{len(held.missing)} of {len(self.reference)} tensors missing "
+                            f"({_few(held.missing)})")
+        if held.extra:
+            problems.append(f"{where}{len(held.extra)} tensors the single-device model lacks ({_few(held.extra)})")
+        if held.failing:
+            size, name, detail = held.failing[0]
             worst = detail if size == float("inf") else f"worst {name}, max_abs {size:.2e}"
-            problems.append(f"{where}{len(differing)} tensor(s) differ from the reference's: {worst}")
-        return Part("fail" if problems else "pass", "; ".join(problems), worst_abs, worst_rel)
+            problems.append(f"{where}{len(held.failing)} tensor(s) differ from the reference's: {worst}")
+        return Part("fail" if problems else "pass", "; ".join(problems), held.max_abs, held.max_rel)
 
 
 def _verdict(parts: dict, notes: list, other, tol, failure) -> CheckResult:
