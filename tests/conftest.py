@@ -18,9 +18,11 @@ settings.load_profile("paracheck")
 @pytest.fixture(scope="session")
 def default_run(tmp_path_factory):
     """Every control on the first five fixtures (both plans, TP only, CP only) x every 4-rank layout, base
-    inputs, in one launch. The other five fixtures and the variants have their own runs (test_run.py)."""
+    inputs, in one launch. The other five fixtures and the variants have their own runs (test_run.py).
+    Not localized: rerunning its 156 detected controls with hooks took 72 of its 171 case-seconds, and the
+    localization has runs of its own (test_localize_controls.py)."""
     return run_paracheck(["--controls", "--variants", "base", "--models", "flux,flux2,qwenimage,wan,ltx"],
-                         tmp_path_factory.mktemp("default"))
+                         tmp_path_factory.mktemp("default"), switches={"PARACHECK_LOCALIZE": "0"})
 
 
 @pytest.fixture(scope="session")

@@ -30,12 +30,32 @@ class Run:
         return next(c for c in self.case(model, layout, control, variant)["checks"] if c["id"] == check_id)
 
 
-def run_paracheck(args, tmp_path, timeout=900, env=None, command="run") -> Run:
+def run_paracheck(args, tmp_path, timeout=900, env=None, command="run", switches=None) -> Run:
     """A real `paracheck run` (or `command`), with its own TMPDIR so leftovers are visible.
 
     It runs in this process, the way a user's `main()` call would, so its ranks fork from the session's fork
     server, which imported torch and the libraries once (a command of its own pays ~6 s of imports per
-    launch on this 2-core machine); `env` gives it a process of its own (and `timeout`)."""
+    launch on this 2-core machine); `env` gives it a process of its own (and `timeout`). `switches`: run
+    switches (`launch.protocol.RUN_SWITCHES`, e.g. PARACHECK_LOCALIZE) set for this run alone."""
+    with _environment(switches or {}):
+        return _run(args, tmp_path, timeout, env, command)
+
+
+@contextlib.contextmanager
+def _environment(values: dict):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _run(args, tmp_path, timeout, env, command) -> Run:
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir(exist_ok=True)
     report = tmp_path / "report.json"

@@ -153,14 +153,18 @@ def test_ring_runs_on_cpu_with_the_kits_attention(default_run):
         assert default_run.case("flux", layout, "ring-stale-kv-backward")["status"] == "detected"
 
 
-def test_declared_failures_are_not_rerun_with_hooks_and_controls_are(default_run):
-    """A known failure's rerun would say what its entry says, in every run (`rank.declared`); a control's planted
-    bug, declared nowhere, is rerun and localized (its gradient table is kept either way)."""
-    r4 = default_run.case("flux", "r4")
-    assert "declared known failure" in r4["localization"]["not_run"], r4["localization"]
+def test_declared_failures_are_not_rerun_with_hooks(tmp_path):
+    """A known failure's rerun would say what its entry says, in every run (`rank.declared`); its gradient table,
+    the check's own, is kept. (Controls, declared nowhere, are rerun: test_localize_controls.py.)"""
+    run = run_paracheck(["--models", "flux", "--layouts", "r4", "--variants", "base", "--steps", "0"], tmp_path)
+    r4 = run.case("flux", "r4")
+    assert r4["status"] == "xfail" and "declared known failure" in r4["localization"]["not_run"], r4["localization"]
     assert "backward" not in r4["localization"]["grads"] and r4["localization"]["grads"]["params"]
-    control = default_run.case("flux", "r4", "ring-drop-merge")["localization"]
-    assert "not_run" not in control and ("forward" in control or "backward" in control.get("grads", {}))
+    (tmp_path / "all").mkdir()
+    again = run_paracheck(["--models", "flux", "--layouts", "r4", "--variants", "base", "--steps", "0"],
+                          tmp_path / "all", switches={"PARACHECK_LOCALIZE": "all"})
+    assert "not_run" not in again.case("flux", "r4")["localization"]
+    assert again.case("flux", "r4")["localization"]["grads"]["backward"]["first"]
 
 
 def _ring_cases_run_the_kits_attention(run) -> None:
