@@ -74,10 +74,25 @@ class WanTransformerTesterConfig:
 
 class TestFluxHybrid(FluxTransformerTesterConfig, HybridParallelTesterMixin):
     paracheck_variants = ("base", "batch2")
+    paracheck_localize = False  # its controls are localized by test_localize_controls.py; here half its time
 
 
 class TestQwenImageHybrid(QwenImageTransformerTesterConfig, HybridParallelTesterMixin):
-    pass
+    paracheck_localize = False
+
+
+def test_a_class_that_asks_for_no_localization_reruns_no_failing_case():
+    """`paracheck_localize = False`: every detected control keeps its gradient table, and none was rerun."""
+    from paracheck.domain.backends import get_backend
+    from paracheck.pytest.mixin import _results
+
+    found = _results(TestFluxHybrid(), get_backend("gloo"), 4)
+    controls = [(v, ranks) for (_, _, control), (v, ranks) in found.items() if control and v.status.value == "detected"]
+    assert controls
+    for verdict, ranks in controls:
+        for rank in ranks:
+            held = [c.data.get("localization", {}) for c in rank.checks if c.status.value == "fail"]
+            assert not any("forward" in h or "backward" in h.get("grads", {}) for h in held), verdict.case.id
 
 
 class TestFluxTensorParallel(FluxTransformerTesterConfig, TensorParallelTesterMixin):

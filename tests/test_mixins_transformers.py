@@ -24,6 +24,7 @@ class TestTinyLlamaParallel(TinyLlamaTester, CausalLMParallelTesterMixin):
     paracheck_layouts = ("tp2xfsdp2",)
     model_class = transformers.LlamaForCausalLM
     paracheck_steps, paracheck_checkpoint = 3, True  # the mixins' training, on a user's own tiny config
+    paracheck_localize = False  # its controls' localization is test_localize_controls.py's
 
 
 def test_a_dense_config_is_offered_every_layout_but_expert_parallel_ones():

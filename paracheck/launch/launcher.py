@@ -41,7 +41,7 @@ AFTER_HANG = ("skip", "run")
 class Launcher:
     def __init__(self, backend, nproc: int, timeout: float, startup_timeout: float = 300.0, keep: bool = False,
                  on_case: Callable[[int, list[RankResult]], None] | None = None, after_hang: str = "skip",
-                 known: list[dict] = ()):
+                 known: list[dict] = (), switches: dict | None = None):
         if after_hang not in AFTER_HANG:
             raise ValueError(f"after_hang {after_hang!r}: must be one of {', '.join(AFTER_HANG)}")
         self.backend, self.nproc, self.timeout = backend, nproc, timeout
@@ -50,13 +50,15 @@ class Launcher:
         #: The run's declared known failures, as plain data: a rank does not rerun a failure they explain whole
         #: with localization's hooks (`rank.declared`).
         self.known = list(known)
+        #: Run switches over the environment's (`protocol.RUN_SWITCHES`), for a caller that is not a command.
+        self.switches = dict(run_switches(), **(switches or {}))
         self.supervisor: Supervisor | None = None
         self.cases: list[Case] = []
 
     def run(self, cases: list[Case]) -> Outcome:
         self.cases = cases
         rundir = RunDir(tempfile.mkdtemp(prefix="paracheck-")).make()
-        write_json(rundir.run, {"backend": self.backend.name, "timeout": self.timeout, "switches": run_switches(),
+        write_json(rundir.run, {"backend": self.backend.name, "timeout": self.timeout, "switches": self.switches,
                                 "known": self.known, "cases": [c.to_json() for c in cases]})
         self.supervisor = Supervisor(rundir, self.backend.name, self.nproc, self.timeout, self.startup_timeout)
         outcome = Outcome(start_method=self.supervisor.method)

@@ -7,7 +7,7 @@ mixins by name. All cases of one class and world size run in one launch, the fir
 it, and every test reads its own verdict; one fork server serves every launch of the session. Optional class
 attributes: `paracheck_layouts`, `paracheck_backend`, `paracheck_atol`, `paracheck_rtol`, `paracheck_timeout`,
 `paracheck_controls`, `paracheck_dtype`, `paracheck_variants`, `paracheck_known_failures`, `paracheck_steps`,
-`paracheck_checkpoint`.
+`paracheck_checkpoint`, `paracheck_localize`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ class ParallelTesterMixin:
     #: layout; `paracheck_steps = 3` turns them on (a training control is a named skip while they are off).
     paracheck_steps: int = 0
     paracheck_checkpoint: bool = False
+    #: Whether a failing case (a detected control included) is rerun with hooks to name the first module that
+    #: differs, as `paracheck run` does (PARACHECK_LOCALIZE); False skips the rerun, about half a second a
+    #: failing case; the gradient table, the check's own, stays.
+    paracheck_localize: bool = True
 
     #: The structure checks a case of this mixin runs (its structure test reads these).
     paracheck_structure_ids = STRUCTURE_IDS
@@ -187,7 +191,9 @@ def _launch(test, backend, world: int) -> dict:
         cases = with_training(test._paracheck_cases(layouts, folder), cls.paracheck_steps, cls.paracheck_checkpoint,
                               needs=needs_training)
         entries = known.load(cls.paracheck_known_failures or known.SHIPPED)
-        outcome = Launcher(backend, world, cls.paracheck_timeout, known=known.as_data(entries)).run(cases)
+        switches = {} if cls.paracheck_localize else {"PARACHECK_LOCALIZE": "0"}
+        outcome = Launcher(backend, world, cls.paracheck_timeout, known=known.as_data(entries),
+                           switches=switches).run(cases)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     verdicts = judge(cases, [outcome.results[i] for i in range(len(cases))], entries)
