@@ -5,6 +5,7 @@ import pytest
 from hypothesis import settings
 
 import paracheck.launch.launcher  # noqa: F401
+from paracheck.pytest.mixin import ParallelTesterMixin
 from tests.support import run_paracheck
 
 # The session's one fork server lives in the modules above: imported here, before any test, they are not among
@@ -35,10 +36,25 @@ def html_run(tmp_path_factory):
     return run, tmp / "run.html"
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by the markers
 def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (`-n 2 --dist loadgroup`, what .ci/run runs), the tests that read one session run share a
-    worker: the run is then launched once, not once per worker."""
+    """The tests that read a session run, and every test of a mixin class, launch worlds: they are `slow`. Under
+    pytest-xdist (`-n 2 --dist loadgroup`) the readers of one session run share a worker, so the run is launched
+    once, not once per worker."""
     for item in items:
         shared = [name for name in ("default_run", "html_run") if name in getattr(item, "fixturenames", ())]
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
+        cls = getattr(item, "cls", None)
+        if shared or (cls is not None and issubclass(cls, ParallelTesterMixin)):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _the_fast_tier_starts_no_world(request, monkeypatch):
+    """A test without the `slow` marker that launches a world fails, naming the marker: the fast tier
+    (`-m "not slow"`) stays in process."""
+    if request.node.get_closest_marker("slow") is None:
+        def refuse(self, cases):
+            pytest.fail(f"{request.node.nodeid} launches a world of ranks: mark it `slow` (docs/ci.md)")
+        monkeypatch.setattr(paracheck.launch.launcher.Launcher, "run", refuse)

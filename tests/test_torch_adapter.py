@@ -135,6 +135,7 @@ def test_a_missing_function_exits_2_in_one_line_naming_it(tmp_path):
 # -- real runs -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_example_passes_every_layout_on_two_ranks_and_each_bug_fails_on_every_rank(tmp_path):
     run = run_paracheck(["--spec", EXAMPLE, "--spec", BUG, "--spec", BUG + "_norms", "--spec",
                          f"{SPECS}:parallelize_raises", "--spec", f"{SPECS}:tp_only",
@@ -162,6 +163,7 @@ def test_the_example_passes_every_layout_on_two_ranks_and_each_bug_fails_on_ever
     assert raised["status"] == "error" and "RuntimeError: plan names a module" in raised["reason"]
 
 
+@pytest.mark.slow
 def test_four_ranks_pass_tp_fsdp_hsdp_and_every_control_is_detected(tmp_path):
     run = run_paracheck(["--spec", EXAMPLE, "--nproc", "4", "--layouts", "tp2xfsdp2,dp2xfsdp2,tp4", "--controls",
                          "--quiet"], tmp_path)
