@@ -50,11 +50,12 @@ def _identity(found: dict, part: str):
     return {"first": first.get("module"), "origin": found.get("origin")}
 
 
-def planted(control, found: dict) -> dict | None:
+def planted(control, found: dict, planted_in: str | None = None) -> dict | None:
     """For a control that declares `plants_in`: what the case's localization named and whether it is the
-    planted place (`Control.planted_at`). A control that must trip a forward check is judged by the forward's
-    origin, one that must trip the gradients by theirs; one that breaks numbers as a side effect by whichever
-    it broke. None when the control declares no place or nothing was localized."""
+    planted place (`Control.planted_at`; `planted_in`: the place the case's planter reported, for a
+    `{planted}` glob, then also in the answer). A control that must trip a forward check is judged by the
+    forward's origin, one that must trip the gradients by theirs; one that breaks numbers as a side effect by
+    whichever it broke. None when the control declares no place or nothing was localized."""
     if not control.plants_in or not found:
         return None
     forward_first = any(c in (CheckId.FORWARD, CheckId.INFERENCE) for c in control.must_trip)
@@ -63,7 +64,9 @@ def planted(control, found: dict) -> dict | None:
     if part is None:
         return None
     named = found[part].get("origin")
-    return {"plants_in": control.plants_in, "named": named, "from": part, "localized": control.planted_at(named)}
+    out = {"plants_in": control.plants_in, "named": named, "from": part,
+           "localized": control.planted_at(named, planted_in)}
+    return dict(out, planted_in=planted_in) if planted_in else out
 
 
 def note(localization: dict) -> list[str]:
