@@ -11,6 +11,7 @@ a diagnosis that breaks must not turn a failing case into an error.
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -74,22 +75,95 @@ def record(model, run, grad: bool = False, local=None) -> tuple[list, object]:
     return recorder.calls, out
 
 
+def unused_outputs(model, loss) -> dict[str, list[int]]:
+    """module name -> the indices of its output tensors that require grad but get none in `loss(model)`'s backward
+    (a block's text stream, after the last block that reads it). Found with tensor hooks, which add no node to
+    the graph; the parameter gradients are put back as they were."""
+    reached: dict[str, list] = {}
+
+    def note(name):
+        def hook(module, args, out):
+            flags = reached.setdefault(name, [])
+            for tensor in localize.tensors_of(out):
+                flags.append(not tensor.requires_grad)
+                if tensor.requires_grad:
+                    tensor.register_hook(lambda grad, i=len(flags) - 1: flags.__setitem__(i, True))
+        return hook
+
+    handles = [m.register_forward_hook(note(n or "<root>")) for n, m in model.named_modules()]
+    try:
+        with grads_kept(model):
+            loss(model).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: [i for i, hit in enumerate(flags) if not hit] for name, flags in reached.items() if not all(flags)}
+
+
+@contextmanager
+def returned(model, wanted: dict):
+    """The tensors `wanted` names (module name -> indices of its output tensors), as each call of the module
+    returned them to its caller, collected while the block runs. Taken around the module's whole call (its
+    `_compiled_call_impl` slot), so after a full backward hook wrapped them, which a forward hook runs before."""
+    held, patched = [], []
+    for name, module in model.named_modules():
+        indices = wanted.get(name or "<root>")
+        if not indices or module._compiled_call_impl is not None:
+            continue
+
+        def call(*args, _module=module, _indices=indices, **kwargs):
+            out = _module._call_impl(*args, **kwargs)
+            tensors = localize.tensors_of(out)
+            held.extend(tensors[i] for i in _indices if i < len(tensors) and tensors[i].requires_grad)
+            return out
+
+        module._compiled_call_impl = call
+        patched.append(module)
+    try:
+        yield held
+    finally:
+        for module in patched:
+            module._compiled_call_impl = None
+
+
+def read_by(loss, held: list):
+    """`loss` plus an exact zero read from every tensor in `held` (each one's empty slice, summed): the loss's
+    value and parameter gradients are unchanged, and each of those tensors gets a zero gradient through the graph.
+    A full backward hook on a module with an output the loss never reads hands that output a zero it makes
+    itself, a plain tensor, so the branch behind it runs backward with it, and a DTensor op there fails
+    (DTensor's redistribute backward reads `_local_tensor`); read this way, the zero comes through the graph as
+    any gradient does."""
+    from torch.distributed.tensor import DTensor
+
+    for tensor in held:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        loss = loss + local.reshape(-1)[:0].sum()
+    return loss
+
+
 def record_backward(model, loss, local=None) -> list:
     """`loss(model)` and its backward with backward hooks on every module (`localize.BackwardRecorder`): each
     call's received and passed-on gradients. The model's parameter gradients are put back as they were (a
     backward adds into `.grad` in place, and a kept reference model serves the next case)."""
+    with grads_kept(model), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "full backward hook is firing ... no inputs require gradients"
+        with localize.BackwardRecorder(model, local=local) as recorder:
+            loss(model).backward()
+    return recorder.calls
+
+
+@contextmanager
+def grads_kept(model):
+    """The parameters' gradients set aside while the block runs a backward, and put back after: a backward adds
+    into `.grad` in place, so each starts from none (and the kept ones stay as the checks saw them)."""
     saved = {n: p.grad for n, p in model.named_parameters()}
     for param in model.parameters():
         param.grad = None
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "full backward hook is firing ... no inputs require gradients"
-            with localize.BackwardRecorder(model, local=local) as recorder:
-                loss(model).backward()
+        yield
     finally:
         for name, param in model.named_parameters():
             param.grad = saved[name]
-    return recorder.calls
 
 
 def traced(calls: list, ref_calls: list, groups: list, whole: set, atol: float, rtol: float, pass_name: str,
