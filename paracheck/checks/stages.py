@@ -29,10 +29,12 @@ def held(model, is_placeholder) -> set[str]:
 
 def stage_trace(calls: list, ref_calls: list, groups: list, whole: set, atol: float, rtol: float, stage: int,
                 pipeline, holds: set, last: bool) -> dict:
-    """One pass's localization on a pipeline-parallel model (collective: two object gathers over the world, and
-    the tensor gathers of this stage's groups). `stage`: this rank's; `pipeline`: what names this rank's pipeline
+    """One pass's localization on a pipeline-parallel model (collective: three object gathers over the world,
+    every rank's stage, the table of shapes and the compared calls, and the tensor gathers of this stage's groups). `stage`: this rank's; `pipeline`: what names this rank's pipeline
     (equal on its stages' ranks); `holds`: `held` on this stage; `last`: whether it computes the model's output,
     which every stage then returns (so the root, in `whole`, is compared there)."""
+    import torch.distributed as dist
+
     compared = holds | (whole if last else set())
     mine = [c for c in calls if c.name in compared]
     ref_mine = [c for c in ref_calls if c.name in compared]
@@ -40,8 +42,6 @@ def stage_trace(calls: list, ref_calls: list, groups: list, whole: set, atol: fl
 
     def own_stage(obj):
         return [entry if stages[r] == stage else [] for r, entry in enumerate(localize.all_gather_object(obj))]
-
-    import torch.distributed as dist
 
     gathered, not_compared = localize.gather_trace(mine, ref_mine, groups, whole, own_stage, dist.get_rank())
     entries = localize.compare_calls(gathered, ref_mine, atol, rtol)
