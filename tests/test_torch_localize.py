@@ -125,3 +125,21 @@ def test_a_difference_planted_in_one_module_is_found_there_by_the_adapter(mesh):
     before = order[:order.index("layers.1.feed_forward.w2")]
     assert "layers.1.feed_forward.w1" in before
     assert all(m["within"] for m in found["modules"] if m["module"] in before)
+
+
+def test_a_module_on_one_side_only_is_listed_not_compared(mesh):
+    """A parallelize that wraps a module (the final norm inside a Sequential): the wrapper's inner module exists on
+    the parallel side only, and is listed with why; the wrapper itself, under the reference's name, is compared."""
+    llama = _llama()
+    ref, model = _parallel_llama(llama, mesh)
+    model.norm = torch.nn.Sequential(model.norm)
+    with torch.no_grad():
+        model.output.weight.to_local().mul_(1.01)
+    body = types.SimpleNamespace(ref_model=ref, model=model, mesh=mesh, layout=TorchLayout(tp=1),
+                                 mine=llama.inputs(None)["tokens"], atol=1e-5, rtol=1e-5)
+    check = CheckResult(CheckId.INFERENCE, Status.FAIL, "no_grad output differs")
+    torch_localize.after_checks(body, [check])
+    found = check.data["localization"]["forward"]
+    assert found["not_compared"] == [{"module": "norm.0", "why": "on the parallel model only"}]
+    assert found["origin"] == "output" and found["pass"] == "no_grad"
+    assert next(m for m in found["modules"] if m["module"] == "norm")["within"]

@@ -100,14 +100,22 @@ def forward_line(found: dict) -> str:
             ("" if found.get("reproduced", True) else " (the rerun did not reproduce the output)")
     figures = f"max_abs {_num(first['max_abs'])}, max_rel {_num(first['max_rel'])}" \
         if first.get("max_abs") is not None else first.get("why", "")
-    text = f"first module beyond tolerance: {first['module']} ({figures})"
+    text = f"first module beyond tolerance: {first['module']}{_stage(first)} ({figures})"
     if found.get("origin") and found["origin"] != first["module"]:
         text += f", arising in {found['origin']} (its inputs agree)"
     last = found.get("last_agreeing")
-    text += f"; last agreeing: {last['module']}" if last else "; no module agreed before it"
+    text += f"; last agreeing: {last['module']}{_stage(last)}" if last else "; no module agreed before it"
+    handed = [b["stage"] for b in found.get("boundaries") or [] if not b.get("inputs_within")]
+    if handed:
+        text += f"; stage{'s' if len(handed) > 1 else ''} {', '.join(map(str, handed))} handed a difference"
     skipped = found.get("not_compared") or []
     return text + (f"; {len(skipped)} not compared (e.g. {skipped[0]['module']}: {skipped[0]['why']})"
                    if skipped else "")
+
+
+def _stage(entry: dict) -> str:
+    """Which pipeline stage compared a module, where the layout has stages."""
+    return f" (stage {entry['stage']})" if entry.get("stage") is not None else ""
 
 
 def grad_line(entry: dict) -> str:
