@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from paracheck.checks import localize, rerun
+from paracheck.checks import localize, rerun, unread
 
 
 @pytest.fixture
@@ -55,13 +55,13 @@ def test_a_stream_the_loss_never_reads_is_read_as_an_exact_zero_and_the_trace_ru
     # torch's own behaviour, which the rerun works around: the hook's zero for the unread output breaks DTensor.
     with pytest.raises(AttributeError, match="_local_tensor"):
         rerun.record_backward(model, plain, local=localize.local_share)
-    unread = rerun.unused_outputs(model, plain)
-    assert unread == {"block": [1], "block.up": [0], "block.down": [0]}
+    unused = unread.unused_outputs(model, plain)
+    assert unused == {"block": [1], "block.up": [0], "block.down": [0]}
 
     def loss(m):
-        with rerun.returned(m, unread) as held:
+        with unread.returned(m, unused) as held:
             value = plain(m)
-        return rerun.read_by(value, held)
+        return unread.read_by(value, held)
 
     assert torch.equal(loss(model), plain(model))
     calls = rerun.record_backward(model, loss, local=localize.local_share)
@@ -80,7 +80,7 @@ def test_the_reruns_leave_every_gradient_as_the_checks_saw_it():
     def plain(m):
         return m(x, text).pow(2).sum()
 
-    rerun.unused_outputs(model, plain)
+    unread.unused_outputs(model, plain)
     rerun.record_backward(model, plain)
     assert {n: p.grad for n, p in model.named_parameters() if p.grad is not None}.keys() == before.keys()
     assert all(torch.equal(p.grad, before[n]) for n, p in model.named_parameters() if n in before)

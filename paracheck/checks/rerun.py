@@ -5,7 +5,8 @@ Every rank learns in one all-reduce which parity checks failed on any rank (`fai
 same passes and join the same collectives; each pass is recorded on a model (`record`, `record_backward`) and
 held to the reference's trace (`traced`); the finding goes into the failing check's
 `data["localization"][part]` (`attach`), or, when the diagnosis itself raised, what it raised (`attach_error`):
-a diagnosis that breaks must not turn a failing case into an error.
+a diagnosis that breaks must not turn a failing case into an error. A backward rerun whose model has an output
+the loss never reads reads it as an exact zero first (`checks.unread`).
 """
 
 from __future__ import annotations
@@ -73,72 +74,6 @@ def record(model, run, grad: bool = False, local=None) -> tuple[list, object]:
     with torch.set_grad_enabled(grad), localize.Recorder(model, local=local) as recorder:
         out = run(model)
     return recorder.calls, out
-
-
-def unused_outputs(model, loss) -> dict[str, list[int]]:
-    """module name -> the indices of its output tensors that require grad but get none in `loss(model)`'s backward
-    (a block's text stream, after the last block that reads it). Found with tensor hooks, which add no node to
-    the graph; the parameter gradients are put back as they were."""
-    reached: dict[str, list] = {}
-
-    def note(name):
-        def hook(module, args, out):
-            flags = reached.setdefault(name, [])
-            for tensor in localize.tensors_of(out):
-                flags.append(not tensor.requires_grad)
-                if tensor.requires_grad:
-                    tensor.register_hook(lambda grad, i=len(flags) - 1: flags.__setitem__(i, True))
-        return hook
-
-    handles = [m.register_forward_hook(note(n or "<root>")) for n, m in model.named_modules()]
-    try:
-        with grads_kept(model):
-            loss(model).backward()
-    finally:
-        for handle in handles:
-            handle.remove()
-    return {name: [i for i, hit in enumerate(flags) if not hit] for name, flags in reached.items() if not all(flags)}
-
-
-@contextmanager
-def returned(model, wanted: dict):
-    """The tensors `wanted` names (module name -> indices of its output tensors), as each call of the module
-    returned them to its caller, collected while the block runs. Taken around the module's whole call (its
-    `_compiled_call_impl` slot), so after a full backward hook wrapped them, which a forward hook runs before."""
-    held, patched = [], []
-    for name, module in model.named_modules():
-        indices = wanted.get(name or "<root>")
-        if not indices or module._compiled_call_impl is not None:
-            continue
-
-        def call(*args, _module=module, _indices=indices, **kwargs):
-            out = _module._call_impl(*args, **kwargs)
-            tensors = localize.tensors_of(out)
-            held.extend(tensors[i] for i in _indices if i < len(tensors) and tensors[i].requires_grad)
-            return out
-
-        module._compiled_call_impl = call
-        patched.append(module)
-    try:
-        yield held
-    finally:
-        for module in patched:
-            module._compiled_call_impl = None
-
-
-def read_by(loss, held: list):
-    """`loss` plus an exact zero read from every tensor in `held` (each one's empty slice, summed): the loss's
-    value and parameter gradients are unchanged, and each of those tensors gets a zero gradient through the graph.
-    A full backward hook on a module with an output the loss never reads hands that output a zero it makes
-    itself, a plain tensor, so the branch behind it runs backward with it, and a DTensor op there fails
-    (DTensor's redistribute backward reads `_local_tensor`); read this way, the zero comes through the graph as
-    any gradient does."""
-    from torch.distributed.tensor import DTensor
-
-    for tensor in held:
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        loss = loss + local.reshape(-1)[:0].sum()
-    return loss
 
 
 def record_backward(model, loss, local=None) -> list:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from paracheck.adapters.diffusers import library, reference
-from paracheck.checks import localize, rerun
+from paracheck.checks import localize, rerun, unread
 from paracheck.domain.records import CheckId, CheckResult
 
 #: The dims a TP-split module output is read on first: colwise projections split the last dim, and the
@@ -60,19 +60,19 @@ def forward(ctx, inputs: dict, ref_calls: list, grad: bool) -> dict:
 def backward(ctx, inputs: dict) -> dict:
     """The training pass and its backward rerun on both models with backward hooks: each module's received
     and passed-on gradients, in backward order, gathered and compared like a forward trace. A module output
-    the loss does not read is read by it as an exact zero (`rerun.read_by`: a full backward hook would hand
+    the loss does not read is read by it as an exact zero (`checks.unread`: a full backward hook would hand
     it a zero of its own, which a DTensor op behind it cannot take). Both models' parameter gradients are put
     back as they were (the reference is kept for the next case)."""
     def plain(model):
         out = reference.forward(model, inputs)
         return (out * ctx.weights.to(out.dtype)).sum()
 
-    unread = rerun.unused_outputs(ctx.reference, plain)
+    unused = unread.unused_outputs(ctx.reference, plain)
 
     def loss(model):
-        with rerun.returned(model, unread) as held:
+        with unread.returned(model, unused) as held:
             value = plain(model)
-        return rerun.read_by(value, held)
+        return unread.read_by(value, held)
 
     ref_calls = rerun.record_backward(ctx.reference, loss)
     calls = rerun.record_backward(ctx.model, loss, local=localize.local_share)
