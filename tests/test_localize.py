@@ -253,6 +253,17 @@ def test_the_note_names_the_first_module_the_last_agreeing_and_the_top_gradients
     assert len(lines) == 2 + merged.TOP and "p0" in lines[2]
 
 
+def test_a_pipeline_note_says_which_stage_compared_each_and_which_were_handed_a_difference():
+    loc = {"forward": {"pass": "training", "ranks": [0, 1, 2, 3],
+                       "first": {"module": "model.layers.1", "max_abs": 0.08, "max_rel": 0.7, "stage": 0},
+                       "origin": "model.layers.1", "last_agreeing": {"module": "model.layers.1.mlp", "stage": 0},
+                       "boundaries": [{"stage": 1, "inputs_within": False}, {"stage": 2, "inputs_within": False}],
+                       "not_compared": []}}
+    line = merged.note(loc)[0]
+    assert "first module beyond tolerance: model.layers.1 (stage 0) (max_abs" in line and "arising" not in line
+    assert "last agreeing: model.layers.1.mlp (stage 0); stages 1, 2 handed a difference" in line
+
+
 def test_the_stripped_data_keeps_the_other_figures():
     assert merged.strip({"localization": {}, "ratio": 1.0}) == {"ratio": 1.0}
 

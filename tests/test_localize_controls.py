@@ -151,3 +151,28 @@ def test_a_failing_transformers_forward_is_localized(tmp_path):
     assert found["first"]["module"] == "model.rotary_emb" and found["origin"] == "<root>"
     assert found["last_agreeing"]["module"] == "model.embed_tokens" and found["ranks"] == [0, 1, 2, 3]
     assert any("tensors, the reference" in n["why"] for n in found["not_compared"])
+
+
+@pytest.mark.slow
+def test_every_pipeline_control_is_localized_on_every_stage(tmp_path):
+    """llama on pp4 (one layer per stage): each control that plants in the forward of a pipeline layout is
+    localized where it plants, every stage's rank naming the same module; the stages' traces are joined, so the
+    modules before it agree across the stage boundaries and each later stage says it was handed a difference."""
+    from paracheck.adapters.transformers.controls import CONTROLS
+    from paracheck.adapters.transformers.layout import TfLayout
+
+    run = run_paracheck(["--models", "llama", "--layouts", "pp4", "--variants", "base", "--controls", "--steps", "0",
+                         "--no-checkpoint"], tmp_path)
+    assert run.code == 0, run.out
+    cases = _planted_cases(run)
+    planted = {n for n, c in CONTROLS.items() if c.plants_in and c.skip_reason(TfLayout.parse("pp4")) is None}
+    assert "tf-pp-stage-short" in planted and {c["control"] for c in cases} == planted
+    localized, total, missed = _share(cases)
+    assert localized == total, missed
+    found = next(c for c in cases if c["control"] == "tf-pp-stage-short")["localization"]["forward"]
+    assert found["origin"] == "model.layers.0" and found["ranks"] == [0, 1, 2, 3] and not found["other_ranks"]
+    modules = found["modules"]
+    assert all(m["within"] for m in modules[:[m["module"] for m in modules].index("model.layers.0")])
+    assert {m["stage"] for m in modules if m["module"].startswith("model.layers.3")} == {3}
+    assert [n["module"] for n in found["not_compared"]] == ["model"]  # around every stage's layers
+    assert [(b["stage"], b["inputs_within"]) for b in found["boundaries"]] == [(1, False), (2, False), (3, False)]

@@ -138,11 +138,11 @@ def test_a_missing_function_exits_2_in_one_line_naming_it(tmp_path):
 @pytest.mark.slow
 def test_the_example_passes_every_layout_on_two_ranks_and_each_bug_fails_on_every_rank(tmp_path):
     run = run_paracheck(["--spec", EXAMPLE, "--spec", BUG, "--spec", BUG + "_norms", "--spec",
-                         f"{SPECS}:parallelize_raises", "--spec", f"{SPECS}:tp_only",
+                         f"{SPECS}:parallelize_raises", "--spec", f"{SPECS}:tp_only", "--spec", f"{SPECS}:llama_late_bug",
                          "--nproc", "2", "--layouts", "tp2,fsdp2", "--quiet"], tmp_path)
     assert run.code == 1, run.out
     names = {"llama_tp_fsdp.py:spec": "good", "llama_tp_fsdp_bug.py:spec": "bug", "parallelize_raises": "raises",
-             "tp_only": "tp_only", "spec_norms": "norms"}
+             "tp_only": "tp_only", "spec_norms": "norms", "llama_late_bug": "late"}
     by = {(names[c["model"]], c["layout"]): c for c in run.report["cases"]}
     for layout in ("tp2", "fsdp2"):
         assert by["good", layout]["status"] == "pass", by["good", layout]
@@ -161,6 +161,24 @@ def test_the_example_passes_every_layout_on_two_ranks_and_each_bug_fails_on_ever
     assert "no parameter is sharded on the fsdp dimension" in idle["structure.mesh"]["detail"]
     raised = by["raises", "tp2"]
     assert raised["status"] == "error" and "RuntimeError: plan names a module" in raised["reason"]
+    _assert_localized(by)
+
+
+def _assert_localized(by: dict) -> None:
+    """Where each bug arises, as localization names it on every rank: the Partial w2 (its output is the partial
+    sum, compared as held), the norms' gradients, and a weight planted late (every module before it agrees once
+    its shards are read back: sequence-parallel, colwise, rowwise, FSDP)."""
+    for layout in ("tp2", "fsdp2"):
+        late = by["late", layout]["localization"]["forward"]
+        assert late["origin"] == "layers.1.feed_forward.w2" and late["ranks"] == [0, 1], late
+        assert late["not_compared"] == [] and late["pass"] == "training"
+        order = [m["module"] for m in late["modules"]]
+        assert all(m["within"] for m in late["modules"][:order.index("layers.1.feed_forward.w2")])
+    partial = by["bug", "tp2"]["localization"]
+    assert partial["forward"]["origin"] == "layers.0.feed_forward.w2" and partial["inference"]["pass"] == "no_grad"
+    norms = by["norms", "tp2"]["localization"]
+    assert "forward" not in norms and norms["grads"]["origin"].endswith("_norm.weight")
+    assert norms["grads"]["pattern"].endswith("everything else exact")
 
 
 @pytest.mark.slow
@@ -177,3 +195,12 @@ def test_four_ranks_pass_tp_fsdp_hsdp_and_every_control_is_detected(tmp_path):
                         ("dp2xfsdp2", "torch-grad-sum"), ("tp4", "torch-shard-swap"),
                         ("tp2xfsdp2", "torch-clip-local-norm"), ("dp2xfsdp2", "torch-clip-local-norm"),
                         ("tp4", "torch-clip-local-norm"), ("tp4", "torch-decay-twice")}
+    # Each control that declares where it plants is localized there, on every layout it was detected on.
+    placed = {name for name, control in CONTROLS.items() if control.plants_in}
+    cases = [c for c in run.report["cases"] if c["control"] in placed and c["status"] == "detected"]
+    assert {c["control"] for c in cases} == placed
+    missed = [(c["layout"], c["control"], c["localization"].get("planted")) for c in cases
+              if not (c["localization"].get("planted") or {}).get("localized")]
+    assert not missed, missed
+    swap = next(c for c in cases if c["control"] == "torch-shard-swap" and c["layout"] == "tp2xfsdp2")
+    assert swap["localization"]["planted"]["named"] == "tok_embeddings" == swap["localization"]["planted"]["planted_in"]

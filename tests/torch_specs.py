@@ -54,3 +54,31 @@ def _parallelize_raises(model, mesh, layout):
 parallelize_raises = Spec(_build, _parallelize_raises, _inputs)
 #: TP only: on an fsdp layout it shards nothing (right numbers, computed redundantly), which structure.mesh names.
 tp_only = Spec(_build, _parallelize, _inputs)
+
+
+def _llama():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "llama_tp_fsdp.py")
+    loader = importlib.util.spec_from_file_location("paracheck_test_specs_llama", path)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
+
+
+_LLAMA = _llama()
+
+
+def _parallelize_late_bug(model, mesh, layout):
+    """The example's own plan (sequence parallel, then FSDP), then the last block's w2 weight 1 % off on every rank:
+    a difference that arises in one module, after every other kind of split the plan makes."""
+    _LLAMA.parallelize(model, mesh, layout)
+    weight = model.layers["1"].feed_forward.w2.weight
+    with torch.no_grad():
+        (weight.to_local() if hasattr(weight, "to_local") else weight).mul_(1.01)
+    return model
+
+
+#: Localization's test: every module before layers.1.feed_forward.w2 agrees once read back, and that one is the origin.
+llama_late_bug = Spec(_LLAMA.build, _parallelize_late_bug, _LLAMA.inputs, supports=_LLAMA.supports)

@@ -176,11 +176,13 @@ class Group:
 MISMATCH = ("mismatch",)
 
 
-def sharding(ref_shape: tuple, shapes: dict, groups: list[tuple[str, tuple, tuple]]) -> tuple | str:
+def sharding(ref_shape: tuple, shapes: dict, groups: list[tuple[str, tuple, tuple]],
+             fixed: dict | None = None) -> tuple | str:
     """How the ranks hold one tensor whose whole shape is `ref_shape`: a dim (or None) per group label,
     in the order of `groups`, such that concatenating along them, group by group, gives every rank the
     whole shape; or a string saying why no such reading exists. `shapes`: rank -> its shape (ranks
-    without the tensor absent); `groups`: (label, partition, preferred dims). Pure: every rank decides
+    without the tensor absent); `groups`: (label, partition, preferred dims); `fixed`: label -> the one dim
+    (or None) the plan declares for that group, the only reading tried for it. Pure: every rank decides
     the same from the same table, so every rank joins the same gathers."""
     ref_shape = tuple(ref_shape)
     if all(tuple(s) == ref_shape for s in shapes.values()):
@@ -192,18 +194,25 @@ def sharding(ref_shape: tuple, shapes: dict, groups: list[tuple[str, tuple, tupl
         for g in partition:
             if present & set(g) and not set(g) <= present:
                 return f"not recorded on every rank of its {label} group {list(g)}"
-    for dims in _candidates(len(ref_shape), groups):
+    for dims in _candidates(len(ref_shape), groups, fixed or {}):
         if _reaches(ref_shape, {r: tuple(s) for r, s in shapes.items()}, groups, dims):
             return dims
     sizes = sorted({tuple(s) for s in shapes.values()})
+    declared = "".join(f" (the plan declares {label} {'whole' if d is None else f'split on dim {d}'})"
+                       for label, d in (fixed or {}).items())
     return f"local shapes {', '.join(map(str, sizes))} are no split of the reference's {ref_shape} over " \
-           f"{', '.join(label for label, _, _ in groups) or 'no group'}"
+           f"{', '.join(label for label, _, _ in groups) or 'no group'}{declared}"
 
 
-def _candidates(rank: int, groups) -> list[tuple]:
-    """Every assignment of a dim (or None) to each group, the preferred dims first."""
+def _candidates(rank: int, groups, fixed: dict) -> list[tuple]:
+    """Every assignment of a dim (or None) to each group, the preferred dims first; a group in `fixed` gets
+    its declared dim only."""
     per_group = []
-    for _, _, prefer in groups:
+    for label, _, prefer in groups:
+        if label in fixed:
+            dim = fixed[label]
+            per_group.append([None] if dim is None else [dim % rank] if -rank <= dim < rank else [])
+            continue
         dims = [d % rank for d in prefer if -rank <= d < rank]
         per_group.append([None] + list(dict.fromkeys(dims + list(range(rank)))))
     combos = list(itertools.product(*per_group))
@@ -229,19 +238,21 @@ def _reaches(ref_shape: tuple, shapes: dict, groups, dims: tuple) -> bool:
 
 
 def gather_trace(calls: list[Call], ref_calls: list[Call], groups: list[Group], whole: set,
-                 all_gather_object, rank: int, partial: bool = False) -> tuple[dict, list[dict]]:
+                 all_gather_object, rank: int, partial: bool = False,
+                 declared: dict | None = None) -> tuple[dict, list[dict]]:
     """The parallel trace with every split tensor put back together: key -> [(slot side, index, whole tensor,
     other readings)], and the calls not compared (with why). `whole`: module names the plan keeps whole
     (their outputs are compared as the rank holds them: a gather point that did not gather shows as a
     shape). `partial`: a tensor the ranks hold whole may be each rank's share of a sum (a gradient of a
     tensor every rank computed whole, each from its own slice), so its sum over each group, and over all of
-    them, are other readings. Collectives: one object gather over the world (every rank's shapes), then one
+    them, are other readings. `declared`: (module name, "in"|"out") -> per tensor, {group label: dim or None},
+    where the plan says how a module's local tensors are split (`sharding`'s `fixed`). Collectives: one object gather over the world (every rank's shapes), then one
     tensor gather per group (and with `partial` one all-reduce per group and reading), on every rank in the
     same order."""
     ref = {c.key: c for c in ref_calls}
     table = all_gather_object([(c.key, [tuple(t.shape) for t in c.inputs], [tuple(t.shape) for t in c.outputs])
                                for c in calls])
-    plan, not_compared = _gather_plan(table, ref, groups, whole)
+    plan, not_compared = _gather_plan(table, ref, groups, whole, declared or {})
     mismatched = {slot for slot, dims in plan.items() if dims is MISMATCH}
     plan = {slot: dims for slot, dims in plan.items() if dims is not MISMATCH}
     mine = {c.key: c for c in calls}
@@ -316,7 +327,8 @@ def segment_readings(pieces: list[torch.Tensor], dim: int, segments: tuple) -> l
     return out
 
 
-def _gather_plan(table: list, ref: dict, groups: list[Group], whole: set) -> tuple[dict, list[dict]]:
+def _gather_plan(table: list, ref: dict, groups: list[Group], whole: set,
+                 declared: dict) -> tuple[dict, list[dict]]:
     """(key, "in"|"out", index) -> dims per group, for every slot both sides hold; and the calls not compared."""
     per_key: dict[str, dict[int, tuple]] = {}
     for r, entries in enumerate(table):
@@ -338,11 +350,13 @@ def _gather_plan(table: list, ref: dict, groups: list[Group], whole: set) -> tup
                 # Called with other arguments than the reference: its inputs differ (the origin is further out).
                 plan[(key, side, -1)] = MISMATCH
                 continue
+            fixed = declared.get((ref[key].name, side), ())
             for i, want in enumerate(ref_tensors):
                 if side == "out" and ref[key].name in whole:
                     plan[(key, side, i)] = tuple(None for _ in groups)
                     continue
-                dims = sharding(tuple(want.shape), {r: v[position][i] for r, v in by_rank.items()}, specs)
+                dims = sharding(tuple(want.shape), {r: v[position][i] for r, v in by_rank.items()}, specs,
+                                fixed[i] if i < len(fixed) else None)
                 if isinstance(dims, str):
                     why.append(f"{'input' if side == 'in' else 'output'} {i}: {dims}")
                 else:
@@ -530,10 +544,12 @@ def _entry_json(e: TraceEntry) -> dict:
 
 
 def forward_localization(calls: list[Call], ref_calls: list[Call], groups: list[Group], whole: set,
-                         atol: float, rtol: float, all_gather_object, rank: int, partial: bool = False) -> dict:
+                         atol: float, rtol: float, all_gather_object, rank: int, partial: bool = False,
+                         declared: dict | None = None) -> dict:
     """The localization of one pass (a forward, or a backward's trace), from both sides' recorded calls
-    (collective; `partial` as in `gather_trace`)."""
-    gathered, not_compared = gather_trace(calls, ref_calls, groups, whole, all_gather_object, rank, partial)
+    (collective; `partial` and `declared` as in `gather_trace`)."""
+    gathered, not_compared = gather_trace(calls, ref_calls, groups, whole, all_gather_object, rank, partial,
+                                          declared)
     found = compare_traces(compare_calls(gathered, ref_calls, atol, rtol))
     found["not_compared"] = not_compared
     found.update(atol=atol, rtol=rtol)

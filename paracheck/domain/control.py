@@ -36,7 +36,9 @@ class Control:
     attention_fault: str | None = None
     #: Where the bug is planted, for a control that breaks the forward or the gradients: a glob over module
     #: names (forward) or parameter names (gradients) that the localization of a detected case must name
-    #: (`checks.localize`); a glob where the name depends on the model ("*.attn*"). None: it breaks neither.
+    #: (`checks.localize`); a glob where the name depends on the model ("*.attn*"); `{planted}` where only the
+    #: case knows it (a user's own module): the place its planter reported (`RankResult.planted_in`). None: it
+    #: breaks neither.
     plants_in: str | None = None
 
     @property
@@ -45,14 +47,16 @@ class Control:
         checkpoint.roundtrip): such a control runs where its case takes them (`domain.tier.with_training`)."""
         return bool({CheckId.STEPS, CheckId.CHECKPOINT} & set(self.must_trip))
 
-    def planted_at(self, name: str | None) -> bool:
+    def planted_at(self, name: str | None, planted: str | None = None) -> bool:
         """Whether `name` (a module or parameter a localization named) is where this control plants:
-        one of the `|`-separated globs of `plants_in` matches it."""
+        one of the `|`-separated globs of `plants_in` matches it, `{planted}` standing for `planted` (the
+        place the case's planter reported; a glob with it matches nothing when there is none)."""
         from fnmatch import fnmatchcase
 
         if not self.plants_in or not name:
             return False
-        return any(fnmatchcase(name, glob) for glob in self.plants_in.split("|"))
+        globs = [g.replace("{planted}", planted) if planted else g for g in self.plants_in.split("|")]
+        return any(fnmatchcase(name, glob) for glob in globs if "{planted}" not in glob)
 
     def skip_reason(self, layout: Layout, route: Route | None = None) -> str | None:
         """Why this control cannot run on `layout` (and `route`, once resolved); None when it can."""

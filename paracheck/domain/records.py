@@ -202,6 +202,8 @@ class RankResult:
     findings: list[str] = field(default_factory=list)
     #: Config changes fitting made, e.g. "num_attention_heads 3->4".
     fit: list[str] = field(default_factory=list)
+    #: Where the case's control planted, where only the case knows it (`Control.plants_in` "{planted}").
+    planted_in: str | None = None
     traceback: str = ""
     #: This rank raised after collectives began: its peers may be stuck.
     raised_in_parallel: bool = False

@@ -56,11 +56,12 @@ def _identity(found: dict, part: str):
     return {"first": first.get("module"), "origin": found.get("origin")}
 
 
-def planted(control, found: dict) -> dict | None:
+def planted(control, found: dict, planted_in: str | None = None) -> dict | None:
     """For a control that declares `plants_in`: what the case's localization named and whether it is the
-    planted place (`Control.planted_at`). A control that must trip a forward check is judged by the forward's
-    origin, one that must trip the gradients by theirs; one that breaks numbers as a side effect by whichever
-    it broke. None when the control declares no place or nothing was localized."""
+    planted place (`Control.planted_at`; `planted_in`: the place the case's planter reported, for a
+    `{planted}` glob, then also in the answer). A control that must trip a forward check is judged by the
+    forward's origin, one that must trip the gradients by theirs; one that breaks numbers as a side effect by
+    whichever it broke. None when the control declares no place or nothing was localized."""
     if not control.plants_in or not found:
         return None
     forward_first = any(c in (CheckId.FORWARD, CheckId.INFERENCE) for c in control.must_trip)
@@ -69,7 +70,9 @@ def planted(control, found: dict) -> dict | None:
     if part is None:
         return None
     named = found[part].get("origin")
-    return {"plants_in": control.plants_in, "named": named, "from": part, "localized": control.planted_at(named)}
+    out = {"plants_in": control.plants_in, "named": named, "from": part,
+           "localized": control.planted_at(named, planted_in)}
+    return dict(out, planted_in=planted_in) if planted_in else out
 
 
 def note(localization: dict) -> list[str]:
@@ -105,14 +108,22 @@ def forward_line(found: dict) -> str:
             ("" if found.get("reproduced", True) else " (the rerun did not reproduce the output)")
     figures = f"max_abs {_num(first['max_abs'])}, max_rel {_num(first['max_rel'])}" \
         if first.get("max_abs") is not None else first.get("why", "")
-    text = f"first module beyond tolerance: {first['module']} ({figures})"
+    text = f"first module beyond tolerance: {first['module']}{_stage(first)} ({figures})"
     if found.get("origin") and found["origin"] != first["module"]:
         text += f", arising in {found['origin']} (its inputs agree)"
     last = found.get("last_agreeing")
-    text += f"; last agreeing: {last['module']}" if last else "; no module agreed before it"
+    text += f"; last agreeing: {last['module']}{_stage(last)}" if last else "; no module agreed before it"
+    handed = [b["stage"] for b in found.get("boundaries") or [] if not b.get("inputs_within")]
+    if handed:
+        text += f"; stage{'s' if len(handed) > 1 else ''} {', '.join(map(str, handed))} handed a difference"
     skipped = found.get("not_compared") or []
     return text + (f"; {len(skipped)} not compared (e.g. {skipped[0]['module']}: {skipped[0]['why']})"
                    if skipped else "")
+
+
+def _stage(entry: dict) -> str:
+    """Which pipeline stage compared a module, where the layout has stages."""
+    return f" (stage {entry['stage']})" if entry.get("stage") is not None else ""
 
 
 def grad_line(entry: dict) -> str:

@@ -169,7 +169,8 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
     failing = v.failing_checks
     if case.control:
         v.status, v.reason = get_control(case.control).judge(failing)
-        found = localization.planted(get_control(case.control), v.localization)
+        found = localization.planted(get_control(case.control), v.localization,
+                                     next((r.planted_in for r in ranks if r.planted_in), None))
         if found:
             v.localization["planted"] = found
     elif failing:

@@ -11,13 +11,11 @@ the failing check's `data["localization"]["forward"]`. Gradient tables are built
 
 from __future__ import annotations
 
-
 import torch
-import torch.distributed as dist
 
 from paracheck.adapters.diffusers import library, reference
-from paracheck.checks import localize
-from paracheck.domain.records import CheckId, CheckResult, Status
+from paracheck.checks import localize, rerun, unread
+from paracheck.domain.records import CheckId, CheckResult
 
 #: The dims a TP-split module output is read on first: colwise projections split the last dim, and the
 #: processors' per-head tensors ([batch, seq, heads, dim]) split the heads.
@@ -30,91 +28,58 @@ def after_checks(ctx, inputs: dict, checks: list[CheckResult], result) -> None:
     one all-reduce of the failure flags decides for all."""
     if not localize.enabled():
         return
-    by_id = {c.id: c for c in checks}
-    failed = [float(by_id.get(i) is not None and by_id[i].status == Status.FAIL)
-              for i in (CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS)]
-    raised = [float(bool(ctx.forward_error or ctx.inference_error)), float(bool(ctx.backward_error))]
-    flags = torch.tensor(failed + raised)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    forward_failed, inference_failed, grads_failed, forward_raised, backward_raised = (bool(f > 0) for f in flags)
-    if forward_raised or not (forward_failed or inference_failed or grads_failed):
+    by_id, failed = rerun.failed(checks, (ctx.forward_error or ctx.inference_error, ctx.backward_error))
+    forward_raised, backward_raised = failed.extra
+    if forward_raised or not (failed.passes or failed.grads):
         return  # a pass that raised cannot be rerun to a trace, and a passing case needs none
     try:
-        ref_calls = _reference_calls(ctx.reference, inputs)
-        for check_id, wanted, grad in ((CheckId.FORWARD, forward_failed, True),
-                                       (CheckId.INFERENCE, inference_failed, False)):
-            if wanted:
-                _attach(by_id, check_id, "forward", forward(ctx, inputs, ref_calls, grad))
-        if grads_failed and not (forward_failed or backward_raised):
+        ref_calls, _ = rerun.record(ctx.reference, lambda m: reference.forward(m, inputs))
+        for check_id, grad in failed.passes:
+            rerun.attach(by_id, check_id, forward(ctx, inputs, ref_calls, grad))
+        if failed.grads and not (failed.forward or backward_raised):
             # The forward agrees, so the gradient went wrong on the way back: trace the backward the same way.
             trace = backward(ctx, inputs)
             found = {"backward": trace}
             if trace.get("origin"):
                 found.update(origin=trace["origin"], origin_from="backward trace")
-            _attach(by_id, CheckId.GRADS, "grads", found, merge=True)
+            rerun.attach(by_id, CheckId.GRADS, found, merge=True)
     except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
-        for check_id in (CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS):
-            if check_id in by_id and by_id[check_id].status == Status.FAIL:
-                _attach(by_id, check_id, "grads" if check_id == CheckId.GRADS else "forward",
-                        {"error": f"localization raised {type(exc).__name__}: {exc}"}, merge=True)
-
-
-def _attach(by_id: dict, check_id: CheckId, part: str, found: dict, merge: bool = False) -> None:
-    check = by_id.get(check_id)
-    if check is None:
-        return
-    held = check.data.setdefault("localization", {})
-    held[part] = dict(held.get(part, {}), **found) if merge else found
-
-
-def _reference_calls(model, inputs: dict) -> list:
-    with torch.no_grad(), localize.Recorder(model) as recorder:
-        reference.forward(model, inputs)
-    return recorder.calls
+        rerun.attach_error(by_id, exc)
 
 
 def forward(ctx, inputs: dict, ref_calls: list, grad: bool) -> dict:
     """One pass rerun on the parallel model with hooks, its trace gathered and compared (collective)."""
-    with torch.set_grad_enabled(grad), localize.Recorder(ctx.model, local=localize.local_share) as recorder:
-        out = reference.forward(ctx.model, inputs)
+    calls, out = rerun.record(ctx.model, lambda m: reference.forward(m, inputs), grad, local=localize.local_share)
     before = ctx.out if grad else ctx.inference_out
-    found = localize.forward_localization(recorder.calls, ref_calls, groups(ctx, ref_calls), whole(ctx.model),
-                                          ctx.atol, ctx.rtol, localize.all_gather_object, dist.get_rank())
-    found["pass"] = "training" if grad else "no_grad"
+    found = rerun.traced(calls, ref_calls, groups(ctx, ref_calls), whole(ctx.model), ctx.atol, ctx.rtol,
+                         rerun.pass_name(grad))
     found["reproduced"] = before is not None and bool(torch.equal(out.detach(), before.detach()))
     return found
 
 
 def backward(ctx, inputs: dict) -> dict:
     """The training pass and its backward rerun on both models with backward hooks: each module's received
-    and passed-on gradients, in backward order, gathered and compared like a forward trace. Both models'
-    parameter gradients are put back as they were (the reference is kept for the next case)."""
-    ref_calls, _ = _backward_calls(ctx.reference, inputs, ctx.weights, local=None)
-    calls, _ = _backward_calls(ctx.model, inputs, ctx.weights, local=localize.local_share)
-    with torch.no_grad(), localize.Recorder(ctx.reference) as forward_calls:
-        reference.forward(ctx.reference, inputs)  # the forward's shapes tell the joint sequences apart
-    found = localize.forward_localization(calls, ref_calls, groups(ctx, forward_calls.calls), set(), ctx.atol,
-                                          ctx.rtol, localize.all_gather_object, dist.get_rank(), partial=True)
-    found["pass"] = "backward"
-    return found
+    and passed-on gradients, in backward order, gathered and compared like a forward trace. A module output
+    the loss does not read is read by it as an exact zero (`checks.unread`: a full backward hook would hand
+    it a zero of its own, which a DTensor op behind it cannot take). Both models' parameter gradients are put
+    back as they were (the reference is kept for the next case)."""
+    def plain(model):
+        out = reference.forward(model, inputs)
+        return (out * ctx.weights.to(out.dtype)).sum()
 
+    unused = unread.unused_outputs(ctx.reference, plain)
 
-def _backward_calls(model, inputs: dict, weights, local) -> tuple[list, bool]:
-    import warnings
+    def loss(model):
+        with unread.returned(model, unused) as held:
+            value = plain(model)
+        return unread.read_by(value, held)
 
-    saved = {n: p.grad for n, p in model.named_parameters()}
-    for param in model.parameters():
-        param.grad = None  # a backward adds into .grad in place: the kept reference's must not move
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "full backward hook is firing ... no inputs require gradients"
-            with localize.BackwardRecorder(model, local=local) as recorder:
-                out = reference.forward(model, inputs)
-                (out * weights.to(out.dtype)).sum().backward()
-    finally:
-        for name, param in model.named_parameters():
-            param.grad = saved[name]
-    return recorder.calls, True
+    ref_calls = rerun.record_backward(ctx.reference, loss)
+    calls = rerun.record_backward(ctx.model, loss, local=localize.local_share)
+    # The forward's shapes tell the joint sequences apart.
+    forward_calls, _ = rerun.record(ctx.reference, lambda m: reference.forward(m, inputs))
+    return rerun.traced(calls, ref_calls, groups(ctx, forward_calls), set(), ctx.atol, ctx.rtol, "backward",
+                        partial=True)
 
 
 def groups(ctx, ref_calls: list) -> list[localize.Group]:

@@ -25,9 +25,9 @@ import torch.distributed as dist
 
 from paracheck.adapters.torch import spec as specs
 from paracheck.adapters.torch.batches import call as _call, each_tensor, full as _full, shard as _shard, to as _to
-from paracheck.adapters.torch import structure
+from paracheck.adapters.torch import localize, structure
 from paracheck.adapters.torch import steps as training
-from paracheck.adapters.torch.controls import CONTROLS, PLANTS, step_hooks
+from paracheck.adapters.torch.controls import CONTROLS, PLANTS, planted_in, step_hooks
 from paracheck.checks.compare import compare
 from paracheck.checks.grads import compare_grads
 from paracheck.domain.adapter import Refused
@@ -90,6 +90,7 @@ class TorchBody:
         self.copy = copy.deepcopy(model)  # the same weights, before any gradient exists
         self.twin = copy.deepcopy(model) if case.steps else None  # parity.steps' single-device run
         self.ref_params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.ref_model = model  # localization reruns it on this rank's shard
         with torch.no_grad():
             self.ref_infer = _detached(_call(model, self.batch))
         out = _call(model, self.batch)
@@ -109,6 +110,7 @@ class TorchBody:
         if self.case.control:
             planted = PLANTS[self.case.control](self.model, self.mesh, layout, self.spec)
             self.ctx.result.findings.append(f"{self.case.control} planted in {planted}")
+            self.ctx.result.planted_in = planted_in(self.case.control, planted)
 
     def structure_checks(self) -> list[CheckResult]:
         return [structure.check_mesh(self.mesh, self.layout, self.model),
@@ -154,6 +156,9 @@ class TorchBody:
         self.grads_failed = checks[0].status == Status.FAIL
         return checks
 
+    def localize(self, checks: list[CheckResult]) -> None:
+        localize.after_checks(self, checks)
+
     def steps(self) -> list[CheckResult]:
         return training.run(self, step_hooks(self.case.control))
 
@@ -176,14 +181,6 @@ class TorchBody:
         dist.all_reduce(value)  # each batch shard's loss is counted once per rank that holds it: world / dp times
         mean = value / self.layout.world
         return compare(CheckId.LOSS, mean, self.ref_loss.float(), self.atol, self.rtol, "loss (mean over dp ranks)")
-
-
-
-
-
-
-
-
 
 
 def _detached(value):

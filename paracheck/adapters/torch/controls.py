@@ -106,16 +106,19 @@ def _decay_twice():
     return trainloop.Hooks(after_step=trainloop.decay_replicated_again)
 
 
+#: Where the shard swap plants depends on the spec: the module holding the parameter it swapped (`planted_in`).
+PLANTED = "{planted}"
+
 _ENTRIES = (
     (Control("torch-shard-swap", "one tensor-parallel parameter's local shard taken from the next TP rank (the "
              "first parameter sharded on tp): every rank holds a shard, none the one its coordinate names",
-             (CheckId.TP_SHARDS, CheckId.FORWARD), _needs_tp), _swap_tp_shard),
+             (CheckId.TP_SHARDS, CheckId.FORWARD), _needs_tp, plants_in=PLANTED), _swap_tp_shard),
     (Control("torch-skip-dp-reduce", "data-parallel gradient reduction left off (HSDP: the replicas' all-reduce; "
-             "FSDP: gradient sync, so no sharded gradient is written)", (CheckId.GRADS,), _needs_dp),
-     _skip_dp_reduce),
+             "FSDP: gradient sync, so no sharded gradient is written)", (CheckId.GRADS,), _needs_dp,
+             plants_in="<root>"), _skip_dp_reduce),
     (Control("torch-grad-sum", "FSDP's gradient divide factor set to 1: gradients summed over the data-parallel "
-             "ranks, not averaged (dp x fsdp times too large), outputs exact", (CheckId.GRADS,), _needs_dp),
-     _sum_not_mean),
+             "ranks, not averaged (dp x fsdp times too large), outputs exact", (CheckId.GRADS,), _needs_dp,
+             plants_in="<root>"), _sum_not_mean),
     (Control("torch-clip-local-norm", "parity.steps' gradient clip takes its norm over this rank's own shards only "
              "(DTensor gradients' local tensors), so each rank scales by a factor of its own; every pass before the "
              "steps exact", (CheckId.STEPS,), _has_shards), _in_the_loop),
@@ -127,6 +130,14 @@ _ENTRIES = (
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}
 #: control name -> planter(model, mesh, layout, spec) -> the parameter or module class it planted in.
 PLANTS: dict[str, Callable] = {c.name: p for c, p in _ENTRIES}
+
+
+def planted_in(name: str, planted: str) -> str | None:
+    """The module a control whose place depends on the spec (`plants_in` {planted}) planted in: the module
+    holding the parameter its planter names. None for the others (their `plants_in` names the place)."""
+    if PLANTED not in (CONTROLS[name].plants_in or ""):
+        return None
+    return planted.rpartition(".")[0] or "<root>"
 
 
 #: control name -> what it plants in parity.steps' optimizer loop: a builder of the loop's hooks

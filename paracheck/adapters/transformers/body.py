@@ -87,7 +87,8 @@ class _Body:
     def parallelize(self) -> None:
         self.model = _load_parallel(self.path, self.layout, self.plant, self.ctx.backend)
         if self.plant.after_load:
-            self.plant.after_load(self.model, self.layout)
+            planted = self.plant.after_load(self.model, self.layout)
+            self.ctx.result.planted_in = planted if isinstance(planted, str) else None
 
     def structure_checks(self) -> list:
         return [structure.check_mesh(self.model, self.layout, self.rank),

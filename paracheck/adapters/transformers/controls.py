@@ -22,7 +22,8 @@ class Plant:
     tp_plan: dict = field(default_factory=dict)
     #: Plan keys the model's own tp_plan must have for the bug to exist (else the case is skipped).
     needs_rules: tuple = ()
-    #: (model, layout) -> None, after `from_pretrained` built the parallel model.
+    #: (model, layout) -> None, after `from_pretrained` built the parallel model; or the module it planted in,
+    #: for a control whose place only the case knows (`Control.plants_in` "{planted}").
     after_load: Callable | None = None
     #: The factor the local loss is multiplied by before backward, given the layout's dp. The right one is dp
     #: itself (FSDP2 averages gradients over the dp ranks; each local loss is a share of the global mean).
@@ -257,6 +258,20 @@ def _untied_trainer():
     return UntiedTrainer
 
 
+def _stage_one_short(model, layout) -> str | None:
+    """Each stage but the last hands the next the hidden states its last layer was given, not what that layer
+    returned (the stage's layer range one short at its end: the layer's work is lost). Planted as a forward hook
+    on that layer; returns the layer's name (where localization must find it), None on the last stage."""
+    from transformers.distributed.pipeline_parallel import PipelineIdentityLayer
+
+    if model._pp_stage.pp_is_last_stage:
+        return None
+    layers = getattr(model, model.base_model_prefix).layers
+    index = max(i for i, layer in enumerate(layers) if not isinstance(layer, PipelineIdentityLayer))
+    layers[index].register_forward_hook(lambda module, args, out: args[0])
+    return f"{model.base_model_prefix}.layers.{index}"
+
+
 _NORMS = ("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm")
 
 _ENTRIES = (
@@ -293,6 +308,10 @@ _ENTRIES = (
              "were not there (every rank along it gets coordinate 0's piece; keys and shapes right, a strict load "
              "passes)", (CheckId.CHECKPOINT,), _needs_two_mesh_dims),
      Plant(dcp_load_plant=checkpoint_plants.skip_mesh_dim_load)),
+    (Control("tf-pp-stage-short", "each pipeline stage but the last hands the next the hidden states its last "
+             "layer was given, not what that layer returned (its layer range one short at its end)",
+             (CheckId.INFERENCE, CheckId.FORWARD), _needs_pp, plants_in="{planted}"),
+     Plant(after_load=_stage_one_short)),
     (Control("tf-pp-local-names", "a pipeline stage saves its layers under local names (stage 1's first layer "
              "written as layers.0, not layers.N)", (CheckId.CHECKPOINT,), _needs_pp),
      Plant(dcp_save_plant=checkpoint_plants.local_layer_names)),

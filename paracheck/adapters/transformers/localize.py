@@ -5,19 +5,18 @@ single-process one), which on a failure also carries every parameter's entry and
 (`checks.localize`). `after_checks` runs on every rank after a case's checks: when the logits of either pass
 failed on any rank (one all-reduce), both models rerun that pass on this rank's share of the batch with forward
 hooks; a DTensor output is taken as this rank's share and put back together over the TP group (or reduced, when
-Partial). Pipeline layouts are not localized: each stage holds other modules, so no two stages' traces meet.
+Partial). On a pipeline layout each stage compares the modules it holds, and the stages of one pipeline join
+their traces (`pipeline_trace`, `checks.stages`).
 """
 
 from __future__ import annotations
 
-
-import torch
 import torch.distributed as dist
 
-from paracheck.checks import localize
+from paracheck.checks import localize, rerun, stages
 from paracheck.checks.grads import compare_grads
 from paracheck.checks.shards import full
-from paracheck.domain.records import CheckId, CheckResult, Status
+from paracheck.domain.records import CheckResult
 from paracheck.world import meshes
 
 #: A TP-split output of a transformers layer: colwise projections split the last dim, attention's
@@ -35,34 +34,39 @@ def grads(model, ref_grads: dict, atol, rtol, layout) -> CheckResult:
 
 def after_checks(model, ref, mine: dict, layout, checks: list, result, atol, rtol) -> None:
     """The adapter's hook-in, on every rank after a case's checks: localize a failing logits check."""
-    if layout.pp > 1 or not localize.enabled():
+    if not localize.enabled():
         return  # the same on every rank: no collective, no trace
-    by_id = {c.id: c for c in checks}
-    flags = torch.tensor([float(by_id.get(i) is not None and by_id[i].status == Status.FAIL)
-                          for i in (CheckId.FORWARD, CheckId.INFERENCE)])
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    if not flags.any():
-        return
+    by_id, failed = rerun.failed(checks)
     inputs = {k: v for k, v in mine.items() if k != "labels"}
-    for check_id, failed, grad in ((CheckId.FORWARD, flags[0] > 0, True), (CheckId.INFERENCE, flags[1] > 0, False)):
-        if not (failed and check_id in by_id):
-            continue
+    for check_id, grad in failed.passes:
         try:
-            with torch.no_grad(), localize.Recorder(ref) as recorder:
-                ref(**inputs, use_cache=False)
-            found = forward(model, inputs, recorder.calls, layout, atol, rtol, grad)
+            ref_calls, _ = rerun.record(ref, lambda m: m(**inputs, use_cache=False))
+            found = forward(model, inputs, ref_calls, layout, atol, rtol, grad)
         except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
             found = {"error": f"localization raised {type(exc).__name__}: {exc}"}
-        by_id[check_id].data.setdefault("localization", {})["forward"] = found
+        rerun.attach(by_id, check_id, found)
 
 
 def forward(model, inputs: dict, ref_calls: list, layout, atol, rtol, grad: bool) -> dict:
-    with torch.set_grad_enabled(grad), localize.Recorder(model, local=localize.local_share) as recorder:
-        model(**inputs, use_cache=False)
-    found = localize.forward_localization(recorder.calls, ref_calls, groups(layout), {"<root>"}, atol, rtol,
-                                          localize.all_gather_object, dist.get_rank())
-    found["pass"] = "training" if grad else "no_grad"
-    return found
+    calls, _ = rerun.record(model, lambda m: m(**inputs, use_cache=False), grad, local=localize.local_share)
+    if layout.pp > 1:
+        found = pipeline_trace(model, calls, ref_calls, layout, atol, rtol)
+        return dict(found, **{"pass": rerun.pass_name(grad)})
+    return rerun.traced(calls, ref_calls, groups(layout), {"<root>"}, atol, rtol, rerun.pass_name(grad))
+
+
+def pipeline_trace(model, calls: list, ref_calls: list, layout, atol, rtol) -> dict:
+    """A pipeline layout's trace (`checks.stages`): this stage's own modules (the layers transformers did not
+    replace by a `PipelineIdentityLayer`), joined with the other stages' of this rank's pipeline (the ranks of
+    its TP coordinate). The stage is transformers' own (`model._pp_stage`), which computes the logits last."""
+    from transformers.distributed.pipeline_parallel import PipelineIdentityLayer
+
+    stage = model._pp_stage
+    coords = layout.coords(dist.get_rank())
+    pipeline = tuple(sorted((k, v) for k, v in coords.items() if k != "pp"))
+    holds = stages.held(model, lambda m: isinstance(m, PipelineIdentityLayer))
+    return stages.stage_trace(calls, ref_calls, groups(layout), {"<root>"}, atol, rtol, stage.pp_rank, pipeline,
+                              holds, stage.pp_is_last_stage)
 
 
 def groups(layout) -> list[localize.Group]:
