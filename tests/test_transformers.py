@@ -257,11 +257,13 @@ def test_every_registered_control_is_planted_in_the_world_above():
     from paracheck.domain.registry import controls
 
     from .test_checkpoint_transformers import CHECKPOINT_PLANTED
+    from .test_localize_controls import PIPELINE_PLANTED
     from .test_steps_transformers import STEPS_PLANTED
     from .test_sweep import SWEEP_PLANTED
 
     assert set(controls("transformers")) == ({c for c, _, _ in PLANTED} | {c for *_, cs in SWEEP_PLANTED for c in cs}
-                                             | {c for c, *_ in CHECKPOINT_PLANTED} | {c for c, _ in STEPS_PLANTED})
+                                             | {c for c, *_ in CHECKPOINT_PLANTED} | {c for c, _ in STEPS_PLANTED}
+                                             | PIPELINE_PLANTED)
 
 
 @pytest.mark.slow
@@ -271,13 +273,15 @@ def test_every_registered_control_is_detected(gloo_verdicts):
     from paracheck.domain.registry import controls
 
     from .test_checkpoint_transformers import CHECKPOINT_PLANTED
+    from .test_localize_controls import PIPELINE_PLANTED
     from .test_steps_transformers import STEPS_PLANTED
     from .test_sweep import SWEEP_PLANTED
 
-    # The sweep's controls, and parity.steps' and checkpoint.roundtrip's (detected in their own worlds,
-    # tests/test_steps_transformers.py and tests/test_checkpoint_transformers.py: this world trains and saves nothing).
+    # The sweep's controls, parity.steps' and checkpoint.roundtrip's, and the pipeline's (detected in their own
+    # worlds: tests/test_steps_transformers.py, tests/test_checkpoint_transformers.py, the pipeline run of
+    # tests/test_localize_controls.py; this world trains, saves and pipelines nothing).
     elsewhere = (({c for *_, cs in SWEEP_PLANTED for c in cs} | {c for c, _ in STEPS_PLANTED}) - {c for c, _, _ in PLANTED}) \
-        | {c for c, *_ in CHECKPOINT_PLANTED}
+        | {c for c, *_ in CHECKPOINT_PLANTED} | PIPELINE_PLANTED
     for name in set(controls("transformers")) - elsewhere:
         statuses = [v.status.value for k, v in gloo_verdicts.items() if k[3] == name]
         assert "detected" in statuses and "missed" not in statuses, (name, statuses)
