@@ -1,5 +1,6 @@
 """Which controls apply where: pure rules, no process group."""
 
+import pytest
 from hypothesis import given, strategies as st
 
 from paracheck.domain.registry import get_control
@@ -80,3 +81,25 @@ def test_every_attention_fault_belongs_to_one_control_and_is_planted_by_the_atte
             continue
         named = [fault for fault in FAULTS if f'"{fault}"' in path.read_text()]
         assert not named, f"{path.name} names the attention faults {named}"
+
+
+@pytest.mark.parametrize("family,router", [
+    ("qwen3_moe", "Qwen3MoeTopKRouter"), ("longcat_flash", "LongcatFlashTopkRouter"),
+    ("afmoe", "AfmoeTokenChoiceRouter"), ("gemma4_text", "Gemma4TextRouter"), ("hunyuan_v1_moe", "HunYuanMoEV1Gate"),
+    ("kimi_linear", "KimiLinearTopkRouter")])
+def test_the_router_control_plants_in_every_router_whatever_holds_its_weight(family, router):
+    """A router's scoring weight may be its own or a child projection's (longcat_flash's `classifier`, afmoe's
+    `gate`, gemma4's `proj`, whose top-k is read from the config), and HunYuan's is a gate; a linear-attention
+    forget gate (kimi_linear's) picks no expert. Models on the meta device, from the sweep's tiny configs."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from paracheck.adapters.transformers import sweep
+    from paracheck.adapters.transformers.controls import _routers
+
+    [found] = sweep.families([family])
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(sweep.fitted(found, 4).config)
+    names = {type(m).__name__ for m in _routers(model)}
+    assert names == {router}

@@ -60,6 +60,16 @@ def test_resume_leaves_out_what_a_report_holds_but_errors(whole, tmp_path):
     assert first.id not in left and second.id in left and len(left) == len(cases) - 1
 
 
+def test_only_control_plans_that_control_alone_as_the_fixtures_do():
+    """`--controls --only-control NAME` over the sweep: that control on every layout, no plain case (it ran the
+    plain case and every control before)."""
+    cases, _, _ = sweep.plan(_args(models="transformers:qwen3_moe", controls=True,
+                                   only_control="tf-router-topk-on-shard"), 4)
+    assert cases and {c.control for c in cases} == {"tf-router-topk-on-shard"}
+    every = sweep.plan(_args(models="transformers:qwen3_moe", controls=True), 4)[0]
+    assert {c.layout.name for c in cases} == {c.layout.name for c in every}
+
+
 def test_an_unknown_family_or_shard_is_a_usage_error():
     with pytest.raises(UsageError, match="transformers:nosuch"):
         sweep.plan(_args(models="transformers:nosuch"), 4)

@@ -127,7 +127,7 @@ def test_a_batch_the_data_parallel_degree_does_not_divide_is_named():
 
 
 @pytest.mark.parametrize("name", ["ministral", "hunyuan_v1_dense", "dots1", "gemma3n_text", "mimo_v2_flash",
-                                  "nemotron_h", "longcat_flash"])
+                                  "nemotron_h", "longcat_flash", "phi4_multimodal"])
 def test_a_tiny_config_fills_the_sizes_its_defaults_leave_unset_keeps_derived_ones_and_runs(name):
     """Their defaults leave `head_dim`, the expert counts or top-k None (which the model reads with no fallback),
     share keys and values across more layers than the tiny model keeps, double key/value heads on some layers,
@@ -145,6 +145,34 @@ def test_a_tiny_config_fills_the_sizes_its_defaults_leave_unset_keeps_derived_on
     out = model(input_ids=ids, labels=ids, use_cache=False)
     out.loss.backward()
     assert torch.isfinite(out.loss)
+
+
+def test_nested_sub_configs_are_shrunk_by_the_same_rule():
+    """Phi4Multimodal keeps its text sizes at the top and builds a vision and an audio encoder from nested configs
+    even for text inputs (870M parameters at their defaults): the tiny rule shrinks them as it shrinks the top,
+    an encoder's block count and the channels its defaults make as wide as its hidden state with them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = fitting.tiny(transformers.Phi4MultimodalConfig)
+    for sub in (config.vision_config, config.audio_config):
+        for role, keys in fitting.sizes(sub).items():
+            assert all(getattr(sub, key) <= 64 for key in keys), (type(sub).__name__, role, keys)
+    audio = config.audio_config
+    assert audio.num_blocks == 2
+    assert audio.nemo_conv_channels == audio.ext_pw_out_channel == audio.depthwise_separable_out_channel == 32
+    with torch.device("meta"):
+        count = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    assert count < 1_000_000
+
+
+def test_other_experts_in_the_pool_shrink_with_the_routed_ones():
+    """LongcatFlash pools 256 identity (zero-compute) experts with its 512 routed ones; left at 256 beside 4 routed
+    ones, nearly every token routes to an identity expert and on some data-parallel rank no token reaches a routed
+    one, whose weights then get no gradient there (FSDP2 reduces only the gradients a rank has: the ranks' reduces
+    mismatch and gloo aborts)."""
+    config = fitting.tiny(transformers.LongcatFlashConfig)
+    assert config.zero_expert_num == config.n_routed_experts == 4
 
 
 def test_a_family_whose_own_defaults_do_not_build_is_a_named_skip(tmp_path):

@@ -110,9 +110,16 @@ def _packed_as_colwise(ref) -> dict:
 
 
 def _routers(model) -> list:
-    """The modules that pick each token's experts: transformers' top-k routers (a `top_k` and a router weight)."""
-    return [m for m in model.modules() if hasattr(m, "top_k") and hasattr(m, "weight")
-            and "router" in type(m).__name__.lower()]
+    """The modules that pick each token's experts: a module whose class names it a router, or a gate that has a
+    `top_k` (HunYuan's `HunYuanMoEV1Gate`; a linear-attention forget gate has none), holding the weights that
+    score the experts, its own or a child projection's (LongcatFlash's `classifier`, Afmoe's `gate`, Gemma4's
+    `proj`, which reads its top-k from the config)."""
+    return [m for m in model.modules() if _named_router(m) and any(True for _ in m.parameters())]
+
+
+def _named_router(module) -> bool:
+    name = type(module).__name__
+    return "router" in name.lower() or (name.endswith("Gate") and hasattr(module, "top_k"))
 
 
 def _topk_on_shard(model, layout) -> None:

@@ -265,15 +265,29 @@ def _lengthened(defaults: dict, found: dict, values: dict) -> dict:
 def tiny(config_class, **overrides):
     """`config_class`'s defaults shrunk to a tiny model: hidden 64, 2 query and key/value heads of 16, widths
     32, 4 experts (2 per token), vocabulary 128, 2 layers, 64 positions. Sizes the class does not have are
-    left out; what the class derives from them, it derives itself."""
+    left out; what the class derives from them, it derives itself. Nested sub-configs (a multimodal family's
+    vision or audio encoder) are shrunk by the same rule: the model builds them whole even for text inputs."""
     try:
         default = config_class()
     except Exception as exc:  # a config class whose own defaults its validators reject
         raise Unfittable(f"{config_class.__name__} rejects its own defaults: {exc}".splitlines()[0]) from exc
-    nested = [k for k, v in vars(default).items() if hasattr(v, "to_dict") and hasattr(v, "model_type")]
+    nested = _nested(default)
     if nested and not sizes(default).get(HEADS):
         raise Unfittable(f"{config_class.__name__} keeps its sizes in nested configs ({', '.join(nested)}); "
                          "fit the nested text config's own family instead")
+    values = _shrunk(default)
+    for key in nested:  # a dict, which the config class builds its sub-config from
+        values[key] = _shrunk(getattr(default, key))
+    return _build(default, {**values, **overrides})
+
+
+def _nested(config) -> list[str]:
+    """The keys of `config` holding a sub-config."""
+    return [k for k, v in vars(config).items() if hasattr(v, "to_dict") and hasattr(v, "model_type")]
+
+
+def _shrunk(default) -> dict:
+    """One config's own keys and values with the tiny rule applied (its sub-configs left as they are)."""
     defaults = _fields(default)
     small = {HEADS: 2, WIDTH: 32, VOCAB: 128, LAYERS: 2, EXPERTS: 4, HIDDEN: 64}
     found = sizes(default)
@@ -281,6 +295,10 @@ def tiny(config_class, **overrides):
     for role, keys in found.items():
         for key in keys:
             values[key] = _each(defaults[key], lambda v, r=role: min(v, small[r]) if v else v)
+    hidden = next(iter(found.get(HIDDEN, [])), None)
+    q = next((k for k in ("num_attention_heads", "n_head") if k in found.get(HEADS, [])), None)
+    if hidden and q and defaults.get("head_dim") is None:
+        values[hidden] = values[q] * 16
     for key, value in defaults.items():
         if not _is_int(value):
             continue
@@ -300,20 +318,26 @@ def tiny(config_class, **overrides):
             values[key] = 16
         elif key.endswith("shared_experts") and value > 1:
             values[key] = 1
+        elif _OTHER_EXPERTS.match(key) and value > small[EXPERTS]:
+            # Experts of another kind in the same pool (longcat_flash's 256 identity experts next to 512 routed
+            # ones): kept beside the 4 routed ones, or nearly every token would route to them and leave the routed
+            # experts without a gradient on some ranks.
+            values[key] = small[EXPERTS]
+        elif key == "num_blocks" and value > small[LAYERS]:  # an encoder's layer count by another name (phi4 audio)
+            values[key] = small[LAYERS]
+        elif "channel" in key and value == defaults.get(hidden) and hidden in values:
+            # A convolution's channels that the defaults make as wide as the hidden state: they stay as wide.
+            values[key] = values[hidden]
         elif key == "num_kv_shared_layers" and value > 0:
             # Layers reusing an earlier layer's keys and values (gemma3n): with the layers cut to a few, the
             # earlier layers would not hold every kind the sharing ones read, which the config refuses.
             values[key] = 0
-    if defaults.get("enable_moe_block") is False and getattr(config_class, "base_model_ep_plan", None):
+    if defaults.get("enable_moe_block") is False and getattr(type(default), "base_model_ep_plan", None):
         # A family with an expert plan whose defaults leave its MoE block off (gemma4): on, so the plan has experts.
         values.update({"enable_moe_block": True, **{k: v for k, v in _MOE_UNSET.items() if defaults.get(k, 0) is None}})
     for key, small_value in _UNSET.items():
         if key in defaults and defaults[key] is None:
             values[key] = small_value
-    hidden = next(iter(found.get(HIDDEN, [])), None)
-    q = next((k for k in ("num_attention_heads", "n_head") if k in found.get(HEADS, [])), None)
-    if hidden and q and defaults.get("head_dim") is None:
-        values[hidden] = values[q] * 16
     layers_key = next(iter(found.get(LAYERS, [])), None)
     if layers_key:
         kinds = max([len(set(v)) for v in defaults.values() if isinstance(v, list) and _hashable(v)
@@ -333,7 +357,7 @@ def tiny(config_class, **overrides):
         values["num_key_value_heads"] = values["num_attention_heads"]  # a model may read it unresolved (nemotron)
     if "tie_word_embeddings" in defaults:
         values["tie_word_embeddings"] = False
-    return _build(default, {**defaults, **values, **overrides})
+    return {**defaults, **values}
 
 
 def _keep_derived(defaults: dict, values: dict) -> None:
@@ -350,6 +374,10 @@ def _keep_derived(defaults: dict, values: dict) -> None:
     heads = values.get("mamba_num_heads", defaults.get("mamba_num_heads"))
     if _is_int(defaults.get("n_groups")) and _is_int(heads) and defaults["n_groups"] > heads:
         values["n_groups"] = heads
+
+
+#: Counts of experts besides the routed pool's own count (`zero_expert_num`): shrunk to the same tiny count.
+_OTHER_EXPERTS = re.compile(r"^(?:\w+_)?expert_num$|^(?:num|n)_\w+_experts$")
 
 
 #: Sizes a config class's defaults may leave unset (None) although its model reads them with no fallback

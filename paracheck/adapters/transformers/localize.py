@@ -25,11 +25,34 @@ TP_DIMS = (-1, 1)
 
 
 def grads(model, ref_grads: dict, atol, rtol, layout) -> CheckResult:
-    """Every parameter's gradient, gathered where sharded, against the single-process one (`checks.grads`)."""
+    """Every parameter's gradient, gathered where sharded, against the single-process one (`checks.grads`).
+    A rank may hold no gradient where another holds one (its tokens reached none of an expert pool's weights):
+    it joins that gradient's gather with zeros and reports its own gradient missing, so every rank makes the
+    same gathers (a gather some ranks skipped would abort the world)."""
     degrees = {"tp": layout.tp, "dp": layout.dp, "fsdp": layout.fsdp, "dpr": layout.dpr, "ep": layout.ep,
                "world": layout.world}
-    return compare_grads(((name, full(p.grad), ref_grads.get(name)) for name, p in model.named_parameters()),
-                         atol, rtol, degrees)
+    params = list(model.named_parameters())
+    held = _held_anywhere(params) if layout.pp == 1 else [p.grad is not None for _, p in params]
+    return compare_grads(((name, _gathered(p, anywhere), ref_grads.get(name)) for (name, p), anywhere in
+                          zip(params, held)), atol, rtol, degrees)
+
+
+def _held_anywhere(params: list) -> list[bool]:
+    """Per parameter, whether any rank holds its gradient (one all-reduce; every rank of a layout without
+    pipeline stages holds the same parameters, in the same order)."""
+    flags = torch.tensor([float(p.grad is not None) for _, p in params])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return [bool(f) for f in flags]
+
+
+def _gathered(param, anywhere: bool):
+    """The parameter's gradient gathered whole; None where this rank has none (after taking its part, zeros, in
+    a sharded gradient's gather where another rank has one)."""
+    if param.grad is not None:
+        return full(param.grad)
+    if anywhere and hasattr(param, "full_tensor"):
+        full(torch.zeros_like(param))
+    return None
 
 
 def after_checks(model, ref, mine: dict, layout, checks: list, result, atol, rtol) -> None:

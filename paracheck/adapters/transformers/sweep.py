@@ -116,8 +116,7 @@ def _plan(args, world: int) -> tuple[list[Case], dict[int, str], list[Family]]:
             layout = layout or _placeholder_layout(world)
             fields = dict(layout=layout, route=Route.SHARDED_LOAD, variant="base", library="transformers",
                           payload=family.name)
-            names = [None] + (list(applicable(layout)) if args.controls else [])
-            for control in names:
+            for control in _names(args, layout):
                 if why:
                     refused[len(cases)] = why
                 cases.append(Case(family.name, FACTORY, **dict(fields, control=control)))
@@ -130,6 +129,15 @@ def _plan(args, world: int) -> tuple[list[Case], dict[int, str], list[Family]]:
     needed = {cases[i].model for i in keep if i not in refused}
     return ([cases[i] for i in keep], {n: refused[i] for n, i in enumerate(keep) if i in refused},
             [by_family[name] for name in sorted(needed)])
+
+
+def _names(args, layout) -> list:
+    """The cases of one family and layout: the plain one (None), then the controls that apply there; with
+    `--only-control`, that control alone (no plain case), as `cases.expand` plans it."""
+    only = getattr(args, "only_control", None)
+    if only:
+        return [only]
+    return [None] + (list(applicable(layout)) if args.controls else [])
 
 
 def _placeholder_layout(world: int):
