@@ -11,6 +11,7 @@ their traces (`pipeline_trace`, `checks.stages`).
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from paracheck.checks import localize, rerun, stages
