@@ -100,7 +100,7 @@ class _Roundtrip:
             else:
                 for name in "cd":
                     self.parts[name] = Part("blocked", "(b) did not leave a checkpoint to load")
-        del source
+        source = None  # freed before the resume loads the model again
         self._part("e", self._resume)
         return _verdict(self.parts, self.notes, self.other, self.tol, self.failure)
 
