@@ -16,6 +16,28 @@ settings.register_profile("paracheck", deadline=None)
 settings.load_profile("paracheck")
 
 
+@pytest.fixture
+def one_rank_world(tmp_path):
+    """A real one-rank gloo world in this process, for the parts that take a process group (no launched world)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def tp_mesh_of_one(one_rank_world):
+    """A one-rank "tp" device mesh of that world: the TP styles' hooks, as on any mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+
+
 @pytest.fixture(scope="session")
 def default_run(tmp_path_factory):
     """Every control on the first five fixtures (both plans, TP only, CP only) x every 4-rank layout, base

@@ -5,7 +5,6 @@ case's localization and the report's lines (`results.localization`)."""
 from __future__ import annotations
 
 import pytest
-import torch.distributed as dist
 
 from paracheck.domain.case import Case, Route
 from paracheck.domain.layout import Layout
@@ -18,12 +17,8 @@ RING = KnownFailure(reason="ring backward rotates the wrong way", model="flux", 
 
 
 @pytest.fixture
-def world(tmp_path):
-    if dist.is_initialized():
-        pytest.skip("a process group is already up in this process")
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+def world(one_rank_world):
+    return None
 
 
 @pytest.fixture(autouse=True)

@@ -8,14 +8,8 @@ from paracheck.domain.layout import Layout
 
 
 @pytest.fixture
-def world(tmp_path):
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield meshes.for_world()
-    finally:
-        dist.destroy_process_group()
+def world(one_rank_world):
+    return meshes.for_world()
 
 
 def test_one_mesh_per_key_and_the_order_is_part_of_it(world):

@@ -3,22 +3,13 @@ never reads (a last block's text stream) behind a tensor-parallel plan."""
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from paracheck.checks import localize, rerun, unread
 
 
 @pytest.fixture
-def mesh(tmp_path):
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
-    finally:
-        dist.destroy_process_group()
+def mesh(tp_mesh_of_one):
+    return tp_mesh_of_one
 
 
 class Block(torch.nn.Module):

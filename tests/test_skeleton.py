@@ -9,7 +9,6 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from paracheck.checks.compare import tolerance
 from paracheck.domain import registry
@@ -51,12 +50,8 @@ class _Toy:
 
 
 @pytest.fixture
-def world(tmp_path):
-    if dist.is_initialized():
-        pytest.skip("a process group is already up in this process")
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    yield CaseSite(0, str(tmp_path / "case"), str(tmp_path / "refs"), lambda key: True)
-    dist.destroy_process_group()
+def world(one_rank_world, tmp_path):
+    return CaseSite(0, str(tmp_path / "case"), str(tmp_path / "refs"), lambda key: True)
 
 
 def _run(monkeypatch, toy, site, **fields):
