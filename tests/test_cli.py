@@ -35,6 +35,9 @@ from tests.support import SPECS
     (["run", "--variants", "batch3"], "--variants 'batch3': batch3: variants are base, batch2, masked, uneven"),
     (["run", "--dtype", "fp8"], "--dtype 'fp8': must be one of fp32, bf16, fp16"),
     (["run", "--spec", f"{SPECS}:flux_spec", "--models", "flux"], "--models with --spec"),
+    (["run", "--models", "llama,flux", "--layouts", "dpr4,zz4"], "'zz4' is no layout of any library in this run "
+                                                                 "(transformers: layout 'zz4'"),
+    (["run", "--models", "llama,flux", "--layouts", "dpr4"], "none is a diffusers layout, for flux"),
 ])
 def test_usage_errors_exit_2(argv, fragment, capsys):
     assert main(argv) == 2
@@ -50,6 +53,17 @@ def test_named_models_cross_named_layouts():
     args = parser().parse_args(["run", "--models", "flux,wan", "--layouts", "tp2xu2,u4", "--variants", "base"])
     pairs = {(c.model, c.layout.name) for c in build_cases(args, get_backend("gloo"))}
     assert pairs == {("flux", "tp2xu2"), ("flux", "u4"), ("wan", "tp2xu2"), ("wan", "u4")}
+
+
+def test_each_library_of_a_run_takes_the_layouts_its_grammar_reads():
+    """dpr4 is transformers' alone, u4 diffusers' alone, tp4 both's: one command gives each its own."""
+    from paracheck.domain.backends import get_backend
+    from paracheck.cli.main import parser, build_cases
+
+    args = parser().parse_args(["run", "--models", "llama,flux", "--layouts", "dpr4,tp4,u4", "--variants", "base",
+                                "--all"])
+    pairs = {(c.model, c.layout.name) for c in build_cases(args, get_backend("gloo"))}
+    assert pairs == {("llama", "dpr4"), ("llama", "tp4"), ("flux", "tp4"), ("flux", "u4")}
 
 
 def test_nccl_without_gpus_names_the_device_count(capsys, monkeypatch):

@@ -144,7 +144,8 @@ def build_cases(args, backend) -> list[Case]:
     cases = []
     for library, chosen in by_library.items():
         adapter = registry.adapter(library)
-        request = CaseRequest(chosen, args.layouts, args.nproc, args.order, variants, args.controls,
+        layouts = _layouts_of(library, args.layouts, args.order, by_library)
+        request = CaseRequest(chosen, layouts, args.nproc, args.order, variants, args.controls,
                               args.only_control, not args.no_grads, args.dtype, args.route, args.cp_options,
                               args.attention_backend, spec=bool(args.spec), named=named)
         if args.dtype not in adapter.dtypes and named and _only_library(args, library, by_library):
@@ -156,6 +157,34 @@ def build_cases(args, backend) -> list[Case]:
         except ValueError as exc:  # the adapter's rules, each naming the argument
             raise UsageError(str(exc)) from exc
     return choose_tier(args, cases)
+
+
+def _layouts_of(library: str, text: str, order: str, by_library: dict) -> str:
+    """`--layouts` for `library` in a run of several libraries: the names its grammar reads (each library has its
+    own: `dpr4` is transformers', `u4` diffusers'). A name no library reads, or a library left with none, is a
+    usage error naming each grammar's rule."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if len(by_library) == 1 or text.strip() == "all":
+        return text
+    why = {lib: {n: _unread(lib, n, order) for n in names} for lib in by_library}
+    unread = [n for n in names if all(why[lib][n] for lib in by_library)]
+    if unread:
+        rules = "; ".join(f"{lib}: {why[lib][unread[0]]}" for lib in by_library)
+        raise UsageError(f"--layouts {text!r}: {unread[0]!r} is no layout of any library in this run ({rules})")
+    mine = [n for n in names if not why[library][n]]
+    if not mine:
+        raise UsageError(f"--layouts {text!r}: none is a {library} layout, for {', '.join(m for m, _ in by_library[library])} "
+                         f"({why[library][names[0]]})")
+    return ",".join(mine)
+
+
+def _unread(library: str, name: str, order: str) -> str:
+    """Why `library`'s grammar does not read `name` ("" where it does)."""
+    try:
+        registry.parse_layout(library, name, order)
+    except (LayoutError, ValueError) as exc:
+        return str(exc)
+    return ""
 
 
 def _only_library(args, library: str, by_library: dict) -> bool:
