@@ -54,6 +54,19 @@ def rank2_dies():
     return flux_spec()
 
 
+def rank2_dies_after_a_progress_bar():
+    """Every rank draws a tqdm bar, as transformers' loading does, then rank 2 is killed by a signal."""
+    import signal
+
+    from tqdm import tqdm
+
+    for _ in tqdm(range(2), disable=False):
+        pass
+    if os.environ.get("RANK") == "2":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return flux_spec()
+
+
 def rank1_hangs():
     """Rank 1 enters a collective no peer joins, so the world hangs inside the case."""
     import torch.distributed as dist

@@ -281,6 +281,16 @@ def test_failures_are_isolated_and_reported(tmp_path):
     _assert_clean(run.tmpdir)
 
 
+def test_a_killed_rank_leaks_no_semaphore(tmp_path):
+    """A rank killed with its world leaves nothing the resource tracker must clean up at exit: the bars that
+    libraries draw on the ranks lock a thread lock, not a multiprocessing semaphore (`worker`)."""
+    run = run_paracheck(["--spec", f"{SPECS}:rank2_dies_after_a_progress_bar", "--spec", f"{SPECS}:flux_spec",
+                         "--layouts", "u4", "--no-grads"], tmp_path, env={"PYTHONWARNINGS": "default"})
+    assert run.case("rank2_dies_after_a_progress_bar", "u4")["status"] == "error", run.out
+    assert run.case("flux_spec", "u4")["status"] == "pass" and run.report["worlds"] == 2, run.out
+    assert "leaked semaphore" not in run.out, run.out
+
+
 def test_sigterm_stops_everything(tmp_path):
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()

@@ -14,6 +14,7 @@ import os
 import resource
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -190,11 +191,23 @@ def fed(rundir: RunDir, start: int, rank: int, poll: float = 0.02):
         index += 1
 
 
+def thread_lock_for_progress_bars() -> None:
+    """A library's tqdm bars (transformers' loading and saving) lock a multiprocessing RLock by default: a semaphore
+    the resource tracker holds for this rank, which a rank killed with its broken world never releases, so the
+    launcher's tracker warned of 3 leaked semaphores per broken world at exit. A rank's bars need a thread lock."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
+
+
 def main(rundir_path: str) -> int:
     rundir = RunDir(rundir_path)
     run = read_json(rundir.run)
     apply_switches(run.get("switches", {}))
     declared.use(run.get("known", []))
+    thread_lock_for_progress_bars()
     backend = get_backend(run["backend"])
     rank = int(os.environ["RANK"])
     stacks = open(rundir.stacks(rank), "w")
