@@ -12,6 +12,10 @@ from typing import Callable
 from paracheck.domain.layout import Layout
 from paracheck.domain.records import CaseStatus, CheckId, Route
 
+#: In `Control.plants_in`: where only the case knows the place (a user's own module), the place its planter reported
+#: (`RankResult.planted_in`).
+PLANTED = "{planted}"
+
 #: (model, applied, reference_state) -> None; runs after the route applied parallelism correctly.
 Planter = Callable[[object, object, dict], None]
 
@@ -55,8 +59,8 @@ class Control:
 
         if not self.plants_in or not name:
             return False
-        globs = [g.replace("{planted}", planted) if planted else g for g in self.plants_in.split("|")]
-        return any(fnmatchcase(name, glob) for glob in globs if "{planted}" not in glob)
+        globs = [g.replace(PLANTED, planted) if planted else g for g in self.plants_in.split("|")]
+        return any(fnmatchcase(name, glob) for glob in globs if PLANTED not in glob)
 
     def skip_reason(self, layout: Layout, route: Route | None = None) -> str | None:
         """Why this control cannot run on `layout` (and `route`, once resolved); None when it can."""

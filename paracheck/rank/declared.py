@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.domain.records import CheckId, Status
+from paracheck.results import localization
 from paracheck.results.known import KnownFailure
 
 #: The entries this rank's run declared (`use`), as the launcher wrote them into run.json.
@@ -67,4 +68,4 @@ def not_rerun(checks: list, reasons: str) -> None:
            "reruns declared failures too")
     for check in checks:
         if check.id in (CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS) and check.status == Status.FAIL:
-            check.data.setdefault("localization", {})["not_run"] = why
+            check.data.setdefault(localization.KEY, {})[localization.NOT_RUN] = why

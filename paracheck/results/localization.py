@@ -30,7 +30,7 @@ def merge(per_check: dict) -> dict:
             found[part] = merged
     if "forward" not in found and "inference" in found:
         found["forward"] = found.pop("inference")  # the no-grad pass is the forward that failed
-    not_run = [c.data[KEY]["not_run"] for held in per_check.values() for _, c in held
+    not_run = [c.data[KEY][NOT_RUN] for held in per_check.values() for _, c in held
                if NOT_RUN in (c.data or {}).get(KEY, {})]
     if not_run:
         found[NOT_RUN] = not_run[0]  # every rank decided alike (`rank.declared`), with the same reasons

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from paracheck.adapters.diffusers import library
 from paracheck.adapters.diffusers.steps import whole_params
 from paracheck.checks.compare import compare_named
+from paracheck.checks.shards import full
 from paracheck.domain.records import CheckId, CheckResult, Failure, Status
 
 
@@ -30,7 +31,7 @@ def expected_state(body) -> dict:
     state = whole_params(model, specs, applied)
     for name, value in model.state_dict().items():
         if name not in state:
-            state[name] = (value.full_tensor() if hasattr(value, "full_tensor") else value).detach().cpu()
+            state[name] = full(value).detach().cpu()
     return state
 
 

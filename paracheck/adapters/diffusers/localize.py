@@ -38,7 +38,7 @@ def after_checks(ctx, inputs: dict, checks: list[CheckResult], result) -> None:
             rerun.attach(by_id, check_id, forward(ctx, inputs, ref_calls, grad))
         if failed.grads and not (failed.forward or backward_raised):
             # The forward agrees, so the gradient went wrong on the way back: trace the backward the same way.
-            trace = backward(ctx, inputs)
+            trace = backward(ctx, inputs, ref_calls)
             found = {"backward": trace}
             if trace.get("origin"):
                 found.update(origin=trace["origin"], origin_from="backward trace")
@@ -57,9 +57,10 @@ def forward(ctx, inputs: dict, ref_calls: list, grad: bool) -> dict:
     return found
 
 
-def backward(ctx, inputs: dict) -> dict:
+def backward(ctx, inputs: dict, forward_calls: list) -> dict:
     """The training pass and its backward rerun on both models with backward hooks: each module's received
-    and passed-on gradients, in backward order, gathered and compared like a forward trace. A module output
+    and passed-on gradients, in backward order, gathered and compared like a forward trace (`forward_calls`:
+    the reference's forward trace, whose shapes tell the joint sequences apart). A module output
     the loss does not read is read by it as an exact zero (`checks.unread`: a full backward hook would hand
     it a zero of its own, which a DTensor op behind it cannot take). Both models' parameter gradients are put
     back as they were (the reference is kept for the next case)."""
@@ -76,8 +77,6 @@ def backward(ctx, inputs: dict) -> dict:
 
     ref_calls = rerun.record_backward(ctx.reference, loss)
     calls = rerun.record_backward(ctx.model, loss, local=localize.local_share)
-    # The forward's shapes tell the joint sequences apart.
-    forward_calls, _ = rerun.record(ctx.reference, lambda m: reference.forward(m, inputs))
     return rerun.traced(calls, ref_calls, groups(ctx, forward_calls), set(), ctx.atol, ctx.rtol, "backward",
                         partial=True)
 

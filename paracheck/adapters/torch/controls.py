@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 from paracheck.domain.adapter import Refused
-from paracheck.domain.control import Control, applicable_to
+from paracheck.domain.control import PLANTED, Control, applicable_to
 from paracheck.domain.records import CheckId
 
 
@@ -105,9 +105,6 @@ def _decay_twice():
 
     return trainloop.Hooks(after_step=trainloop.decay_replicated_again)
 
-
-#: Where the shard swap plants depends on the spec: the module holding the parameter it swapped (`planted_in`).
-PLANTED = "{planted}"
 
 _ENTRIES = (
     (Control("torch-shard-swap", "one tensor-parallel parameter's local shard taken from the next TP rank (the "

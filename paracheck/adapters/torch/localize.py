@@ -24,6 +24,7 @@ from collections import Counter
 
 from paracheck.adapters.torch.batches import call
 from paracheck.checks import localize, rerun
+from paracheck.checks.shards import full
 from paracheck.domain.records import CheckId
 
 #: The modules whose outputs are compared as the rank holds them.
@@ -45,18 +46,11 @@ def after_checks(body, checks: list) -> None:
         declared = placements(body.model)
         tp = groups(body.mesh, body.layout, declared)
         for check_id, grad in failed.passes:
-            calls, _ = rerun.record(body.model, run, grad, local=whole_tensor)
+            calls, _ = rerun.record(body.model, run, grad, local=full)
             rerun.attach(by_id, check_id, rerun.traced(calls, ref_calls, tp, WHOLE, body.atol, body.rtol,
                                                        rerun.pass_name(grad), declared=declared))
     except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
         rerun.attach_error(by_id, exc, (CheckId.FORWARD, CheckId.INFERENCE))
-
-
-def whole_tensor(tensor):
-    """A DTensor gathered whole (a Partial one reduced); a plain tensor as the rank holds it."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def groups(mesh, layout, declared: dict) -> list[localize.Group]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from paracheck.adapters.transformers import checkpoint_plants
-from paracheck.domain.control import Control, applicable_to
+from paracheck.domain.control import PLANTED, Control, applicable_to
 from paracheck.domain.records import CheckId
 
 
@@ -317,7 +317,7 @@ _ENTRIES = (
      Plant(dcp_load_plant=checkpoint_plants.skip_mesh_dim_load)),
     (Control("tf-pp-stage-short", "each pipeline stage but the last hands the next the hidden states its last "
              "layer was given, not what that layer returned (its layer range one short at its end)",
-             (CheckId.INFERENCE, CheckId.FORWARD), _needs_pp, plants_in="{planted}"),
+             (CheckId.INFERENCE, CheckId.FORWARD), _needs_pp, plants_in=PLANTED),
      Plant(after_load=_stage_one_short)),
     (Control("tf-pp-local-names", "a pipeline stage saves its layers under local names (stage 1's first layer "
              "written as layers.0, not layers.N)", (CheckId.CHECKPOINT,), _needs_pp),

@@ -62,9 +62,11 @@ def after_checks(model, ref, mine: dict, layout, checks: list, result, atol, rto
         return  # the same on every rank: no collective, no trace
     by_id, failed = rerun.failed(checks)
     inputs = {k: v for k, v in mine.items() if k != "labels"}
+    ref_calls = None
     for check_id, grad in failed.passes:
         try:
-            ref_calls, _ = rerun.record(ref, lambda m: m(**inputs, use_cache=False))
+            if ref_calls is None:  # once for both passes: the reference's trace is the same
+                ref_calls, _ = rerun.record(ref, lambda m: m(**inputs, use_cache=False))
             found = forward(model, inputs, ref_calls, layout, atol, rtol, grad)
         except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
             found = {"error": f"localization raised {type(exc).__name__}: {exc}"}
