@@ -107,14 +107,16 @@ def test_the_default_run_covers_the_full_matrix_and_meets_every_known_failure_it
     assert {(c.library, c.model, c.layout.name) for c in quick_cases} == cells
     assert len(quick_cases) - len(cells) <= 20  # one variant each, but where a skip cell or a known failure needs more
     classes = dict(zip(FIXTURES, FIXTURE_CLASSES))
+    meets = lambda entry, c: running(c) and entry.may_meet(c, classes.get(c.model, ""))  # noqa: E731
     met = 0
     for entry in known.load(known.SHIPPED):
-        for model in {c.model for c in full}:
-            if any(c.model == model and running(c) and entry.may_meet(c, classes.get(model, "")) for c in full):
-                met += 1
-                assert any(c.model == model and running(c) and entry.may_meet(c, classes.get(model, ""))
-                           for c in quick_cases), (model, entry.reason)
-    assert met >= 30
+        if any(meets(entry, c) for c in full):
+            met += 1
+            assert any(meets(entry, c) for c in quick_cases), entry.reason
+    assert met >= 15
+    # Each entry is met once, not once per model it names: no model meets one entry twice where another of its
+    # cases could be left to --all (Helios's uneven cases re-declared the ring and Ulysses "anything" backward).
+    assert len(quick_cases) <= 116, len(quick_cases)
 
 
 def test_the_fixture_plans_are_the_classes_own():

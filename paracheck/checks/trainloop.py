@@ -138,9 +138,11 @@ class Trace:
 
 
 def whole_params(model) -> dict:
-    """Every parameter by name, whole (a DTensor gathered: a collective over its mesh, in `named_parameters`
-    order, which every rank shares), detached, on the CPU."""
-    return {name: _whole(p.detach()).cpu().clone() for name, p in model.named_parameters()}
+    """Every parameter by name, whole (DTensors gathered as `full_tensor()` gives them, one collective per mesh and
+    dtype: `checks.wholes`, in `named_parameters` order, which every rank shares), detached, on the CPU."""
+    from paracheck.checks.wholes import wholes
+
+    return {name: whole.clone() for name, whole in wholes(dict(model.named_parameters())).items()}
 
 
 def train(model, step_loss: Callable, steps: int, settings: Settings | None = None, hooks: Hooks = PLAIN,

@@ -39,6 +39,8 @@ class Plant:
     dcp_save_plant: Callable | None = None
     #: checkpoint.roundtrip: () -> a context manager around each DCP load into a parallel model (parts c, d, e).
     dcp_load_plant: Callable | None = None
+    #: checkpoint.roundtrip: () -> a context manager around the optimizer's distributed load (part e).
+    optimizer_load_plant: Callable | None = None
     #: () -> the `Trainer` subclass parity.steps trains the parallel model with (None: transformers' own `Trainer`).
     trainer_plant: Callable | None = None
     #: The bug needs a model whose output head is tied to its input embedding (`needs_model` says so on the ranks;
@@ -63,6 +65,11 @@ def _needs_tp_without_ep(layout) -> str | None:
     if layout.ep > 1:
         return f"layout {layout} runs the experts expert-parallel, so their tp rules do not apply"
     return _needs_tp(layout)
+
+
+def _needs_resume(layout) -> str | None:
+    """checkpoint.roundtrip (e) trains; a pipeline forward returns no loss to train on."""
+    return None if layout.pp == 1 else f"layout {layout} has pipeline stages, where the resume part cannot train"
 
 
 def _needs_dp(layout) -> str | None:
@@ -315,6 +322,10 @@ _ENTRIES = (
              "were not there (every rank along it gets coordinate 0's piece; keys and shapes right, a strict load "
              "passes)", (CheckId.CHECKPOINT,), _needs_two_mesh_dims),
      Plant(dcp_load_plant=checkpoint_plants.skip_mesh_dim_load)),
+    (Control("tf-resume-drops-optimizer", "the optimizer's distributed load finds none of its keys and loads nothing, "
+             "raising nothing, so the resumed run steps on from a fresh optimizer's state (the weights load right)",
+             (CheckId.CHECKPOINT,), _needs_resume),
+     Plant(optimizer_load_plant=checkpoint_plants.optimizer_state_dropped)),
     (Control("tf-pp-stage-short", "each pipeline stage but the last hands the next the hidden states its last "
              "layer was given, not what that layer returned (its layer range one short at its end)",
              (CheckId.INFERENCE, CheckId.FORWARD), _needs_pp, plants_in=PLANTED),

@@ -1,6 +1,6 @@
 """The transformers adapter's localization: every parameter's gradient error, and a failing forward rerun with hooks.
 
-`grads` is the gradient check itself (each parameter's gradient gathered whole with `full_tensor()`, against the
+`grads` is the gradient check itself (each parameter's gradient gathered whole, as `full_tensor()` gives it, against the
 single-process one), which on a failure also carries every parameter's entry and the pattern
 (`checks.localize`). `after_checks` runs on every rank after a case's checks: when the logits of either pass
 failed on any rank (one all-reduce), both models rerun that pass on this rank's share of the batch with forward
@@ -17,6 +17,7 @@ import torch.distributed as dist
 from paracheck.checks import localize, rerun, stages
 from paracheck.checks.grads import compare_grads
 from paracheck.checks.shards import full
+from paracheck.checks.wholes import wholes
 from paracheck.domain.records import CheckResult
 from paracheck.world import meshes
 
@@ -26,16 +27,19 @@ TP_DIMS = (-1, 1)
 
 
 def grads(model, ref_grads: dict, atol, rtol, layout) -> CheckResult:
-    """Every parameter's gradient, gathered where sharded, against the single-process one (`checks.grads`).
-    A rank may hold no gradient where another holds one (its tokens reached none of an expert pool's weights):
-    it joins that gradient's gather with zeros and reports its own gradient missing, so every rank makes the
-    same gathers (a gather some ranks skipped would abort the world)."""
+    """Every parameter's gradient, gathered where sharded (`checks.wholes`: one collective per mesh and dtype),
+    against the single-process one (`checks.grads`). A rank may hold no gradient where another holds one (its
+    tokens reached none of an expert pool's weights): it joins that gradient's gather with zeros and reports its
+    own gradient missing, so every rank makes the same gathers (a gather some ranks skipped would abort the world)."""
     degrees = {"tp": layout.tp, "dp": layout.dp, "fsdp": layout.fsdp, "dpr": layout.dpr, "ep": layout.ep,
                "world": layout.world}
     params = list(model.named_parameters())
     held = _held_anywhere(params) if layout.pp == 1 else [p.grad is not None for _, p in params]
-    return compare_grads(((name, _gathered(p, anywhere), ref_grads.get(name)) for (name, p), anywhere in
-                          zip(params, held)), atol, rtol, degrees)
+    joined = {name: p.grad if p.grad is not None else torch.zeros_like(p) if anywhere and hasattr(p, "full_tensor")
+              else None for (name, p), anywhere in zip(params, held)}
+    whole = wholes(joined)
+    return compare_grads(((name, whole[name] if p.grad is not None else None, ref_grads.get(name))
+                          for name, p in params), atol, rtol, degrees)
 
 
 def _held_anywhere(params: list) -> list[bool]:
@@ -44,16 +48,6 @@ def _held_anywhere(params: list) -> list[bool]:
     flags = torch.tensor([float(p.grad is not None) for _, p in params])
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     return [bool(f) for f in flags]
-
-
-def _gathered(param, anywhere: bool):
-    """The parameter's gradient gathered whole; None where this rank has none (after taking its part, zeros, in
-    a sharded gradient's gather where another rank has one)."""
-    if param.grad is not None:
-        return full(param.grad)
-    if anywhere and hasattr(param, "full_tensor"):
-        full(torch.zeros_like(param))
-    return None
 
 
 def after_checks(model, ref, mine: dict, layout, checks: list, result, atol, rtol) -> None:
