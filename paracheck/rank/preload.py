@@ -15,3 +15,9 @@ from paracheck.rank import skeleton, worker  # noqa: F401
 for _adapter in registry.adapters().values():
     if _adapter.installed():
         _adapter.preload()
+
+# Frozen before any fork: a rank's collector never walks (and so never copies out of the fork server) the pages of
+# what was imported here, even if it collects before its own freeze.
+import gc  # noqa: E402
+
+gc.freeze()
