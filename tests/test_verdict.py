@@ -97,6 +97,29 @@ def test_known_failure_turns_a_matching_failure_into_xfail():
     assert outcome_for_test(v, (CheckId.GRADS,))[0] == "xfail" and outcome_for_test(v, (CheckId.FORWARD,))[0] == "pass"
 
 
+def test_a_rank_that_died_is_not_declared_by_the_check_its_waiting_peers_failed():
+    """Seen once in the suite (helios r2xu2): rank 1 died by SIGABRT in the backward, ranks 0 and 3 raised in
+    parity.grads when their gloo peer went away, and the case was declared xfail by the Helios gradient entry.
+    The death is the failure, and no check entry declares it; the cause's own failing check still is."""
+    from paracheck.domain.records import Failure, FailureKind
+
+    entry = known.KnownFailure(reason="helios grads", model="flux", layout="r*", check="parity.grads")
+    ranks = _ranks({CheckId.FORWARD: [], CheckId.GRADS: [0, 3]}, status=RankStatus.ERROR)
+    for r in ranks:
+        r.secondary, r.reason = r.rank != 1, "lost a peer"
+    died = RankResult(0, 1, RankStatus.ERROR, reason="rank 1 died by signal SIGABRT",
+                      failure=Failure(FailureKind.EXIT, exception="SIGABRT"))
+    v = merge(_case(layout=Layout.parse("r4")), [ranks[0], died, ranks[2], ranks[3]])
+    assert v.failure.kind == FailureKind.EXIT and v.cause_ranks == [1]
+    known.apply([v], [entry])
+    assert v.status == CaseStatus.ERROR, v.reason
+    # The cause failing the declared check itself (every rank's backward raising alike) is still declared.
+    alike = merge(_case(layout=Layout.parse("r4")), _ranks({CheckId.FORWARD: [], CheckId.GRADS: [0, 1, 2, 3]},
+                                                          status=RankStatus.ERROR))
+    known.apply([alike], [entry])
+    assert alike.status == CaseStatus.XFAIL, alike.reason
+
+
 def test_known_failure_that_passes_is_xpass():
     v = merge(_case(layout=Layout.parse("r4")), _ranks({CheckId.FORWARD: [], CheckId.GRADS: []}))
     known.apply([v], [ENTRY])

@@ -25,7 +25,7 @@ import tomllib
 from dataclasses import asdict, dataclass, fields
 
 from paracheck.domain.case import options_text
-from paracheck.domain.records import CaseStatus, CheckId, Status
+from paracheck.domain.records import CaseStatus, CheckId, FailureKind, Status
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "known_failures.toml")
 _MATCHED = ("library", "model", "layout", "variant", "dtype", "route", "cp_options")
@@ -162,6 +162,8 @@ def _explaining(verdict, matching: list[KnownFailure]) -> list[KnownFailure]:
     whole = [e for e in matching if e.check == "*" or (e.check == "error" and verdict.status == CaseStatus.ERROR)]
     if whole:
         return whole[:1]
+    if verdict.failure is not None and verdict.failure.kind == FailureKind.EXIT:
+        return []  # a rank that died or exited without a result is no declared wrong number, whatever else failed
     by_check = {CheckId(e.check): e for e in matching if e.check not in ("*", "error")}
     failing = verdict.failing_checks
     if not failing or not failing <= set(by_check):

@@ -203,7 +203,12 @@ def _error(v: Verdict, ranks: list[RankResult]) -> Verdict:
     if v.secondary_ranks:
         waited = "were" if len(v.secondary_ranks) > 1 else "was"
         v.reason += f"; {ranks_named(v.secondary_ranks)} {waited} waiting on {'it' if len(causes) == 1 else 'them'}"
-    v.failure = _first_failing(v) or root.failure or Failure(FailureKind.EXIT)
+    # A check that failed only on ranks that waited on the cause (their collective broke when it went away) is
+    # not the failure: the cause's death or raise is.
+    own = next((m for m in v.checks if m.status == Status.FAIL and set(m.failed_ranks) - set(v.secondary_ranks)),
+               None)
+    v.failure = (own and (own.failure or Failure(FailureKind.CHECK, own.id))) or root.failure or \
+        Failure(FailureKind.EXIT)
     v.traceback = root.traceback
     v.stacks = {r.rank: r.stack for r in errors if r.stack}
     return v
