@@ -5,7 +5,7 @@ import io
 from hypothesis import given, strategies as st
 
 from paracheck.domain.case import Case
-from paracheck.domain.layout import parse_layouts
+from paracheck.domain.layout import Layout, parse_layouts
 from paracheck.domain.records import RankResult, RankStatus
 from paracheck.results.progress import EVERY_SECONDS, QUIET_FOR, Estimate, Progress, duration
 
@@ -76,3 +76,29 @@ def test_duration_reads_back(seconds):
     total = sum(int(parts[i]) * units[parts[i + 1]] for i in range(0, len(parts), 2))
     assert abs(total - seconds) <= (60 if seconds >= 3600 else 0.5) and text.startswith("~")
     assert duration(None) == "?"
+
+
+def test_the_cases_left_are_priced_by_the_cases_of_their_kind():
+    """Ten quick diffusers cases, then five transformers cases that train (4 s each): once one of those is done,
+    the four left are priced at its pace, not at the quick cases' (the --all run's tail: "~20s left" with 22
+    training cases of about 4 s each to go)."""
+    from dataclasses import replace
+
+    from paracheck.results.progress import kinds_of
+
+    quick = [Case(f"m{i}", f"f:m{i}", Layout.parse("u4"), library="diffusers") for i in range(10)]
+    slow = [replace(Case(f"t{i}", f"f:t{i}", Layout.parse("u4"), library="transformers"), steps=3, checkpoint=True)
+            for i in range(5)]
+    estimate, now, left = Estimate(), 0.0, None
+    remaining = {}
+    for case in quick + slow:
+        remaining[kinds_of(case)[0]] = remaining.get(kinds_of(case)[0], 0) + 1
+    for done, (case, seconds) in enumerate([(c, 0.5) for c in quick] + [(slow[0], 4.0)], start=1):
+        now += seconds
+        estimate.learn(case, seconds, first=done == 1)
+        remaining[kinds_of(case)[0]] -= 1
+        left = estimate.left(done, 15, now, 0.0, remaining)
+    assert left == 16.0  # the four transformers cases left, at 4 s each; the overall pace would say 4 x 0.85 s
+    # No kind of theirs seen yet: a case is priced at every case's mean.
+    assert Estimate(seconds={(): [10.0, 4]}, counted=10.0, first_done=1.0).left(
+        5, 7, 11.0, 0.0, {kinds_of(slow[1])[0]: 2}) == 5.0

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from paracheck.results import report
 from paracheck.results.verdict import judge
@@ -21,17 +22,52 @@ EVERY_SHARE = 0.1
 @dataclass
 class Estimate:
     """Seconds left, from the pace since the first case finished (the first pays for starting the world and
-    its first references, which the cases after it mostly do not)."""
+    its first references, which the cases after it mostly do not). Where the cases left are known, each is
+    priced by the cases of its kind done so far (`kind_of`: its model, and whether it trains), so a run whose
+    slow cases come last (transformers' training and saves after the diffusers cases, Helios after Flux) is not
+    promised their end at the fast cases' pace; the sum is scaled by how the wall clock ran against the cases'
+    own seconds."""
     first_done: float | None = None
+    seconds: dict = field(default_factory=dict)  # kind -> [case-seconds summed, cases]
+    counted: float = 0.0  # case-seconds of the cases after the first
 
-    def left(self, done: int, total: int, now: float, started: float) -> float | None:
+    def learn(self, case, seconds: float, first: bool) -> None:
+        for kind in kinds_of(case):
+            total = self.seconds.setdefault(kind, [0.0, 0])
+            total[0] += seconds
+            total[1] += 1
+        if not first:
+            self.counted += seconds
+
+    def left(self, done: int, total: int, now: float, started: float, remaining: dict | None = None) -> float | None:
+        """`remaining`: the cases left, counted by their most specific kind (`kinds_of(case)[0]`)."""
         if done == 1 and self.first_done is None:
             self.first_done = now
         if done == 0:
             return None
         if done == 1 or self.first_done is None or now <= self.first_done:
             return (now - started) * (total - done) / done
-        return (now - self.first_done) / (done - 1) * (total - done)
+        pace = (now - self.first_done) / (done - 1)
+        if not remaining or self.counted <= 0:
+            return pace * (total - done)
+        scale = (now - self.first_done) / self.counted
+        return scale * sum(count * self._priced(kind) for kind, count in remaining.items() if count)
+
+    def _priced(self, kind: tuple) -> float:
+        """The mean case-seconds of the most specific of `kind`'s kinds seen so far."""
+        library, _, trains = kind
+        for kind in (kind, (library, trains), ()):
+            if kind in self.seconds:
+                summed, count = self.seconds[kind]
+                return summed / count
+        return 0.0
+
+
+def kinds_of(case) -> tuple:
+    """A case's kinds, from the most specific to any case: (library, model, trains), (library, trains), ()."""
+    trains = bool(getattr(case, "steps", 0) or getattr(case, "checkpoint", False))
+    library = getattr(case, "library", None)
+    return (library, getattr(case, "model", None), trains), (library, trains), ()
 
 
 def duration(seconds: float | None) -> str:
@@ -58,6 +94,7 @@ class Progress:
         self.estimate, self.logged_at, self.logged_done = Estimate(), self.started, 0
         self.plain = {}  # plain verdicts so far, so a control's line can say inconclusive
         self.verdicts: dict = {}  # index -> the case's verdict, judged once, when it finished
+        self.remaining = Counter(kinds_of(c)[0] for c in cases)  # the cases not done, by their kind
 
     def case_done(self, index: int, ranks) -> None:
         [verdict] = judge([self.cases[index]], [ranks], self.entries, self.plain)
@@ -68,7 +105,9 @@ class Progress:
             self._clear()
             print(report.progress_line(verdict, self.done, len(self.cases)), file=self.out, flush=True)
         now = self.clock()
-        left = self.estimate.left(self.done, len(self.cases), now, self.started)
+        self.estimate.learn(self.cases[index], verdict.seconds, first=self.done == 1)
+        self.remaining[kinds_of(self.cases[index])[0]] -= 1
+        left = self.estimate.left(self.done, len(self.cases), now, self.started, self.remaining)
         self._draw(index, left)
         self._log(now, left)
 

@@ -16,7 +16,6 @@ import torch.distributed as dist
 
 from paracheck.checks import localize, rerun, stages
 from paracheck.checks.grads import compare_grads
-from paracheck.checks.shards import full
 from paracheck.checks.wholes import wholes
 from paracheck.domain.records import CheckResult
 from paracheck.world import meshes
