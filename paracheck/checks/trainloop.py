@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from paracheck.checks.shards import full
 from paracheck.checks.steps import StepRecord
 from paracheck.domain.records import CheckId, CheckResult, Status
 
@@ -56,7 +57,7 @@ def _by_kind(params: list) -> list[list]:
 
 
 def _whole(norm) -> torch.Tensor:
-    return norm.full_tensor() if _is_dtensor(norm) else norm
+    return full(norm)
 
 
 def total_norm(params: list, local: bool = False, groups: list | None = None) -> torch.Tensor:

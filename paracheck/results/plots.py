@@ -264,4 +264,4 @@ def _svg(fig, prefix: str) -> str:
     text = re.sub(r' id="([^"]+)"', lambda m: f' id="{prefix}-{m.group(1)}"' if m.group(1) in referenced else "",
                   text)
     text = re.sub(r'(href="#|url\(#)([^")]+)', lambda m: f"{m.group(1)}{prefix}-{m.group(2)}", text)
-    return text.replace("<svg ", f'<svg class="plot" role="img" ', 1)
+    return text.replace("<svg ", '<svg class="plot" role="img" ', 1)

@@ -29,7 +29,7 @@ from paracheck.adapters.diffusers.reference import forward
 from paracheck.adapters.diffusers.weights import copy_of
 from paracheck.checks import trainloop
 from paracheck.checks.buckets import gather_each, reduce_each
-from paracheck.checks.shards import assemble
+from paracheck.checks.shards import assemble, full
 from paracheck.checks.steps import compare_steps
 from paracheck.domain.records import CheckId, CheckResult, Status
 
@@ -82,7 +82,7 @@ def run(body, hooks: trainloop.Hooks = trainloop.PLAIN) -> list[CheckResult]:
     reason = trainloop.agreed(not_trained(body), body.ref.out.device)
     if reason:
         return [CheckResult(CheckId.STEPS, Status.SKIP, reason)]
-    ref, p, steps = body.ref, body.plan, body.case.steps
+    ref, steps = body.ref, body.case.steps
     loss = step_loss(ref.inputs, ref.weights)
     expected = reference_trace(body, loss)
     summed: set = set()
@@ -118,7 +118,7 @@ def whole_params(model, specs: dict, applied) -> dict:
     DTensor's `full_tensor` would join a fused projection's blocked shards end to end), one all-gather per dtype."""
     params = {n: p.detach() for n, p in model.named_parameters()}
     sharded = {n: p.to_local() for n, p in params.items() if hasattr(p, "to_local") and specs[n].dim is not None}
-    whole = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p) for n, p in params.items() if n not in sharded}
+    whole = {n: full(p) for n, p in params.items() if n not in sharded}
     if sharded:
         gather = functools.partial(all_gather_pieces, group=applied.meshes["tp"].get_group())
         whole.update({n: assemble(pieces, specs[n]) for n, pieces in gather_each(sharded, gather).items()})

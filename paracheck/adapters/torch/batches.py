@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from paracheck.checks import shards
+
 
 def call(model, batch):
     return model(**batch) if isinstance(batch, dict) else model(batch)
@@ -31,7 +33,7 @@ def shard(value, index: int, degree: int):
 
 def full(value):
     """DTensors gathered whole (differentiably), anywhere in nested tuples and dicts."""
-    return each_tensor(value, lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t)
+    return each_tensor(value, shards.full)
 
 
 def each_tensor(value, fn):

@@ -45,7 +45,7 @@ def default_loss(output, inputs):
     batch: a mean over the batch, as data parallelism needs, with gradients of order one rather than one over
     the element count, so the fp32 tolerance's relative part, not its absolute floor, holds them."""
     out = _leaves(output)[0][1]
-    out = out.full_tensor() if hasattr(out, "full_tensor") else out
+    out = _full(out)
     out = out.float()
     ramp = torch.linspace(0.5, 1.5, out.shape[-1], device=out.device, dtype=out.dtype)
     return (out.pow(2) * ramp).sum() / out.shape[0]
