@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.rank.forked import fork_ranks
+from tests.gloo_ranks import gloo_world
 
 B, S, H, D = 1, 16, 4, 8
 
@@ -28,17 +29,12 @@ def run(world: int, cases: list[dict]) -> list[dict]:
 
 
 def _worker(rank, world, cases, tmp):
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
-    store = dist.FileStore(os.path.join(tmp, "store"), world)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    results = [_case(rank, world, **case) for case in cases]
-    if rank == 0:
-        with open(os.path.join(tmp, "results.json"), "w") as handle:
-            json.dump(results, handle)
-    # A barrier keeps gloo teardown orderly (no rank leaves while a peer is still in a collective).
-    dist.barrier()
-    dist.destroy_process_group()
+    with gloo_world(rank, world, tmp):
+        results = [_case(rank, world, **case) for case in cases]
+        if rank == 0:
+            with open(os.path.join(tmp, "results.json"), "w") as handle:
+                json.dump(results, handle)
 
 
 def problem(mask: bool):

@@ -92,13 +92,13 @@ def test_the_cases_left_are_priced_by_the_cases_of_their_kind():
     estimate, now, left = Estimate(), 0.0, None
     remaining = {}
     for case in quick + slow:
-        remaining[kinds_of(case)[0]] = remaining.get(kinds_of(case)[0], 0) + 1
+        remaining[kinds_of(case)] = remaining.get(kinds_of(case), 0) + 1
     for done, (case, seconds) in enumerate([(c, 0.5) for c in quick] + [(slow[0], 4.0)], start=1):
         now += seconds
         estimate.learn(case, seconds, first=done == 1)
-        remaining[kinds_of(case)[0]] -= 1
+        remaining[kinds_of(case)] -= 1
         left = estimate.left(done, 15, now, 0.0, remaining)
     assert left == 16.0  # the four transformers cases left, at 4 s each; the overall pace would say 4 x 0.85 s
     # No kind of theirs seen yet: a case is priced at every case's mean.
     assert Estimate(seconds={(): [10.0, 4]}, counted=10.0, first_done=1.0).left(
-        5, 7, 11.0, 0.0, {kinds_of(slow[1])[0]: 2}) == 5.0
+        5, 7, 11.0, 0.0, {kinds_of(slow[1]): 2}) == 5.0

@@ -2,26 +2,27 @@
 gradient and the other none (its tokens reached none of an expert pool's weights: longcat_flash's routed experts
 under tf-router-topk-on-shard, whose ranks 2-3 routed only to identity experts and aborted the world)."""
 
-import json
-import os
 import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from paracheck.rank.forked import fork_ranks
+from tests.gloo_ranks import answer, answers, gloo_world
 
 
 def _worker(rank: int, tmp: str) -> None:
+    with gloo_world(rank, 2, tmp):
+        answer(tmp, rank, _found(rank))
+
+
+def _found(rank: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
     from paracheck.adapters.transformers import localize
     from paracheck.adapters.transformers.layout import TfLayout
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 2), rank=rank, world_size=2)
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     torch.manual_seed(0)
     whole = torch.randn(4, 3)
@@ -33,17 +34,14 @@ def _worker(rank: int, tmp: str) -> None:
     if rank == 0:  # only rank 0's tokens reached the experts
         model.experts.grad = distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)], src_data_rank=None)  # no collective
     result = localize.grads(model, want, 1e-6, 1e-6, TfLayout(tp=2))
-    with open(os.path.join(tmp, f"rank{rank}.json"), "w") as handle:
-        json.dump({"status": result.status.value, "detail": result.detail, "max_abs": result.max_abs}, handle)
-    dist.barrier()
-    dist.destroy_process_group()
+    return {"status": result.status.value, "detail": result.detail, "max_abs": result.max_abs}
 
 
 @pytest.mark.slow
 def test_a_gradient_only_some_ranks_hold_is_gathered_on_every_rank_and_missing_where_absent():
     with tempfile.TemporaryDirectory() as tmp:
         fork_ranks(_worker, (tmp,), 2, timeout=120)
-        got = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(2)]
+        got = answers(tmp, 2)
     # Rank 0 gathers the rank-1 half as zeros: off by 1.0 there. Rank 1 has no gradient of its own.
     assert got[0]["status"] == "fail" and got[0]["max_abs"] == 1.0 and "experts max_abs 1.0e+00" in got[0]["detail"]
     assert got[1]["status"] == "fail" and "experts: gradient missing" in got[1]["detail"]

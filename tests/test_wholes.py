@@ -3,15 +3,13 @@ held to torch's own `full_tensor()` for every placement pair of a 2 x 2 mesh, un
 sub-mesh, plain tensors and None; a replica that diverged stays visible as `full_tensor()` shows it."""
 
 import itertools
-import json
-import os
 import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from paracheck.rank.forked import fork_ranks
+from tests.gloo_ranks import answer, answers, gloo_world
 
 
 def _tensors(mesh2, mesh1):
@@ -31,13 +29,16 @@ def _tensors(mesh2, mesh1):
 
 
 def _worker(rank: int, tmp: str) -> None:
+    with gloo_world(rank, 4, tmp):
+        answer(tmp, rank, _found(rank))
+
+
+def _found(rank: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     from paracheck.checks.wholes import wholes
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 4), rank=rank, world_size=4)
     mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
     mesh1 = init_device_mesh("cpu", (4,))
     torch.manual_seed(0)
@@ -50,18 +51,15 @@ def _worker(rank: int, tmp: str) -> None:
     if rank == 3:
         diverged.to_local().add_(1)  # rank 3's rows differ from its replica's, rank 1's
     seen = wholes({"d": diverged})["d"]
-    with open(os.path.join(tmp, f"rank{rank}.json"), "w") as handle:
-        json.dump({"wrong": wrong, "order": list(got) == list(tensors), "diverged": seen.sum().item(),
-                   "full": diverged.full_tensor().sum().item()}, handle)
-    dist.barrier()
-    dist.destroy_process_group()
+    return {"wrong": wrong, "order": list(got) == list(tensors), "diverged": seen.sum().item(),
+            "full": diverged.full_tensor().sum().item()}
 
 
 @pytest.mark.slow
 def test_wholes_are_full_tensors_on_every_rank():
     with tempfile.TemporaryDirectory() as tmp:
         fork_ranks(_worker, (tmp,), 4, timeout=120)
-        got = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(4)]
+        got = answers(tmp, 4)
     assert all(g["wrong"] == [] and g["order"] for g in got), got
     # Ranks 2 and 3 (coordinate 1 on the replicated dimension) put rank 3's rows in; ranks 0 and 1 rank 1's.
     assert [g["diverged"] for g in got] == [g["full"] for g in got] == [8.0, 8.0, 12.0, 12.0]

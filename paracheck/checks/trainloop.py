@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from paracheck.checks.shards import full
 from paracheck.checks.steps import StepRecord
+from paracheck.checks.wholes import wholes
 from paracheck.domain.records import CheckId, CheckResult, Status
 
 LR = 1e-2
@@ -56,10 +57,6 @@ def _by_kind(params: list) -> list[list]:
     return list(kinds.values())
 
 
-def _whole(norm) -> torch.Tensor:
-    return full(norm)
-
-
 def total_norm(params: list, local: bool = False, groups: list | None = None) -> torch.Tensor:
     """The 2-norm of every gradient of `params` together (torch's `get_total_norm` per kind, combined); `local`:
     of this rank's own shards only (the bug `clip_local_norm` plants). `groups`: `params` by kind, if known."""
@@ -68,7 +65,7 @@ def total_norm(params: list, local: bool = False, groups: list | None = None) ->
     if local:
         return get_total_norm([p.grad.to_local() if _is_dtensor(p.grad) else p.grad for p in params])
     groups = _by_kind(params) if groups is None else groups
-    return get_total_norm([_whole(get_total_norm([p.grad for p in group])).reshape(()) for group in groups])
+    return get_total_norm([full(get_total_norm([p.grad for p in group])).reshape(()) for group in groups])
 
 
 def clip(params: list, max_norm: float) -> tuple[float, str]:
@@ -84,7 +81,7 @@ def clip(params: list, max_norm: float) -> tuple[float, str]:
     params = [p for p in params if p.grad is not None]
     groups = _by_kind(params)
     if len(groups) <= 1:
-        return float(_whole(clip_grad_norm_(params, max_norm))), "clip_grad_norm_"
+        return float(full(clip_grad_norm_(params, max_norm))), "clip_grad_norm_"
     norm = total_norm(params, groups=groups)
     for group in groups:
         clip_grads_with_norm_(group, max_norm, norm)
@@ -141,8 +138,6 @@ class Trace:
 def whole_params(model) -> dict:
     """Every parameter by name, whole (DTensors gathered as `full_tensor()` gives them, one collective per mesh and
     dtype: `checks.wholes`, in `named_parameters` order, which every rank shares), detached, on the CPU."""
-    from paracheck.checks.wholes import wholes
-
     return {name: whole.clone() for name, whole in wholes(dict(model.named_parameters())).items()}
 
 

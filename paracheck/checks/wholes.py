@@ -16,6 +16,8 @@ Every rank of a mesh must pass the same names, in the same order, with the same 
 
 from __future__ import annotations
 
+from math import prod
+
 import torch
 import torch.distributed as dist
 
@@ -66,8 +68,8 @@ def _gathered(tensors: dict, group) -> dict:
     mine = (mesh.get_coordinate(), [tuple(t.shape) for t in locals_], places)
     every = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, mine, group=group)
-    size = max(sum(_numel(s) for s in shapes) for _, shapes, _ in every)
-    flat = flatten(locals_) if locals_ else torch.empty(0)
+    size = max(sum(prod(s) for s in shapes) for _, shapes, _ in every)
+    flat = flatten(locals_)
     flat = torch.cat([flat, flat.new_zeros(size - flat.numel())])
     pieces = [torch.empty_like(flat) for _ in every]
     dist.all_gather(pieces, flat, group=group)
@@ -75,9 +77,9 @@ def _gathered(tensors: dict, group) -> dict:
     for i, name in enumerate(names):
         whole = locals_[i].new_empty(tensors[name].shape)
         for r in _sharing(tensors[name], every):
-            coordinate, shapes, offsets = every[r]
-            start = sum(_numel(s) for s in shapes[:i])
-            piece = pieces[r][start:start + _numel(shapes[i])].view(shapes[i])
+            _, shapes, offsets = every[r]
+            start = sum(prod(s) for s in shapes[:i])
+            piece = pieces[r][start:start + prod(shapes[i])].view(shapes[i])
             whole[tuple(slice(o, o + n) for o, n in zip(offsets[i], shapes[i]))] = piece
         out[name] = whole
     return out
@@ -90,10 +92,3 @@ def _sharing(tensor, every: list) -> list[int]:
     replicated = [d for d, p in enumerate(tensor.placements) if isinstance(p, Replicate)]
     me = tensor.device_mesh.get_coordinate()
     return [r for r, (coordinate, _, _) in enumerate(every) if all(coordinate[d] == me[d] for d in replicated)]
-
-
-def _numel(shape) -> int:
-    count = 1
-    for n in shape:
-        count *= n
-    return count

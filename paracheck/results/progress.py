@@ -23,7 +23,7 @@ EVERY_SHARE = 0.1
 class Estimate:
     """Seconds left, from the pace since the first case finished (the first pays for starting the world and
     its first references, which the cases after it mostly do not). Where the cases left are known, each is
-    priced by the cases of its kind done so far (`kind_of`: its model, and whether it trains), so a run whose
+    priced by the cases of its kind done so far (`kinds_of`: its model, and whether it trains), so a run whose
     slow cases come last (transformers' training and saves after the diffusers cases, Helios after Flux) is not
     promised their end at the fast cases' pace; the sum is scaled by how the wall clock ran against the cases'
     own seconds."""
@@ -40,7 +40,7 @@ class Estimate:
             self.counted += seconds
 
     def left(self, done: int, total: int, now: float, started: float, remaining: dict | None = None) -> float | None:
-        """`remaining`: the cases left, counted by their most specific kind (`kinds_of(case)[0]`)."""
+        """`remaining`: the cases left, counted by their kinds (`kinds_of(case)`)."""
         if done == 1 and self.first_done is None:
             self.first_done = now
         if done == 0:
@@ -51,16 +51,12 @@ class Estimate:
         if not remaining or self.counted <= 0:
             return pace * (total - done)
         scale = (now - self.first_done) / self.counted
-        return scale * sum(count * self._priced(kind) for kind, count in remaining.items() if count)
+        return scale * sum(count * self._priced(kinds) for kinds, count in remaining.items() if count)
 
-    def _priced(self, kind: tuple) -> float:
-        """The mean case-seconds of the most specific of `kind`'s kinds seen so far."""
-        library, _, trains = kind
-        for kind in (kind, (library, trains), ()):
-            if kind in self.seconds:
-                summed, count = self.seconds[kind]
-                return summed / count
-        return 0.0
+    def _priced(self, kinds: tuple) -> float:
+        """The mean case-seconds of the most specific of `kinds` seen so far."""
+        summed, count = next((self.seconds[k] for k in kinds if k in self.seconds), (0.0, 1))
+        return summed / count
 
 
 def kinds_of(case) -> tuple:
@@ -94,7 +90,7 @@ class Progress:
         self.estimate, self.logged_at, self.logged_done = Estimate(), self.started, 0
         self.plain = {}  # plain verdicts so far, so a control's line can say inconclusive
         self.verdicts: dict = {}  # index -> the case's verdict, judged once, when it finished
-        self.remaining = Counter(kinds_of(c)[0] for c in cases)  # the cases not done, by their kind
+        self.remaining = Counter(kinds_of(c) for c in cases)  # the cases not done, by their kinds
 
     def case_done(self, index: int, ranks) -> None:
         [verdict] = judge([self.cases[index]], [ranks], self.entries, self.plain)
@@ -106,7 +102,7 @@ class Progress:
             print(report.progress_line(verdict, self.done, len(self.cases)), file=self.out, flush=True)
         now = self.clock()
         self.estimate.learn(self.cases[index], verdict.seconds, first=self.done == 1)
-        self.remaining[kinds_of(self.cases[index])[0]] -= 1
+        self.remaining[kinds_of(self.cases[index])] -= 1
         left = self.estimate.left(self.done, len(self.cases), now, self.started, self.remaining)
         self._draw(index, left)
         self._log(now, left)

@@ -179,9 +179,10 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
     return v
 
 
-def _first_failing(v: Verdict) -> Failure | None:
-    """The first failing check's identity (the first symptom names the bug)."""
-    first = next((m for m in v.checks if m.status == Status.FAIL), None)
+def _first_failing(v: Verdict, waited: set = frozenset()) -> Failure | None:
+    """The first failing check's identity (the first symptom names the bug). A check that failed only on ranks in
+    `waited` (their collective broke when the rank they waited on went away) is no symptom: the cause's is."""
+    first = next((m for m in v.checks if m.status == Status.FAIL and set(m.failed_ranks) - waited), None)
     return first and (first.failure or Failure(FailureKind.CHECK, first.id))
 
 
@@ -203,12 +204,7 @@ def _error(v: Verdict, ranks: list[RankResult]) -> Verdict:
     if v.secondary_ranks:
         waited = "were" if len(v.secondary_ranks) > 1 else "was"
         v.reason += f"; {ranks_named(v.secondary_ranks)} {waited} waiting on {'it' if len(causes) == 1 else 'them'}"
-    # A check that failed only on ranks that waited on the cause (their collective broke when it went away) is
-    # not the failure: the cause's death or raise is.
-    own = next((m for m in v.checks if m.status == Status.FAIL and set(m.failed_ranks) - set(v.secondary_ranks)),
-               None)
-    v.failure = (own and (own.failure or Failure(FailureKind.CHECK, own.id))) or root.failure or \
-        Failure(FailureKind.EXIT)
+    v.failure = _first_failing(v, waited=set(v.secondary_ranks)) or root.failure or Failure(FailureKind.EXIT)
     v.traceback = root.traceback
     v.stacks = {r.rank: r.stack for r in errors if r.stack}
     return v

@@ -34,11 +34,17 @@ def grads(model, ref_grads: dict, atol, rtol, layout) -> CheckResult:
                "world": layout.world}
     params = list(model.named_parameters())
     held = _held_anywhere(params) if layout.pp == 1 else [p.grad is not None for _, p in params]
-    joined = {name: p.grad if p.grad is not None else torch.zeros_like(p) if anywhere and hasattr(p, "full_tensor")
-              else None for (name, p), anywhere in zip(params, held)}
-    whole = wholes(joined)
+    whole = wholes({name: _joined(p, anywhere) for (name, p), anywhere in zip(params, held)})
     return compare_grads(((name, whole[name] if p.grad is not None else None, ref_grads.get(name))
                           for name, p in params), atol, rtol, degrees)
+
+
+def _joined(param, anywhere: bool):
+    """What this rank brings to the parameter's gradient gather: its gradient; zeros where it has none and another
+    rank has a sharded one (so every rank makes the same gathers); None where no gather is needed."""
+    if param.grad is not None:
+        return param.grad
+    return torch.zeros_like(param) if anywhere and hasattr(param, "full_tensor") else None
 
 
 def _held_anywhere(params: list) -> list[bool]:
