@@ -1,12 +1,15 @@
 import multiprocessing.forkserver  # noqa: F401
 import multiprocessing.popen_forkserver  # noqa: F401
+import pathlib
+import shutil
+import tempfile
 
 import pytest
 from hypothesis import settings
 
 import paracheck.launch.launcher  # noqa: F401
 from paracheck.pytest.mixin import ParallelTesterMixin
-from tests.support import run_paracheck
+from tests.support import HANG_TIMEOUT, SPECS, Watched, run_paracheck
 
 # The session's one fork server lives in the modules above: imported here, before any test, they are not among
 # the modules an in-process pytester run drops on exit (which would strand the server and start a second).
@@ -48,6 +51,39 @@ def default_run(tmp_path_factory):
                          tmp_path_factory.mktemp("default"), switches={"PARACHECK_LOCALIZE": "0"})
 
 
+def _hung_args() -> list[str]:
+    return ["--spec", f"{SPECS}:rank1_hangs", "--layouts", "u4,tp4", "--controls", "--timeout", str(HANG_TIMEOUT),
+            "--known-failures", "none", "--quiet"]
+
+
+_HUNG = pytest.StashKey()
+
+
+def pytest_collection_finish(session):
+    """Where a test that reads `hung_run` will run, its run starts now, in the background: its ranks sit blocked
+    through both timeouts, taking no CPU, so the waits pass while the tests before it run. (Under pytest-xdist a
+    worker cannot tell which tests it will get: the fixture starts the run when first asked.)"""
+    if not hasattr(session.config, "workerinput") and any(
+            "hung_run" in getattr(item, "fixturenames", ()) for item in session.items):
+        session.config.stash[_HUNG] = Watched(_hung_args(), pathlib.Path(tempfile.mkdtemp(prefix="hung-run-")))
+
+
+def pytest_sessionfinish(session):
+    started = session.config.stash.get(_HUNG, None)
+    if started is not None:
+        started.close()
+        shutil.rmtree(started.tmpdir.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def hung_run(request, tmp_path_factory):
+    """One `paracheck` process of its own, watched, whose every case hangs (rank 1 enters a collective no peer
+    joins) on two layouts, with their controls: it ends on --timeout, exit 3. The hang tests read its report
+    (`test_hang_cost`) and the processes it started (`test_reaper`): one wait per layout serves both."""
+    started = request.config.stash.get(_HUNG, None) or Watched(_hung_args(), tmp_path_factory.mktemp("hung"))
+    return started.result()
+
+
 @pytest.fixture(scope="session")
 def html_run(tmp_path_factory):
     """A tiny real run (one control, 2 ranks) that writes its JSON and HTML reports, for the HTML tests."""
@@ -64,7 +100,7 @@ def pytest_collection_modifyitems(items):
     pytest-xdist (`-n 2 --dist loadgroup`) the readers of one session run share a worker, so the run is launched
     once, not once per worker."""
     for item in items:
-        shared = [name for name in ("default_run", "html_run") if name in getattr(item, "fixturenames", ())]
+        shared = [name for name in ("default_run", "hung_run", "html_run") if name in getattr(item, "fixturenames", ())]
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
         cls = getattr(item, "cls", None)

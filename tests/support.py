@@ -7,10 +7,17 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECS = os.path.join(ROOT, "tests", "specs.py")
+#: --timeout of the runs whose cases hang on purpose: each hang waits it out once, so it is kept short. It is
+#: counted from a case's start on each rank (a world's start is not), and the healthy cases that share a world
+#: with a hang take well under a second each here.
+HANG_TIMEOUT = 5
 
 
 @dataclass
@@ -28,6 +35,14 @@ class Run:
 
     def check(self, model, layout, check_id, control=None, variant="base"):
         return next(c for c in self.case(model, layout, control, variant)["checks"] if c["id"] == check_id)
+
+
+@dataclass
+class WatchedRun(Run):
+    """A run in a `paracheck` process of its own, with what it started: `seen`, every process of the run alive at
+    some point while it ran, and `left`, those alive once it had exited (pid -> command line)."""
+    seen: dict = field(default_factory=dict)
+    left: dict = field(default_factory=dict)
 
 
 def run_paracheck(args, tmp_path, timeout=900, env=None, command="run", switches=None) -> Run:
@@ -90,3 +105,71 @@ def _in_process(argv: list[str], tmpdir: str) -> tuple[int, str]:
     finally:
         tempfile.tempdir = saved
     return code, out.getvalue()
+
+
+class Watched:
+    """`paracheck run ARGS` in a process of its own, started at once and watched from a thread until it exits:
+    every process carrying this run's mark in its environment (its ranks, the fork server and its forks, the
+    resource tracker) is recorded while it runs, and whatever is still alive once it has exited. `result()` waits
+    for it; `deadline` guards against a run that never exits and measures nothing."""
+
+    def __init__(self, args, tmp_path, deadline: float = 600):
+        self.mark, self.tmpdir, self.report = uuid.uuid4().hex, tmp_path / "tmp", tmp_path / "report.json"
+        self.tmpdir.mkdir(exist_ok=True)
+        self.log = open(tmp_path / "out.txt", "w+")  # a file, not a pipe: nobody reads while it runs
+        env = dict(os.environ, PARACHECK_TEST_MARK=self.mark, TMPDIR=str(self.tmpdir))
+        self.proc = subprocess.Popen([sys.executable, "-m", "paracheck", "run", *args, "--report-json",
+                                      str(self.report)], cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.seen: dict[int, str] = {}
+        self.stop = time.monotonic() + deadline
+        self.watcher = threading.Thread(target=self._watch, daemon=True)
+        self.watcher.start()
+
+    def _watch(self) -> None:
+        while self.proc.poll() is None and time.monotonic() < self.stop:
+            self.seen.update(marked(self.mark))
+            time.sleep(0.2)
+
+    def result(self) -> WatchedRun:
+        self.watcher.join()
+        if self.proc.poll() is None:
+            self.close()
+            raise AssertionError(f"paracheck did not exit in time: {self._out()}")
+        data = json.loads(self.report.read_text()) if self.report.exists() else {}
+        left, out = marked(self.mark), self._out()
+        self.log.close()
+        return WatchedRun(self.proc.returncode, out, data, str(self.tmpdir), dict(self.seen), left)
+
+    def close(self) -> None:
+        """Ends the run and what it started, if still running (a session stopped before reading it)."""
+        if self.proc.poll() is None:
+            for pid in [self.proc.pid, *marked(self.mark)]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, 9)
+            self.proc.wait()
+        self.log.close()
+
+    def _out(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+
+def marked(mark: str) -> dict[int, str]:
+    """Live processes of this user whose environment carries `mark` (a run's processes inherit it; the
+    fork server's forks show the server's environment, which it took from the run)."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                if mark.encode() not in handle.read():
+                    continue
+            with open(f"/proc/{name}/stat") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    continue
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                found[int(name)] = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return found

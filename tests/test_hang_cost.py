@@ -5,7 +5,7 @@ import pytest
 from paracheck.domain.case import Case
 from paracheck.domain.layout import parse_layouts
 from paracheck.launch.launcher import Launcher, meets_hang_again
-from tests.support import SPECS, run_paracheck
+from tests.support import HANG_TIMEOUT
 
 
 def _case(model="flux", layout="u4", **fields) -> Case:
@@ -25,20 +25,18 @@ def test_after_hang_names_its_choices():
         Launcher(None, 4, 10.0, after_hang="retry")
 
 
-@pytest.mark.slow
-def test_one_timeout_per_model_and_layout(tmp_path):
+def test_one_timeout_per_model_and_layout(hung_run):
     """Every case of a spec whose rank 1 never finishes a collective hangs: on each layout the plain case hangs
     once and its controls are reported not run, naming it; the next layout still gets its own world."""
-    run = run_paracheck(["--spec", f"{SPECS}:rank1_hangs", "--layouts", "u4,tp4", "--controls", "--timeout", "10",
-                         "--known-failures", "none", "--quiet"], tmp_path)
-    assert run.code == 3, run.out
-    hangs = [e for e in run.report["events"] if e["kind"] == "hang"]
-    assert len(hangs) == 2, run.report["events"]
+    wait = f"hung past --timeout {HANG_TIMEOUT}s"
+    assert hung_run.code == 3, hung_run.out
+    hangs = [e for e in hung_run.report["events"] if e["kind"] == "hang"]
+    assert len(hangs) == 2, hung_run.report["events"]
     for layout in ("u4", "tp4"):
-        plain = run.case("rank1_hangs", layout)
-        assert plain["status"] == "error" and "hung past --timeout 10s" in plain["reason"], plain["reason"]
-        controls = [c for c in run.report["cases"] if c["layout"] == layout and c["control"]]
+        plain = hung_run.case("rank1_hangs", layout)
+        assert plain["status"] == "error" and wait in plain["reason"], plain["reason"]
+        controls = [c for c in hung_run.report["cases"] if c["layout"] == layout and c["control"]]
         assert controls, f"no control cases on {layout}"
         for case in controls:
             assert case["status"] == "skip", case
-            assert f"not run: rank1_hangs-{layout}-auto hung past --timeout 10s" in case["reason"], case["reason"]
+            assert f"not run: rank1_hangs-{layout}-auto {wait}" in case["reason"], case["reason"]

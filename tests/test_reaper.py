@@ -5,60 +5,21 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
 from paracheck.launch import reaper
-from tests.support import ROOT, SPECS
+from tests.support import HANG_TIMEOUT
 
 
-def _marked(mark: str) -> dict[int, str]:
-    """Live processes of this user whose environment carries `mark` (a run's processes inherit it; the
-    fork server's forks show the server's environment, which it took from the run)."""
-    found = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as handle:
-                if mark.encode() not in handle.read():
-                    continue
-            with open(f"/proc/{name}/stat") as handle:
-                if handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    continue
-            with open(f"/proc/{name}/cmdline", "rb") as handle:
-                found[int(name)] = handle.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-    return found
-
-
-@pytest.mark.slow
-def test_nothing_outlives_a_run_that_hung(tmp_path):
+def test_nothing_outlives_a_run_that_hung(hung_run):
     """The CLI in a process of its own, ending on a hang (exit 3): once it has exited, no process it started
-    is alive. Watching while it runs proves the scan sees them (ranks, fork server, resource tracker)."""
-    mark = uuid.uuid4().hex
-    env = dict(os.environ, PARACHECK_TEST_MARK=mark, TMPDIR=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "paracheck", "run", "--spec", f"{SPECS}:rank1_hangs",
-                             "--layouts", "u4", "--timeout", "10", "--quiet"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen: dict[int, str] = {}
-    deadline = time.monotonic() + 600  # a guard against a run that never exits, not a measurement
-    while proc.poll() is None and time.monotonic() < deadline:
-        seen.update(_marked(mark))
-        time.sleep(0.2)
-    if proc.poll() is None:
-        for pid in _marked(mark):
-            os.kill(pid, 9)
-        pytest.fail(f"paracheck did not exit: {proc.communicate()[0]}")
-    out = proc.stdout.read()
-    left = _marked(mark)
-    assert proc.returncode == 3 and "hung past --timeout 10s" in out, out
+    is alive. Watching while it ran proves the scan sees them (ranks, fork server, resource tracker)."""
+    assert hung_run.code == 3 and f"hung past --timeout {HANG_TIMEOUT}s" in hung_run.out, hung_run.out
     kinds = {"forkserver" if "forkserver" in c else "tracker" if "resource_tracker" in c else "cli"
-             for pid, c in seen.items()}
-    assert kinds == {"cli", "forkserver", "tracker"} and len(seen) >= 4 + 3, seen
-    assert left == {}, f"alive after paracheck exited: {left}"
+             for pid, c in hung_run.seen.items()}
+    assert kinds == {"cli", "forkserver", "tracker"} and len(hung_run.seen) >= 4 + 3, hung_run.seen
+    assert hung_run.left == {}, f"alive after paracheck exited: {hung_run.left}"
 
 
 def test_a_recorded_session_is_ended_with_what_it_started(monkeypatch):

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.controls_check import undetected
-from tests.support import ROOT, SPECS, run_paracheck
+from tests.support import HANG_TIMEOUT, ROOT, SPECS, run_paracheck
 
 pytestmark = pytest.mark.slow
 
@@ -257,15 +257,15 @@ def test_sharded_load_route(tmp_path):
 def test_failures_are_isolated_and_reported(tmp_path):
     """A hang, an upstream bug and a killed rank; the healthy case after them still passes."""
     specs = ["rank1_hangs", "ltx_short_text", "rank2_dies", "flux_spec"]
-    # 12 s: about forty times what each healthy case here takes on a 2-core machine, counted from its start.
-    args = [a for s in specs for a in ("--spec", f"{SPECS}:{s}")] + ["--layouts", "u4", "--timeout", "12"]
+    wait = f"hung past --timeout {HANG_TIMEOUT}s"
+    args = [a for s in specs for a in ("--spec", f"{SPECS}:{s}")] + ["--layouts", "u4", "--timeout", str(HANG_TIMEOUT)]
     # The shipped file declares the short-text bug; without it the case must fail on its own.
     run = run_paracheck(args + ["--known-failures", "none"], tmp_path)
     assert run.code == 3, run.out
     hang = run.case("rank1_hangs", "u4")
-    assert hang["status"] == "error" and "hung past --timeout 12s" in hang["reason"]
+    assert hang["status"] == "error" and wait in hang["reason"]
     # The odd rank out is named first, with the frame outside torch where it is stuck.
-    assert hang["reason"].startswith("rank 1: hung past --timeout 12s in distributed_c10d.py"), hang["reason"]
+    assert hang["reason"].startswith(f"rank 1: {wait} in distributed_c10d.py"), hang["reason"]
     assert "called from specs.py" in hang["reason"] and "ranks 0,2-3 were waiting on it" in hang["reason"]
     assert "likely cause: rank [1]" in run.out
     assert set(hang["stacks"]) == {"0", "1", "2", "3"}
