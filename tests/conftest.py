@@ -97,15 +97,20 @@ def html_run(tmp_path_factory):
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by the markers
 def pytest_collection_modifyitems(items):
     """The tests that read a session run, and every test of a mixin class, launch worlds: they are `slow`. Under
-    pytest-xdist (`-n 2 --dist loadgroup`) the readers of one session run share a worker, so the run is launched
-    once, not once per worker."""
+    pytest-xdist (`-n 2 --dist loadgroup`, the README's command) every slow test that runs its ranks from this
+    session's fork server is in one group, `worlds`, so one worker runs them one after another (two 4-rank worlds at
+    once on 2 cores slow each other's collectives more than they gain), and the session runs are launched once;
+    the other worker takes the in-process tests, and the `own_process` ones, whose imports and waits fill the cores
+    a world leaves idle. The hanging run's readers share a worker of their own."""
     for item in items:
         shared = [name for name in ("default_run", "hung_run", "html_run") if name in getattr(item, "fixturenames", ())]
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(shared[0]))
         cls = getattr(item, "cls", None)
         if shared or (cls is not None and issubclass(cls, ParallelTesterMixin)):
             item.add_marker(pytest.mark.slow)
+        if "hung_run" in shared:
+            item.add_marker(pytest.mark.xdist_group("hung_run"))
+        elif item.get_closest_marker("slow") and not item.get_closest_marker("own_process"):
+            item.add_marker(pytest.mark.xdist_group("worlds"))
 
 
 @pytest.fixture(autouse=True)

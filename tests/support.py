@@ -17,7 +17,7 @@ SPECS = os.path.join(ROOT, "tests", "specs.py")
 #: --timeout of the runs whose cases hang on purpose: each hang waits it out once, so it is kept short. It is
 #: counted from a case's start on each rank (a world's start is not), and the healthy cases that share a world
 #: with a hang take well under a second each here.
-HANG_TIMEOUT = 5
+HANG_TIMEOUT = 6
 
 
 @dataclass
@@ -50,7 +50,9 @@ def run_paracheck(args, tmp_path, timeout=900, env=None, command="run", switches
 
     It runs in this process, the way a user's `main()` call would, so its ranks fork from the session's fork
     server, which imported torch and the libraries once (a command of its own pays ~6 s of imports per
-    launch on this 2-core machine); `env` gives it a process of its own (and `timeout`). `switches`: run
+    launch on this 2-core machine); `env` (a dict, empty or not) gives it a process of its own with those
+    variables added (and `timeout`): its tests are marked `own_process`, so `-n 2` runs them beside the worlds
+    of the session's fork server. `switches`: run
     switches (`launch.protocol.RUN_SWITCHES`, e.g. PARACHECK_LOCALIZE) set for this run alone."""
     with _environment(switches or {}):
         return _run(args, tmp_path, timeout, env, command)
@@ -75,8 +77,8 @@ def _run(args, tmp_path, timeout, env, command) -> Run:
     tmpdir.mkdir(exist_ok=True)
     report = tmp_path / "report.json"
     argv = [command, *args, "--report-json", str(report)]
-    if env:
-        env = dict(os.environ, TMPDIR=str(tmpdir), **(env or {}))
+    if env is not None:
+        env = dict(os.environ, TMPDIR=str(tmpdir), **env)
         proc = subprocess.run([sys.executable, "-m", "paracheck", *argv], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=timeout)
         code, out = proc.returncode, proc.stdout + proc.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -129,12 +130,17 @@ def test_the_page_in_chromium(browser, page_file, tmp_path):
 
 def test_a_link_to_a_case_opens_it(browser, page_file):
     """The known-failures section links each case: following one opens its row, whatever the filters."""
+    from playwright.sync_api import expect
+
     page = browser.new_page()
     page.goto(page_file.as_uri())
     page.select_option("#f-model", "flux2")
     page.click("#known details summary")
     page.click("#known a")
+    # The row opens on `hashchange`, which the browser fires after the click returns: wait for it (Playwright's
+    # `expect` retries until it holds, 5 s at most), or a loaded machine reads the row before it opens.
     row = page.locator("tr.case[data-status=xfail]")
-    assert row.is_visible() and "open" in row.get_attribute("class")
-    assert page.locator("tr.detail", has=page.locator("figure.grads-plot")).nth(1).is_visible()
+    expect(row).to_be_visible()
+    expect(row).to_have_class(re.compile(r"\bopen\b"))
+    expect(page.locator("tr.detail", has=page.locator("figure.grads-plot")).nth(1)).to_be_visible()
     page.close()
