@@ -97,11 +97,11 @@ def html_run(tmp_path_factory):
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by the markers
 def pytest_collection_modifyitems(items):
     """The tests that read a session run, and every test of a mixin class, launch worlds: they are `slow`. Under
-    pytest-xdist (`-n 2 --dist loadgroup`, the README's command) every slow test that runs its ranks from this
-    session's fork server is in one group, `worlds`, so one worker runs them one after another (two 4-rank worlds at
-    once on 2 cores slow each other's collectives more than they gain), and the session runs are launched once;
-    the other worker takes the in-process tests, and the `own_process` ones, whose imports and waits fill the cores
-    a world leaves idle. The hanging run's readers share a worker of their own."""
+    pytest-xdist (`-n 2 --dist loadgroup`, the README's command) every slow test is in one group, `worlds`, so one
+    worker runs the worlds one after another and the session runs are launched once; the other worker takes the
+    in-process tests, single-threaded, which fill the core a world leaves idle, and the hanging run's readers,
+    whose ranks sit blocked. Two worlds at once are not run: they slow each other's collectives, and in one of
+    three suites that ran them so, two ranks of ring layouts died of heap corruption (docs/ci.md)."""
     for item in items:
         shared = [name for name in ("default_run", "hung_run", "html_run") if name in getattr(item, "fixturenames", ())]
         cls = getattr(item, "cls", None)
@@ -109,7 +109,7 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
         if "hung_run" in shared:
             item.add_marker(pytest.mark.xdist_group("hung_run"))
-        elif item.get_closest_marker("slow") and not item.get_closest_marker("own_process"):
+        elif item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.xdist_group("worlds"))
 
 

@@ -51,8 +51,7 @@ def run_paracheck(args, tmp_path, timeout=900, env=None, command="run", switches
     It runs in this process, the way a user's `main()` call would, so its ranks fork from the session's fork
     server, which imported torch and the libraries once (a command of its own pays ~6 s of imports per
     launch on this 2-core machine); `env` (a dict, empty or not) gives it a process of its own with those
-    variables added (and `timeout`): its tests are marked `own_process`, so `-n 2` runs them beside the worlds
-    of the session's fork server. `switches`: run
+    variables added (and `timeout`). `switches`: run
     switches (`launch.protocol.RUN_SWITCHES`, e.g. PARACHECK_LOCALIZE) set for this run alone."""
     with _environment(switches or {}):
         return _run(args, tmp_path, timeout, env, command)

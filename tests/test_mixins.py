@@ -103,7 +103,6 @@ class TestWanContextParallel(WanTransformerTesterConfig, ContextParallelTesterMi
     paracheck_layouts = ("u2", "r2")
 
 
-@pytest.mark.own_process
 def test_failing_mixin_shows_ranks_and_replay(pytester):
     """A test file outside any package, two classes run with -n 2: one passes, one hits the upstream
     Ulysses-backward bug and its failure shows the per-rank table and the replay command."""

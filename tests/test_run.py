@@ -254,15 +254,13 @@ def test_sharded_load_route(tmp_path):
     assert run.code == 0
 
 
-@pytest.mark.own_process
 def test_failures_are_isolated_and_reported(tmp_path):
     """A hang, an upstream bug and a killed rank; the healthy case after them still passes."""
     specs = ["rank1_hangs", "ltx_short_text", "rank2_dies", "flux_spec"]
     wait = f"hung past --timeout {HANG_TIMEOUT}s"
     args = [a for s in specs for a in ("--spec", f"{SPECS}:{s}")] + ["--layouts", "u4", "--timeout", str(HANG_TIMEOUT)]
     # The shipped file declares the short-text bug; without it the case must fail on its own.
-    # A process of its own (`own_process`): under -n 2 its wait for the hang passes beside the worlds.
-    run = run_paracheck(args + ["--known-failures", "none"], tmp_path, env={})
+    run = run_paracheck(args + ["--known-failures", "none"], tmp_path)
     assert run.code == 3, run.out
     hang = run.case("rank1_hangs", "u4")
     assert hang["status"] == "error" and wait in hang["reason"]
@@ -283,7 +281,6 @@ def test_failures_are_isolated_and_reported(tmp_path):
     _assert_clean(run.tmpdir)
 
 
-@pytest.mark.own_process
 def test_a_killed_rank_leaks_no_semaphore(tmp_path):
     """A rank killed with its world leaves nothing the resource tracker must clean up at exit: the bars that
     libraries draw on the ranks lock a thread lock, not a multiprocessing semaphore (`worker`)."""
@@ -294,7 +291,6 @@ def test_a_killed_rank_leaks_no_semaphore(tmp_path):
     assert "leaked semaphore" not in run.out, run.out
 
 
-@pytest.mark.own_process
 def test_sigterm_stops_everything(tmp_path):
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
@@ -312,7 +308,6 @@ def test_sigterm_stops_everything(tmp_path):
     _assert_clean(str(tmpdir))
 
 
-@pytest.mark.own_process
 def test_torchrun_worker_by_path(tmp_path):
     # Two ranks: the script's path is what this tests (a 4-rank torchrun world is the two-agent test's).
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -336,7 +331,6 @@ def _assert_clean(tmpdir: str) -> None:
     assert tmpdir not in ps, "a rank of this run is still alive"
 
 
-@pytest.mark.own_process
 def test_two_runs_at_once_do_not_collide(tmp_path):
     """No rendezvous port and private run dirs: two worlds on one machine at the same time."""
     env = dict(os.environ, TMPDIR=str(tmp_path))
@@ -375,7 +369,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.own_process
 def test_torchrun_two_agents_make_one_world(tmp_path):
     """Two torchrun agents on 127.0.0.1 (two ranks each) are one 4-rank world: every rank runs the
     cases, rank 0 (whichever agent holds it) prints the table and writes the report, all exit 0."""
@@ -449,10 +442,9 @@ def test_bf16_clean_cases_pass_and_controls_are_still_detected(tmp_path):
     assert tripped and all(max(d["ratio"] for d in c["data"]["per_rank"].values()) > 1 for c in tripped)
 
 
-@pytest.mark.own_process
 def test_the_other_fixtures_pass_every_layout_they_take(tmp_path):
     models = ["qwenimage21", "chronoedit", "helios", "ltx2", "minimax_h3"]
-    run = run_paracheck(["--variants", "base", "--models", ",".join(models)], tmp_path, env={})
+    run = run_paracheck(["--variants", "base", "--models", ",".join(models)], tmp_path)
     assert run.code == 0, run.out
     ran = [c for c in run.report["cases"] if c["status"] != "skip"]
     assert {c["model"] for c in ran} == set(models)
