@@ -50,8 +50,7 @@ def run_paracheck(args, tmp_path, timeout=900, env=None, command="run", switches
 
     It runs in this process, the way a user's `main()` call would, so its ranks fork from the session's fork
     server, which imported torch and the libraries once (a command of its own pays ~6 s of imports per
-    launch on this 2-core machine); `env` (a dict, empty or not) gives it a process of its own with those
-    variables added (and `timeout`). `switches`: run
+    launch on this 2-core machine); `env` gives it a process of its own (and `timeout`). `switches`: run
     switches (`launch.protocol.RUN_SWITCHES`, e.g. PARACHECK_LOCALIZE) set for this run alone."""
     with _environment(switches or {}):
         return _run(args, tmp_path, timeout, env, command)
@@ -76,8 +75,8 @@ def _run(args, tmp_path, timeout, env, command) -> Run:
     tmpdir.mkdir(exist_ok=True)
     report = tmp_path / "report.json"
     argv = [command, *args, "--report-json", str(report)]
-    if env is not None:
-        env = dict(os.environ, TMPDIR=str(tmpdir), **env)
+    if env:
+        env = dict(os.environ, TMPDIR=str(tmpdir), **(env or {}))
         proc = subprocess.run([sys.executable, "-m", "paracheck", *argv], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=timeout)
         code, out = proc.returncode, proc.stdout + proc.stderr

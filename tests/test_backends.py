@@ -1,7 +1,7 @@
 """Backend topology rules and device counts: pure, no process group."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
 
 from paracheck.domain.backends import BackendError, get_backend, resolve
 from tests import strategies

@@ -1,6 +1,5 @@
 """Bad input exits 2 with a message naming the argument and the rule; no rank is started."""
 
-import os
 
 import pytest
 

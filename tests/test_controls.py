@@ -1,7 +1,7 @@
 """Which controls apply where: pure rules, no process group."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
 
 from paracheck.domain.registry import get_control
 from paracheck.adapters.diffusers.controls import CONTROLS, applicable

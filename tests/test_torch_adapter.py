@@ -16,7 +16,7 @@ from paracheck.adapters.torch.controls import CONTROLS
 from paracheck.adapters.torch.layout import NAMED, TOKENS, TorchLayout, TorchLayoutError, layouts_for, parse_layouts
 from paracheck.domain.adapter import Adapter, CaseRequest
 from paracheck.domain.case import Case, SpecError
-from tests.support import ROOT, run_paracheck
+from tests.support import run_paracheck
 
 EXAMPLE = "examples/llama_tp_fsdp.py:spec"
 BUG = "examples/llama_tp_fsdp_bug.py:spec"

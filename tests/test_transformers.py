@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from paracheck.adapters.transformers import cases as tf_cases  # noqa: E402
 from paracheck.adapters.transformers.controls import CONTROLS  # noqa: E402
-from paracheck.adapters.transformers.fixtures import FIXTURES, MOE, VARIANTS  # noqa: E402
+from paracheck.adapters.transformers.fixtures import FIXTURES, VARIANTS  # noqa: E402
 from paracheck.adapters.transformers.layout import (DENSE, TOKENS, TfLayout, TfLayoutError, cp_supported,  # noqa: E402
                                                     layouts_for, parse_layouts, refusals)
 from paracheck.domain.registry import parse_layout  # noqa: E402
