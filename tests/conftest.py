@@ -59,13 +59,21 @@ def _hung_args() -> list[str]:
 _HUNG = pytest.StashKey()
 
 
+def _start_hung(config) -> Watched:
+    """The hanging run, started once per process and kept in the config's stash, so the session's end closes it
+    whoever started it."""
+    if _HUNG not in config.stash:
+        config.stash[_HUNG] = Watched(_hung_args(), pathlib.Path(tempfile.mkdtemp(prefix="hung-run-")))
+    return config.stash[_HUNG]
+
+
 def pytest_collection_finish(session):
     """Where a test that reads `hung_run` will run, its run starts now, in the background: its ranks sit blocked
     through both timeouts, taking no CPU, so the waits pass while the tests before it run. (Under pytest-xdist a
     worker cannot tell which tests it will get: the fixture starts the run when first asked.)"""
     if not hasattr(session.config, "workerinput") and any(
             "hung_run" in getattr(item, "fixturenames", ()) for item in session.items):
-        session.config.stash[_HUNG] = Watched(_hung_args(), pathlib.Path(tempfile.mkdtemp(prefix="hung-run-")))
+        _start_hung(session.config)
 
 
 def pytest_sessionfinish(session):
@@ -76,12 +84,11 @@ def pytest_sessionfinish(session):
 
 
 @pytest.fixture(scope="session")
-def hung_run(request, tmp_path_factory):
+def hung_run(request):
     """One `paracheck` process of its own, watched, whose every case hangs (rank 1 enters a collective no peer
     joins) on two layouts, with their controls: it ends on --timeout, exit 3. The hang tests read its report
     (`test_hang_cost`) and the processes it started (`test_reaper`): one wait per layout serves both."""
-    started = request.config.stash.get(_HUNG, None) or Watched(_hung_args(), tmp_path_factory.mktemp("hung"))
-    return started.result()
+    return _start_hung(request.config).result()
 
 
 @pytest.fixture(scope="session")

@@ -133,8 +133,9 @@ class Watched:
     def result(self) -> WatchedRun:
         self.watcher.join()
         if self.proc.poll() is None:
+            out = self._out()  # before close() closes the log
             self.close()
-            raise AssertionError(f"paracheck did not exit in time: {self._out()}")
+            raise AssertionError(f"paracheck did not exit in time: {out}")
         data = json.loads(self.report.read_text()) if self.report.exists() else {}
         left, out = marked(self.mark), self._out()
         self.log.close()
