@@ -28,6 +28,8 @@ class CheckId(str, enum.Enum):
     STEPS = "parity.steps"
     #: Save and load: gathered save_pretrained, a sharded save to the same layout and another one, resume.
     CHECKPOINT = "checkpoint.roundtrip"
+    #: A diffusers pipeline's denoising loop: the latents after every step, the final latents, the decoded image.
+    PIPELINE = "parity.pipeline"
     #: A backend's rules on the process groups the library built; judged by `topology --simulate` only.
     BACKEND_GROUPS = "backend.groups"
 
@@ -48,7 +50,7 @@ class CheckId(str, enum.Enum):
 _SHORT = {CheckId.MESH: "mesh", CheckId.CP_HOOKS: "hooks", CheckId.PROCESSOR_CONFIG: "procs",
           CheckId.TP_SHARDS: "shards", CheckId.COLLECTIVES: "colls", CheckId.FORWARD: "fwd", CheckId.INFERENCE: "infer",
           CheckId.GRADS: "grads", CheckId.LOSS: "loss",
-          CheckId.STEPS: "steps", CheckId.CHECKPOINT: "ckpt",
+          CheckId.STEPS: "steps", CheckId.CHECKPOINT: "ckpt", CheckId.PIPELINE: "pipe",
           CheckId.BACKEND_GROUPS: "groups"}
 
 
@@ -161,6 +163,11 @@ def _jsonable(value):
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
     return value
+
+
+#: In a check's `data`: fields its case's JSON carries at the top level (the worst rank's, by the check's max_abs),
+#: e.g. a pipeline's per-step error curve and its pictures (`results.verdict.Verdict.to_json`).
+TO_CASE = "case"
 
 
 @dataclass
