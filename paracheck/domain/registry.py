@@ -96,11 +96,14 @@ def mixins() -> dict[str, str]:
 
 def select(models: str) -> list[tuple[str, str]]:
     """`--models` text -> (name, factory path) pairs in the order given: "all" (every installed adapter's
-    fixtures), a library's name (its fixtures), or fixture names, comma separated. ValueError names the unknown
+    fixtures), a library's name (its fixtures), a group an adapter names (`groups()`, e.g. diffusers' `pipelines`),
+    or fixture names, comma separated. ValueError names the unknown
     ones and what there is, or the library a named fixture needs."""
     every = fixtures()
     groups = {"all": [n for n, (lib, _) in every.items() if adapter(lib).installed()]}
     groups.update({lib: [n for n, (owner, _) in every.items() if owner == lib] for lib in adapters()})
+    for each in adapters().values():  # an adapter's own names for several of its fixtures (`Adapter.groups`)
+        groups.update(each.groups() if hasattr(each, "groups") else {})
     names = [n for m in models.split(",") for n in groups.get(m.strip(), [m.strip()])]
     unknown = [n for n in names if n not in every]
     if unknown:

@@ -67,5 +67,5 @@ def not_rerun(checks: list, reasons: str) -> None:
     why = (f"not rerun with hooks: a declared known failure explains it ({reasons}); PARACHECK_LOCALIZE=all "
            "reruns declared failures too")
     for check in checks:
-        if check.id in (CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS) and check.status == Status.FAIL:
+        if check.id in (CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS, CheckId.PIPELINE) and check.status == Status.FAIL:
             check.data.setdefault(localization.KEY, {})[localization.NOT_RUN] = why

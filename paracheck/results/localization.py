@@ -23,13 +23,15 @@ def strip(data: dict) -> dict:
 def merge(per_check: dict) -> dict:
     """`per_check`: check id -> [(rank, CheckResult)]; the case's localization (empty when no rank has one)."""
     found = {}
-    forward = [(CheckId.FORWARD, "forward"), (CheckId.INFERENCE, "inference")]
+    forward = [(CheckId.FORWARD, "forward"), (CheckId.INFERENCE, "inference"), (CheckId.PIPELINE, "pipeline")]
     for check_id, part in forward + [(CheckId.GRADS, "grads")]:
         merged = _one(per_check.get(check_id, []), "grads" if check_id == CheckId.GRADS else "forward")
         if merged is not None:
             found[part] = merged
     if "forward" not in found and "inference" in found:
         found["forward"] = found.pop("inference")  # the no-grad pass is the forward that failed
+    if "forward" not in found and "pipeline" in found:
+        found["forward"] = found.pop("pipeline")  # a pipeline's transformer call at the first step that failed
     not_run = [c.data[KEY][NOT_RUN] for held in per_check.values() for _, c in held
                if NOT_RUN in (c.data or {}).get(KEY, {})]
     if not_run:

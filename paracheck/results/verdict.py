@@ -15,8 +15,8 @@ from paracheck.results import known, localization
 from paracheck.launch.attribution import ranks_named
 from paracheck.domain.case import Case
 from paracheck.domain.registry import get_control
-from paracheck.domain.records import (CaseStatus, CheckId, CheckResult, Failure, FailureKind, Finding, MergedCheck,
-                                      RankResult, RankStatus, Route, Status)
+from paracheck.domain.records import (TO_CASE, CaseStatus, CheckId, CheckResult, Failure, FailureKind, Finding,
+                                      MergedCheck, RankResult, RankStatus, Route, Status)
 
 
 @dataclass
@@ -53,6 +53,9 @@ class Verdict:
     process_groups: list[int] = field(default_factory=list)
     #: Where a failing parity check's difference arises, merged over ranks (`results.localization`).
     localization: dict = field(default_factory=dict)
+    #: What a check lifts to the case's JSON (`records.TO_CASE`: a pipeline's per-step curve and pictures), the
+    #: worst rank's, with `rank` naming it.
+    lifted: dict = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -87,6 +90,7 @@ class Verdict:
                 "process_groups": self.process_groups}
         if self.localization:
             data["localization"] = self.localization
+        data.update({k: v for k, v in self.lifted.items() if k not in data})
         if self.failure:
             data["failure"] = self.failure.to_json()
         if self.known:
@@ -127,8 +131,25 @@ def _worst(values) -> float | None:
 
 
 def _merge_data(per_rank) -> dict:
-    data = {str(rank): localization.strip(c.data) for rank, c in per_rank if localization.strip(c.data or {})}
+    data = {str(rank): _own(c.data) for rank, c in per_rank if _own(c.data or {})}
     return {"per_rank": data} if data else {}
+
+
+def _own(data: dict) -> dict:
+    """A rank's check data without what the case carries once (its localization, what it lifts)."""
+    return {k: v for k, v in localization.strip(data).items() if k != TO_CASE}
+
+
+def lifted(ranks: list[RankResult]) -> dict:
+    """What the checks lift to the case (`records.TO_CASE`): per check, the payload of the rank whose check failed
+    with the largest max_abs (or of the largest max_abs when none failed), and `rank`, that rank."""
+    out = {}
+    for check_id in CheckId:
+        held = [(r.rank, c) for r in ranks for c in r.checks if c.id == check_id and TO_CASE in (c.data or {})]
+        if held:
+            rank, shown = max(held, key=lambda rc: (rc[1].status == Status.FAIL, rc[1].max_abs or 0.0, -rc[0]))
+            out.update(shown.data[TO_CASE], rank=rank)
+    return out
 
 
 def _per_check(ranks: list[RankResult]) -> dict:
@@ -155,7 +176,7 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
                 peak_rss_mb=[r.peak_rss_mb for r in ranks], rss_mb=[r.rss_mb for r in ranks],
                 cpu_seconds=[r.cpu_seconds for r in ranks], threads=[r.threads for r in ranks],
                 process_groups=[r.process_groups for r in ranks],
-                localization=localization.merge(_per_check(ranks)))
+                localization=localization.merge(_per_check(ranks)), lifted=lifted(ranks))
     statuses = {r.status for r in ranks}
     if RankStatus.ERROR in statuses and not (case.control and _judgeable(v, ranks)):
         return _error(v, ranks)
