@@ -5,7 +5,7 @@ fixtures, variants, case expansion and controls, torch-free; the rank side is `b
 from __future__ import annotations
 
 from paracheck.adapters.diffusers import options
-from paracheck.adapters.diffusers.fixtures_index import FIXTURES, VARIANTS
+from paracheck.adapters.diffusers.fixtures_index import FIXTURES, PIPELINE_FIXTURES, PIPELINE_VARIANTS, VARIANTS
 from paracheck.domain.case import Case
 from paracheck.domain.layout import Layout
 from paracheck.domain.records import CheckId
@@ -23,7 +23,11 @@ class DiffusersAdapter:
         return Layout.parse(name, order)
 
     def fixtures(self) -> dict[str, str]:
-        return dict(FIXTURES)
+        return dict(FIXTURES, **PIPELINE_FIXTURES)
+
+    def groups(self) -> dict[str, list[str]]:
+        """Names `--models` takes for several fixtures at once: `pipelines`, every pipeline fixture."""
+        return {"pipelines": list(PIPELINE_FIXTURES)}
 
     def installed(self) -> bool:
         import importlib.util
@@ -40,12 +44,13 @@ class DiffusersAdapter:
         return callable(factory) and not hasattr(factory, "build")
 
     def variants(self) -> tuple[str, ...]:
-        return VARIANTS
+        return VARIANTS + tuple(v for v in PIPELINE_VARIANTS if v not in VARIANTS)
 
     def controls(self) -> dict:
         from paracheck.adapters.diffusers.controls import CONTROLS
+        from paracheck.adapters.diffusers.pipelines.controls import PIPELINE_CONTROLS
 
-        return CONTROLS
+        return dict(CONTROLS, **PIPELINE_CONTROLS)
 
     def expand(self, request) -> list[Case]:
         """The diffusers cases of `request` (see `expand_request`)."""
@@ -64,18 +69,19 @@ class DiffusersAdapter:
 
     def will_run(self, case) -> bool:
         """False for a bundled fixture on a layout needing a plan its class lacks (a skip on the ranks)."""
-        from paracheck.adapters.diffusers.fixtures_index import FIXTURE_PLANS
+        from paracheck.adapters.diffusers.fixtures_index import FIXTURE_PLANS, PIPELINE_TRANSFORMERS
 
-        if FIXTURES.get(case.model) != case.factory:
+        model = PIPELINE_TRANSFORMERS.get(case.model, case.model)
+        if self.fixtures().get(case.model) != case.factory:
             return True
-        have = FIXTURE_PLANS.get(case.model, ("tp", "cp"))
+        have = FIXTURE_PLANS.get(model, ("tp", "cp"))
         return (not case.layout.has_tp or "tp" in have) and (not case.layout.has_cp or "cp" in have)
 
     def class_name(self, case) -> str:
         """The model class a bundled fixture builds (known-failure entries may name it), without importing it."""
-        from paracheck.adapters.diffusers.fixtures_index import FIXTURE_CLASSES
+        from paracheck.adapters.diffusers.fixtures_index import FIXTURE_CLASSES, PIPELINE_TRANSFORMERS
 
-        return dict(zip(FIXTURES, FIXTURE_CLASSES)).get(case.model, "")
+        return dict(zip(FIXTURES, FIXTURE_CLASSES)).get(PIPELINE_TRANSFORMERS.get(case.model, case.model), "")
 
     def case_body(self, ctx):
         from paracheck.adapters.diffusers.body import case_body

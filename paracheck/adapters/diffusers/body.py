@@ -39,8 +39,19 @@ class _Kept:
 _KEPT = _Kept()
 
 
-@contextlib.contextmanager
 def case_body(ctx: CaseContext):
+    """The case's body: a pipeline case's (`pipelines.body`), or a single model call's."""
+    from paracheck.adapters.diffusers.pipelines.cases import is_pipeline_factory
+
+    if is_pipeline_factory(ctx.case.factory):
+        from paracheck.adapters.diffusers.pipelines.body import case_body as pipeline_body
+
+        return pipeline_body(ctx)
+    return _model_body(ctx)
+
+
+@contextlib.contextmanager
+def _model_body(ctx: CaseContext):
     body = _Body(ctx)
     try:
         with body.scopes:

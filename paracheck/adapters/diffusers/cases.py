@@ -33,23 +33,38 @@ def expand(model: str, factory: str, layouts, controls, plain: bool = True, vari
 def expand_request(request) -> list[Case]:
     """`request`'s diffusers cases (a `domain.adapter.CaseRequest`). ValueError names the argument and rule."""
     from paracheck.adapters.diffusers.controls import CONTROLS
+    from paracheck.adapters.diffusers.pipelines import cases as pipeline_cases
+    from paracheck.adapters.diffusers.pipelines.controls import PIPELINE_CONTROLS
 
     cp_options = parse_cp_options(request.cp_options) if isinstance(request.cp_options, str) else request.cp_options
     check_attention_backend(request.attention_backend)
     layouts = parse_layouts(request.layouts, request.nproc, request.order)
     if not layouts:
         raise ValueError(f"--nproc {request.nproc}: one rank has no parallel layout; use --nproc 2 or more")
-    built = {factory: call_factory(factory) for _, factory in request.models} if request.spec else {}
-    if request.layouts.strip() != "all" and request.named:
-        check_fits(request.models, layouts, built)
-    controls = [request.only_control] if request.only_control else (list(CONTROLS) if request.controls else [])
-    controls = [c for c in controls if c in CONTROLS]  # another adapter's controls go to its own models only
+    pipelines = {factory for _, factory in request.models if pipeline_cases.is_pipeline_factory(factory)}
+    models = [(m, f) for m, f in request.models if f not in pipelines]
+    built = {factory: call_factory(factory) for _, factory in models} if request.spec else {}
+    if request.layouts.strip() != "all" and request.named and models:
+        check_fits(models, layouts, built)
     wanted = request.variants
-    return [case for model, factory in request.models
-            for case in expand(model, factory, layouts, lambda layout: controls, plain=not request.only_control,
-                               variants=[v for v in offered(model, factory) if wanted is None or v in wanted],
-                               route=request.route, grads=request.grads, dtype=request.dtype, cp_options=cp_options,
-                               attention_backend=request.attention_backend)]
+    fields = dict(route=request.route, grads=request.grads, dtype=request.dtype, cp_options=cp_options,
+                  attention_backend=request.attention_backend)
+    cases = []
+    for model, factory in request.models:
+        if factory in pipelines:
+            cases += pipeline_cases.expand(request, model, factory, layouts,
+                                           _controls(request, PIPELINE_CONTROLS), **fields)
+            continue
+        cases += expand(model, factory, layouts, lambda layout: _controls(request, CONTROLS),
+                        plain=not request.only_control,
+                        variants=[v for v in offered(model, factory) if wanted is None or v in wanted], **fields)
+    return cases
+
+
+def _controls(request, controls: dict) -> list[str]:
+    """The controls `request` asks for that are among `controls` (another kind's go to its own cases only)."""
+    names = [request.only_control] if request.only_control else (list(controls) if request.controls else [])
+    return [c for c in names if c in controls]
 
 
 def offered(model: str, factory: str) -> tuple[str, ...]:

@@ -86,3 +86,23 @@ def _spaces():
 
 #: What shapes each fixture takes (`paracheck.domain.shapes.Space`): base and uneven lengths, explore's ranges.
 FIXTURE_SPACES = _spaces()
+
+
+# -- pipelines ---------------------------------------------------------------------------------------------------
+
+#: The pipeline fixtures (`fixtures/pipelines.py`): `<model>-pipeline` -> its tester class.
+PIPELINE_FIXTURES: dict[str, str] = {
+    "flux-pipeline": "paracheck.fixtures.pipelines:FluxPipelineCase",
+}
+#: Each pipeline fixture's transformer, as the model fixture of that class is named (its plans, its class).
+PIPELINE_TRANSFORMERS: dict[str, str] = {name: name.removesuffix("-pipeline") for name in PIPELINE_FIXTURES}
+#: diffusers' cache hooks, one variant each (`pipelines.caches`): the same cache on one device and in parallel.
+CACHE_VARIANTS = ("first-block-cache", "faster-cache", "pyramid-attention-broadcast", "mag-cache", "taylorseer-cache",
+                  "sea-cache", "text-kv-cache")
+#: A pipeline's variants: base (its few steps), long (more steps), and the caches.
+PIPELINE_VARIANTS = ("base", "long") + CACHE_VARIANTS
+#: The layout kind each pipeline's one case of the default run takes: one CP and one TP layout between the pipelines
+#: whose transformer has both, a CP layout for the others.
+PIPELINE_DEFAULT_KIND: dict[str, str] = {
+    "flux-pipeline": "u",
+}

@@ -1,0 +1,77 @@
+"""The pipeline cases one request asks for, torch-free: per pipeline its layouts, variants and controls.
+
+Variants: `base` (the pipeline's own few steps), `long` (more steps, so an error that grows has room to), and one
+per diffusers cache hook (`fixtures_index.CACHE_VARIANTS`: the same cache on one device and on the parallel
+pipeline). The default run (`paracheck run` with nothing named) takes one case per pipeline, on one layout of the
+kind `fixtures_index.PIPELINE_DEFAULT_KIND` gives it; naming the models, the layouts or the variants, or `--all`,
+takes the matrix they name (cache variants only with `--all` or by name).
+"""
+
+from __future__ import annotations
+
+from paracheck.adapters.diffusers.fixtures_index import (CACHE_VARIANTS, PIPELINE_DEFAULT_KIND, PIPELINE_FIXTURES,
+                                                         PIPELINE_VARIANTS)
+from paracheck.adapters.diffusers.pipelines.controls import planted_on
+from paracheck.domain.case import Case
+from paracheck.domain.tier import layout_kind
+
+#: The `long` variant's denoising steps, and a cache variant's (enough for every bundled cache config to reuse).
+LONG_STEPS = 8
+CACHE_STEPS = 6
+LIBRARY = "diffusers"
+
+
+def is_pipeline_factory(factory: str) -> bool:
+    """Whether `factory` names a pipeline source: a bundled pipeline fixture, or a class in diffusers'
+    pipeline-tester convention (imported to tell)."""
+    if factory in PIPELINE_FIXTURES.values():
+        return True
+    if factory == "payload":
+        return False
+    from paracheck.domain.case import SpecError, load_object
+
+    try:
+        obj = load_object(factory)
+    except SpecError:
+        return False
+    return all(hasattr(obj, n) for n in ("pipeline_class", "get_dummy_components", "get_dummy_inputs"))
+
+
+def offered(model: str) -> tuple[str, ...]:
+    """The variants a pipeline offers: every one for a bundled fixture; base, long and the caches for a spec."""
+    return PIPELINE_VARIANTS
+
+
+def default_only(request) -> bool:
+    """The default run: nothing named, no `--all`. It takes one case per pipeline."""
+    return (request.layouts.strip() == "all" and not request.everything and request.variants is None
+            and not request.named)
+
+
+def default_layout(model: str, layouts: list):
+    """The one layout of a pipeline's default case: the first of the kind its transformer is checked on by
+    default (one CP and one TP layout between the pipelines whose transformer has both), else the first."""
+    kind = PIPELINE_DEFAULT_KIND.get(model)
+    return next((layout for layout in layouts if layout_kind(layout.name) == kind), layouts[0])
+
+
+def expand(request, model: str, factory: str, layouts: list, controls: list[str], cp_options: tuple = (),
+           **fields) -> list[Case]:
+    """One pipeline's cases: per layout and variant the plain case, then its controls (`cp_options` on the layouts
+    with context parallelism)."""
+    wanted = request.variants
+    if default_only(request):
+        layouts, variants = [default_layout(model, layouts)], ["base"]
+    else:
+        variants = [v for v in offered(model) if (v in wanted if wanted is not None else
+                                                   request.everything or v not in CACHE_VARIANTS + ("long",))]
+    cases = []
+    planted = {planted_on(c) for c in controls}
+    for layout in layouts:
+        fields["cp_options"] = tuple(sorted(dict(cp_options).items())) if layout.has_cp else ()
+        for variant in variants + [v for v in PIPELINE_VARIANTS if v in planted and v not in variants]:
+            if not request.only_control:
+                cases.append(Case(model, factory, layout, variant=variant, library=LIBRARY, **fields))
+            cases.extend(Case(model, factory, layout, variant=variant, library=LIBRARY, control=c, **fields)
+                         for c in controls if planted_on(c) == variant)
+    return cases

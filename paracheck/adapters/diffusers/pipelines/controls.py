@@ -1,0 +1,207 @@
+"""The pipeline cases' negative controls: bugs that live where a pipeline meets parallelism, each planted on the
+parallel pipeline's transformer only, each passing every older check (a single call of the model never meets it),
+each for `parity.pipeline` to catch and localize to the first step and the module where it diverges.
+
+- `guidance-batch-split`: the guidance batch (cond and uncond in one call) dealt over the CP ranks, each rank taking
+  its own sample while the sequence is still split across them, the outputs gathered back by sample. A single call
+  of batch one never takes this path; the pipeline's doubled batch does.
+- `rotary-shard-cached`: from the second denoising step on, every CP rank applies the first CP rank's rows of the
+  rotary table (a table cached at the local length and cut from its start, not at the rank's offset). Step 1 and
+  every single call are exact.
+- `drift-grows`: from the second step on, one rank's first transformer block scales its residual output by 1 + 1e-4:
+  exact on step 1, then an error the loop feeds back into every later step.
+- `cache-local-key`: a cache that decides what to reuse from this rank's own shard of the activations (diffusers'
+  first-block cache with its decision taken per rank, no agreement across the CP group).
+
+Torch is imported inside the planters only.
+"""
+
+from __future__ import annotations
+
+from paracheck.domain.control import Control
+from paracheck.domain.layout import Layout
+from paracheck.domain.records import CheckId
+
+#: 1 + DRIFT scales the residual `drift-grows` plants.
+DRIFT = 1e-4
+
+
+def _needs_cp(layout: Layout) -> str | None:
+    return None if layout.has_cp else f"layout {layout} has no context parallelism: no rank holds a shard to mistake"
+
+
+def _always(layout: Layout) -> str | None:
+    return None
+
+
+# -- when a planted bug acts ------------------------------------------------------------------------------------
+
+
+def _step_watch(model):
+    """A function saying whether the transformer call now running belongs to the pipeline's second step or a later
+    one: a pre-hook (first in line) keeps the first call's timestep, and a later step calls with another."""
+    state = {"first": None, "later": False}
+
+    def watch(module, args, kwargs):
+        t = kwargs.get("timestep")
+        value = float(t.flatten()[0]) if t is not None and hasattr(t, "flatten") and t.numel() else None
+        if state["first"] is None:
+            state["first"] = value
+        state["later"] = value != state["first"]
+
+    model.register_forward_pre_hook(watch, with_kwargs=True, prepend=True)
+    return lambda: state["later"]
+
+
+def first_block(model):
+    """The first block of the model's main stack (`transformer_blocks.0`, `blocks.0`) and its name."""
+    for name in ("transformer_blocks", "blocks"):
+        stack = getattr(model, name, None)
+        if stack is not None and len(stack):
+            return f"{name}.0", stack[0]
+    raise ValueError(f"{type(model).__name__} has no transformer_blocks or blocks to plant in")
+
+
+def rotary_module(model):
+    """The model's rotary-table module (`pos_embed`, `rope`) and its name."""
+    for name in ("pos_embed", "rope"):
+        module = getattr(model, name, None)
+        if module is not None:
+            return name, module
+    raise ValueError(f"{type(model).__name__} has no pos_embed or rope module to plant in")
+
+
+def _tensors_mapped(value, fn):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return fn(value) if value.is_floating_point() or value.is_complex() else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_tensors_mapped(v, fn) for v in value)
+    return value
+
+
+# -- what each control plants --------------------------------------------------------------------------------
+
+
+def _drift_grows(model, applied, _):
+    import torch.distributed as dist
+
+    later = _step_watch(model)
+    _, block = first_block(model)
+    drifting = dist.get_rank() == dist.get_world_size() - 1
+
+    def scale(module, args, output):
+        if drifting and later():
+            return _tensors_mapped(output, lambda t: t * (1 + DRIFT))
+        return output
+
+    block.register_forward_hook(scale)
+
+
+def _rotary_shard_cached(model, applied, _):
+    import torch.distributed as dist
+
+    from paracheck.adapters.diffusers.checks import cp_process_group
+
+    later = _step_watch(model)
+    _, rope = rotary_module(model)
+    group = cp_process_group(applied)
+    first = dist.get_process_group_ranks(group)[0]
+
+    def first_ranks_rows(t):
+        t = t.contiguous().clone()
+        dist.broadcast(t, src=first, group=group)
+        return t
+
+    def cached(module, args, output):
+        return _tensors_mapped(output, first_ranks_rows) if later() else output
+
+    rope.register_forward_hook(cached)
+
+
+def _guidance_batch_split(model, applied, _):
+    import torch
+    import torch.distributed as dist
+
+    from paracheck.adapters.diffusers.checks import cp_process_group
+
+    group = cp_process_group(applied)
+    index, size = dist.get_rank(group), dist.get_world_size(group)
+    state = {"batch": 1}
+
+    def deal(module, args, kwargs):
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        batch = int(hidden.shape[0]) if hidden is not None else 1
+        state["batch"] = batch
+        if batch < 2:
+            return None
+        mine = index % batch
+        take = lambda t: t[mine:mine + 1] if t.dim() and t.shape[0] == batch else t  # noqa: E731
+        return (tuple(_tensors_mapped(a, take) for a in args),
+                {k: _tensors_mapped(v, take) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+
+    def gather(module, args, kwargs, output):
+        batch = state["batch"]
+        if batch < 2:
+            return output
+
+        def back(t):
+            pieces = [torch.empty_like(t) for _ in range(size)]
+            dist.all_gather(pieces, t.contiguous(), group=group)
+            return torch.cat(pieces)[:batch]
+        return _tensors_mapped(output, back)
+
+    model.register_forward_pre_hook(deal, with_kwargs=True)
+    model.register_forward_hook(gather, with_kwargs=True)
+
+
+def _cache_local_key(model, applied, _):
+    """Planted by the body once the cache is enabled (`plant_cache`): nothing to do on the bare model."""
+
+
+def plant_cache(pipe, control: str | None) -> None:
+    """`cache-local-key`, once the first-block cache is on the parallel transformer: its reuse decision is taken on
+    this rank's shard alone, and the rank whose shard moved least skips where the others compute."""
+    if control != "cache-local-key":
+        return
+    from paracheck.adapters.diffusers import library
+
+    library.cache_decision_local(pipe.transformer)
+
+
+# -- the controls -----------------------------------------------------------------------------------------------
+
+#: The places the localization of a detected case must name (`Control.plants_in`).
+FIRST_BLOCK = "transformer_blocks.0|blocks.0"
+ROTARY = "pos_embed|rope|*attn*"
+
+PIPELINE_CONTROLS: dict[str, Control] = {c.name: c for c in (
+    Control("guidance-batch-split", "the guidance batch dealt over the CP ranks, each taking its own sample while the "
+            "sequence is still split across them, outputs gathered back by sample", (CheckId.PIPELINE,), _needs_cp,
+            _guidance_batch_split, plants_in="*"),
+    Control("rotary-shard-cached", "from the second step on, every CP rank applies the first CP rank's rows of the "
+            "rotary table (cached at the local length, cut from its start); step 1 exact", (CheckId.PIPELINE,),
+            _needs_cp, _rotary_shard_cached, plants_in=ROTARY),
+    Control("drift-grows", f"from the second step on, the last rank's first block scales its output by 1 + {DRIFT:g}; "
+            "step 1 exact", (CheckId.PIPELINE,), _always, _drift_grows, plants_in=FIRST_BLOCK),
+    Control("cache-local-key", "the first-block cache decides what to reuse from this rank's own shard, with no "
+            "agreement across the CP group", (CheckId.PIPELINE,), _needs_cp, _cache_local_key),
+)}
+
+#: The variant a control is planted on (a pipeline's `base` but where it needs a cache).
+_VARIANT = {"cache-local-key": "first-block-cache"}
+
+
+def planted_on(name: str) -> str:
+    return _VARIANT.get(name, "base")
+
+
+def skip_reason(case, p) -> str | None:
+    """Why control `case.control` cannot show on this pipeline case; None when it can."""
+    control = PIPELINE_CONTROLS[case.control]
+    reason = control.skip_reason(case.layout, p.route)
+    if reason is None and case.control == "guidance-batch-split" and p.source.guidance != "batched":
+        reason = (f"{p.source.name} runs guidance as {p.source.guidance!r}, not one call on the doubled batch: there "
+                  "is no guidance batch to split")
+    return reason

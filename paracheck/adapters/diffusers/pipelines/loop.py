@@ -1,0 +1,77 @@
+"""One run of a pipeline, recorded step by step: the latents after every denoising step (through the pipeline's own
+`callback_on_step_end`), the decoded output, and, where asked, every transformer call's inputs by step.
+
+The inputs are taken by a forward pre-hook on the transformer, which runs before diffusers' own hooks (the
+context-parallel split among them), so they are the whole tensors the pipeline passed: what a localization reruns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+#: What every pipeline case's call is given by the kit: the decoded output as tensors, a tuple back.
+CALL = dict(output_type="pt", return_dict=False)
+
+
+@dataclass
+class Recording:
+    """A pipeline run: the latents after each step, the decoded output, each transformer call's inputs by step."""
+    steps: list = field(default_factory=list)
+    output: torch.Tensor | None = None
+    #: (step, keyword arguments) of every transformer call, when recorded.
+    calls: list = field(default_factory=list)
+
+    @property
+    def final(self) -> torch.Tensor:
+        return self.steps[-1]
+
+
+def pipeline_of(source, components: dict):
+    pipe = source.pipeline_class(**components)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run(pipe, inputs: dict, steps: int, record_calls: bool = False) -> Recording:
+    """`pipe(**inputs)` for `steps` denoising steps under `torch.no_grad()`, recorded."""
+    rec = Recording()
+
+    def after_step(pipeline, index, timestep, tensors):
+        rec.steps.append(tensors["latents"].detach().clone())
+        return {}
+
+    handle = None
+    if record_calls:
+        def before_call(module, args, kwargs):
+            rec.calls.append((len(rec.steps), args, _detached(kwargs)))
+        handle = pipe.transformer.register_forward_pre_hook(before_call, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            out = pipe(**dict(inputs, num_inference_steps=steps, callback_on_step_end=after_step,
+                              callback_on_step_end_tensor_inputs=["latents"], **CALL))
+    finally:
+        if handle is not None:
+            handle.remove()
+    rec.output = out[0] if isinstance(out, (tuple, list)) else out
+    return rec
+
+
+def _detached(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _detached(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_detached(v) for v in value)
+    return value
+
+
+def first_image(output: torch.Tensor) -> torch.Tensor:
+    """The first sample's first picture as (channels, height, width): an image batch is (batch, channels, height,
+    width), a video batch (batch, frames, channels, height, width)."""
+    picture = output[0]
+    while picture.dim() > 3:
+        picture = picture[0]
+    return picture
