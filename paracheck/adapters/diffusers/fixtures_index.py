@@ -92,7 +92,9 @@ FIXTURE_SPACES = _spaces()
 
 #: The pipeline fixtures (`fixtures/pipelines.py`): `<model>-pipeline` -> its tester class.
 PIPELINE_FIXTURES: dict[str, str] = {
-    "flux-pipeline": "paracheck.fixtures.pipelines:FluxPipelineCase",
+    f"{model}-pipeline": f"paracheck.fixtures.pipelines:{name}PipelineCase" for model, name in (
+        ("flux", "Flux"), ("flux2", "Flux2"), ("qwenimage", "QwenImage"), ("wan", "Wan"), ("ltx", "LTX"),
+        ("qwenimage21", "QwenImage21"), ("chronoedit", "ChronoEdit"), ("helios", "Helios"), ("ltx2", "LTX2"))
 }
 #: Each pipeline fixture's transformer, as the model fixture of that class is named (its plans, its class).
 PIPELINE_TRANSFORMERS: dict[str, str] = {name: name.removesuffix("-pipeline") for name in PIPELINE_FIXTURES}
@@ -104,5 +106,6 @@ PIPELINE_VARIANTS = ("base", "long") + CACHE_VARIANTS
 #: The layout kind each pipeline's one case of the default run takes: one CP and one TP layout between the pipelines
 #: whose transformer has both, a CP layout for the others.
 PIPELINE_DEFAULT_KIND: dict[str, str] = {
-    "flux-pipeline": "u",
+    "flux-pipeline": "tp", "flux2-pipeline": "u", "qwenimage-pipeline": "r", "wan-pipeline": "u", "ltx-pipeline": "r",
+    "qwenimage21-pipeline": "tp", "chronoedit-pipeline": "u", "helios-pipeline": "u", "ltx2-pipeline": "u",
 }
