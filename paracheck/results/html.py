@@ -1,9 +1,10 @@
 """The HTML report: a JSON report (`report.to_json`) as one self-contained page that opens offline.
 
 Everything is inline (CSS, a small script, SVG plots); the page references no URL and fetches nothing.
-It shows a summary line of counts by status, the run's metadata, the case table (failing cases first) with
-filters by model, layout and status, each failing case's details and localization (`plots`), the known
-failures with the cases they cover and a command that reproduces them, and the skips grouped by reason.
+It shows a summary line of counts by status, the run's metadata, the models-by-layouts picture of the run
+(`overview`), the case table (failing cases first) with filters by model, layout and status, each failing case's
+details and localization (`plots`), a loop's pictures and error curve where its case carries them (`loopview`),
+the known failures with the cases they cover and a command that reproduces them, and the skips grouped by reason.
 
 `render` reads the report defensively (any field may be missing, the report may be another version's);
 `check_report` says what makes a JSON document no report at all. Torch-free; matplotlib only in `plots`.
@@ -15,7 +16,7 @@ import re
 from html import escape
 
 from paracheck.launch.attribution import ranks_text
-from paracheck.results import localization, localized, plots
+from paracheck.results import localization, localized, loopview, overview, plots
 from paracheck.results.plots import ints, items
 from paracheck.results.report import models_by_layouts, who
 
@@ -52,12 +53,14 @@ def render(data: dict, title: str = "paracheck report", with_plots: bool | None 
     check_report(data)
     cases = _ordered(data["cases"])
     with_plots = plots.available() if with_plots is None else with_plots
-    body = [_header(data, cases, title), _events(data), _cases(cases, with_plots), _known(cases), _skips(cases),
+    body = [_header(data, cases, title), overview.grid(cases, _anchor, data["cases"]), _events(data),
+            _cases(cases, with_plots),
+            _known(cases), _skips(cases),
             f'<footer>paracheck {_e(data.get("paracheck", ""))} · one self-contained file: nothing here is fetched'
             "</footer>"]
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{_e(title)}</title>\n'
-            f"<style>{CSS}</style>\n</head>\n<body>\n" + "\n".join(b for b in body if b)
+            f"<style>{CSS}{overview.CSS}{loopview.CSS}</style>\n</head>\n<body>\n" + "\n".join(b for b in body if b)
             + f"\n<script>{SCRIPT}</script>\n</body>\n</html>\n").encode("ascii", "xmlcharrefreplace").decode()
 
 
@@ -129,7 +132,8 @@ def _events(data: dict) -> str:
 
 
 def _forward(case: dict) -> dict:
-    return _check(case, "parity.forward")
+    """The check whose max_abs the table shows: the forward's, or a pipeline's (which has none)."""
+    return _check(case, "parity.forward") or _check(case, "parity.pipeline")
 
 
 def _check(case: dict, check_id: str) -> dict:
@@ -182,7 +186,7 @@ def _key(case: dict, field: str) -> str:
 
 
 def _opens(case: dict) -> bool:
-    return case["status"] in OPENS or isinstance(case.get("localization"), dict)
+    return case["status"] in OPENS or isinstance(case.get("localization"), dict) or loopview.has_view(case)
 
 
 def _anchor(case: dict, i: int) -> str:
@@ -224,6 +228,7 @@ def _detail(case: dict, i: int, with_plots: bool) -> str:
     if case.get("replay"):
         parts.append(f'<p>reproduce: <code class="replay">{_e(case["replay"])}</code></p>')
     parts.append(_checks(case))
+    parts.append(loopview.section(case, _anchor(case, i)))
     loc = case.get("localization")
     if isinstance(loc, dict):
         parts.append(_localization(case, loc, _anchor(case, i), with_plots))
