@@ -124,8 +124,10 @@ class DiffusersAdapter:
 
     def mixins(self) -> dict[str, str]:
         where = "paracheck.adapters.diffusers.mixins:"
-        return {name: where + name for name in ("HybridParallelTesterMixin", "TensorParallelTesterMixin",
-                                                  "ContextParallelTesterMixin")}
+        mixins = {name: where + name for name in ("HybridParallelTesterMixin", "TensorParallelTesterMixin",
+                                                    "ContextParallelTesterMixin")}
+        name = "DiffusersPipelineParallelTesterMixin"
+        return dict(mixins, **{name: f"paracheck.adapters.diffusers.pipelines.mixin:{name}"})
 
 
 ADAPTER = DiffusersAdapter()

@@ -16,11 +16,15 @@ from paracheck.domain.records import Failure, FailureKind
 HEADS_KEY = "num_attention_heads"
 HEAD_DIM_KEY = "attention_head_dim"
 
-#: Config keys a model requires to equal heads x head_dim. Raising the heads alone breaks these with a
-#: shape error (measured on LTX: its cross-attention projects to `cross_attention_dim`).
+#: Config keys a model requires to equal heads x head_dim (where they are set: None leaves the part they size out).
+#: Raising the heads alone breaks these with a shape error (measured on LTX: its cross-attention projects to
+#: `cross_attention_dim`; on ChronoEdit's image-conditioned pipeline: the image keys and values project from
+#: `added_kv_proj_dim`, which Wan's image-to-video configs set to the inner dim as well).
 TIED_TO_INNER_DIM: dict[str, tuple[str, ...]] = {
     "LTXVideoTransformer3DModel": ("cross_attention_dim",),
     "LTX2VideoTransformer3DModel": ("cross_attention_dim",),
+    "WanTransformer3DModel": ("added_kv_proj_dim",),
+    "ChronoEditTransformer3DModel": ("added_kv_proj_dim",),
 }
 
 #: Head counts besides `num_attention_heads` whose attentions the CP or TP dispatch also splits by head:
@@ -129,6 +133,8 @@ def _fit_head_group(model_class, fitted: dict, fit, heads_key: str, head_dim_key
         if not isinstance(head_dim, int):
             raise Unfittable(f"{name}: {key} is tied to {heads_key} x {head_dim_key}, but {head_dim_key} is unknown")
         old = fitted.get(key, _default(model_class, key))
+        if old is None:
+            continue
         fitted[key] = new_heads * head_dim
         changes.append(f"{key} {old}->{fitted[key]}")
 

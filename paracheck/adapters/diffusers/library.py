@@ -492,3 +492,24 @@ def entry_point(name: str, route: str):
     except Exception as exc:
         raise LibraryError(name, route, exc) from exc
 
+
+
+def first_block_cache_hooks(transformer) -> tuple:
+    """The first-block cache's hooks on `transformer` (diffusers' private hook registry): (the head block's hook,
+    the tail block, the tail block's hook). ValueError where the cache is not on."""
+    from diffusers.hooks.first_block_cache import _FBC_BLOCK_HOOK, _FBC_LEADER_BLOCK_HOOK
+    from diffusers.hooks.hooks import HookRegistry
+
+    head = tail = None
+    for module in transformer.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        if registry is None:
+            continue
+        if registry.get_hook(_FBC_LEADER_BLOCK_HOOK) is not None:
+            head = registry.get_hook(_FBC_LEADER_BLOCK_HOOK)
+        hook = registry.get_hook(_FBC_BLOCK_HOOK)
+        if hook is not None and hook.is_tail:
+            tail = (module, hook)
+    if head is None or tail is None:
+        raise ValueError(f"{type(transformer).__name__} carries no first-block cache ({HookRegistry.__name__})")
+    return head, tail[0], tail[1]

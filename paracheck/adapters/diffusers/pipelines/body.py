@@ -72,8 +72,8 @@ class PipelineBody:
         components["transformer"] = model.to(self.device, self.dtype) if p.route.value == "sharded-load" else model
         self.pipe = p.pipeline(components)
         if p.cache:
-            caches.enable(self.pipe, p.cache, p.steps, p.source.caches.get(p.cache, {}))
-            plant_cache(self.pipe, self.case.control)
+            caches.enable(self.pipe, p.cache, p.steps, p.source.guidance, p.source.caches.get(p.cache, {}))
+            ctx.result.planted_in = plant_cache(self.pipe, applied, self.case.control)
         empty = torch.empty(0)
         self.checks = CheckContext(model, ref.transformer, applied, empty, empty, ctx.tolerance.atol,
                                    ctx.tolerance.rtol, grads_requested=False)

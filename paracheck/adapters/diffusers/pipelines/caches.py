@@ -3,25 +3,29 @@
 The thresholds are set so that a tiny model with random weights reuses something within the steps a cache variant
 runs (diffusers' own cache testers raise them for the same reason): a cache that never reuses would test nothing.
 A pipeline may override any option (`paracheck_caches = {name: {option: value}}` on its tester class). What
-diffusers refuses (a config its `enable_cache` raises on for this transformer) is a skip in diffusers' words.
+diffusers refuses is a skip in diffusers' words: a config its `enable_cache` raises on for this transformer, or a
+cache its pipeline cannot run on one device (Flux2's pipeline enters no `cache_context`, which the first-block and
+TaylorSeer caches require). FasterCache's unconditional-batch reuse needs the guidance pair in one batch: on a
+pipeline that calls the transformer once per branch (or takes the scale as an input) it runs as diffusers' own
+testers run it there, `is_guidance_distilled=True`.
 """
 
 from __future__ import annotations
 
 
-def _first_block(pipe, steps: int, options: dict):
+def _first_block(pipe, steps: int, guidance: str, options: dict):
     from diffusers import FirstBlockCacheConfig
 
     return FirstBlockCacheConfig(**dict(dict(threshold=0.8), **options))
 
 
-def _faster(pipe, steps: int, options: dict):
+def _faster(pipe, steps: int, guidance: str, options: dict):
     from diffusers import FasterCacheConfig
 
     defaults = dict(spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 1001),
                     unconditional_batch_skip_range=2, unconditional_batch_timestep_skip_range=(-1, 1001),
                     attention_weight_callback=_half, current_timestep_callback=lambda: pipe.current_timestep,
-                    is_guidance_distilled=False)
+                    is_guidance_distilled=guidance != "batched")
     return FasterCacheConfig(**dict(defaults, **options))
 
 
@@ -29,7 +33,7 @@ def _half(_module) -> float:
     return 0.5
 
 
-def _pyramid(pipe, steps: int, options: dict):
+def _pyramid(pipe, steps: int, guidance: str, options: dict):
     from diffusers import PyramidAttentionBroadcastConfig
 
     defaults = dict(spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 1001),
@@ -37,7 +41,7 @@ def _pyramid(pipe, steps: int, options: dict):
     return PyramidAttentionBroadcastConfig(**dict(defaults, **options))
 
 
-def _mag(pipe, steps: int, options: dict):
+def _mag(pipe, steps: int, guidance: str, options: dict):
     import torch
     from diffusers import MagCacheConfig
 
@@ -46,25 +50,26 @@ def _mag(pipe, steps: int, options: dict):
     return MagCacheConfig(**dict(defaults, **options))
 
 
-def _taylorseer(pipe, steps: int, options: dict):
+def _taylorseer(pipe, steps: int, guidance: str, options: dict):
     from diffusers import TaylorSeerCacheConfig
 
     return TaylorSeerCacheConfig(**dict(dict(cache_interval=2, disable_cache_before_step=2, max_order=1), **options))
 
 
-def _sea(pipe, steps: int, options: dict):
+def _sea(pipe, steps: int, guidance: str, options: dict):
     from diffusers import SeaCacheConfig
 
     return SeaCacheConfig(**dict(dict(threshold=0.8, retention_steps=1, cache_end_steps=1), **options))
 
 
-def _text_kv(pipe, steps: int, options: dict):
+def _text_kv(pipe, steps: int, guidance: str, options: dict):
     from diffusers import TextKVCacheConfig
 
     return TextKVCacheConfig(**options)
 
 
-#: variant name -> (pipeline, steps, options) -> the diffusers cache config.
+#: variant name -> (pipeline, steps, guidance, options) -> the diffusers cache config (`guidance`: how the pipeline
+#: runs classifier-free guidance, `spec.GUIDANCE`).
 CACHES = {
     "first-block-cache": _first_block, "faster-cache": _faster, "pyramid-attention-broadcast": _pyramid,
     "mag-cache": _mag, "taylorseer-cache": _taylorseer, "sea-cache": _sea, "text-kv-cache": _text_kv,
@@ -75,10 +80,10 @@ class Refused(Exception):
     """diffusers' `enable_cache` refused this cache on this transformer (its words in the message)."""
 
 
-def enable(pipe, name: str, steps: int, options: dict) -> None:
+def enable(pipe, name: str, steps: int, guidance: str, options: dict) -> None:
     """Enable cache `name` on the pipeline's transformer; `Refused` where diffusers raises on it."""
     try:
-        pipe.transformer.enable_cache(CACHES[name](pipe, steps, options))
+        pipe.transformer.enable_cache(CACHES[name](pipe, steps, guidance, options))
     except Exception as exc:
         raise Refused(f"diffusers refuses {name} on {type(pipe.transformer).__name__}: {type(exc).__name__}: {exc}") \
             from exc

@@ -19,14 +19,16 @@ from paracheck.domain.tier import layout_kind
 LONG_STEPS = 8
 CACHE_STEPS = 6
 LIBRARY = "diffusers"
+#: The factory a pipeline mixin's cases name: their source is the payload file it wrote (`spec.dump`).
+PAYLOAD = "pipeline-payload"
 
 
 def is_pipeline_factory(factory: str) -> bool:
     """Whether `factory` names a pipeline source: a bundled pipeline fixture, or a class in diffusers'
     pipeline-tester convention (imported to tell)."""
-    if factory in PIPELINE_FIXTURES.values():
+    if factory in PIPELINE_FIXTURES.values() or factory == PAYLOAD:
         return True
-    if factory == "payload":
+    if factory == "payload":  # a model mixin's
         return False
     from paracheck.domain.case import SpecError, load_object
 

@@ -8,8 +8,8 @@ each for `parity.pipeline` to catch and localize to the first step and the modul
 - `rotary-shard-cached`: from the second denoising step on, every CP rank applies the first CP rank's rows of the
   rotary table (a table cached at the local length and cut from its start, not at the rank's offset). Step 1 and
   every single call are exact.
-- `drift-grows`: from the second step on, one rank's first transformer block scales its residual output by 1 + 1e-4:
-  exact on step 1, then an error the loop feeds back into every later step.
+- `drift-grows`: from the second step on, one rank's first attention scales the residual it adds by 1 + 1e-4: exact
+  on step 1, then an error the loop feeds back into every later step.
 - `cache-local-key`: a cache that decides what to reuse from this rank's own shard of the activations (diffusers'
   first-block cache with its decision taken per rank, no agreement across the CP group).
 
@@ -18,12 +18,12 @@ Torch is imported inside the planters only.
 
 from __future__ import annotations
 
-from paracheck.domain.control import Control
+from paracheck.domain.control import PLANTED, Control
 from paracheck.domain.layout import Layout
 from paracheck.domain.records import CheckId
 
 #: 1 + DRIFT scales the residual `drift-grows` plants.
-DRIFT = 1e-4
+DRIFT = 1e-3
 
 
 def _needs_cp(layout: Layout) -> str | None:
@@ -53,13 +53,16 @@ def _step_watch(model):
     return lambda: state["later"]
 
 
-def first_block(model):
-    """The first block of the model's main stack (`transformer_blocks.0`, `blocks.0`) and its name."""
-    for name in ("transformer_blocks", "blocks"):
-        stack = getattr(model, name, None)
+def first_attention(model):
+    """The first block's first attention (`transformer_blocks.0.attn`, `blocks.0.attn1`) and its name: the residual
+    branch a drift scales."""
+    for stack_name in ("transformer_blocks", "blocks"):
+        stack = getattr(model, stack_name, None)
         if stack is not None and len(stack):
-            return f"{name}.0", stack[0]
-    raise ValueError(f"{type(model).__name__} has no transformer_blocks or blocks to plant in")
+            for name in ("attn", "attn1"):
+                if hasattr(stack[0], name):
+                    return f"{stack_name}.0.{name}", getattr(stack[0], name)
+    raise ValueError(f"{type(model).__name__} has no transformer_blocks.0.attn or blocks.0.attn1 to plant in")
 
 
 def rotary_module(model):
@@ -88,7 +91,7 @@ def _drift_grows(model, applied, _):
     import torch.distributed as dist
 
     later = _step_watch(model)
-    _, block = first_block(model)
+    _, attention = first_attention(model)
     drifting = dist.get_rank() == dist.get_world_size() - 1
 
     def scale(module, args, output):
@@ -96,7 +99,7 @@ def _drift_grows(model, applied, _):
             return _tensors_mapped(output, lambda t: t * (1 + DRIFT))
         return output
 
-    block.register_forward_hook(scale)
+    attention.register_forward_hook(scale)
 
 
 def _rotary_shard_cached(model, applied, _):
@@ -157,23 +160,64 @@ def _guidance_batch_split(model, applied, _):
 
 
 def _cache_local_key(model, applied, _):
-    """Planted by the body once the cache is enabled (`plant_cache`): nothing to do on the bare model."""
+    """Planted by the body once the cache is on (`plant_cache`): nothing to do on the bare model."""
 
 
-def plant_cache(pipe, control: str | None) -> None:
-    """`cache-local-key`, once the first-block cache is on the parallel transformer: its reuse decision is taken on
-    this rank's shard alone, and the rank whose shard moved least skips where the others compute."""
+def plant_cache(pipe, applied, control: str | None) -> str | None:
+    """`cache-local-key`, once the first-block cache is on the parallel transformer: each CP rank decides from its own
+    shard whether to reuse the cached residual of the remaining blocks, as diffusers' first-block cache does, at a
+    threshold the ranks' shards fall on both sides of (the midpoint of their change ratios, one all-gather a call).
+    Every rank still runs the remaining blocks, so every collective is met (diffusers' own cache, whose reusing rank
+    skips them, leaves the computing ones waiting in the next all-to-all: docs/upstream/fbc_local_decision.md); a
+    rank that decided to reuse replaces their result with the cached residual, as a skip would. Returns where it
+    planted (the cache's tail block, whose output a reusing rank replaces), for the localization to name."""
     if control != "cache-local-key":
-        return
-    from paracheck.adapters.diffusers import library
+        return None
+    import torch
+    import torch.distributed as dist
 
-    library.cache_decision_local(pipe.transformer)
+    from paracheck.adapters.diffusers import library
+    from paracheck.adapters.diffusers.checks import cp_process_group
+
+    head, tail_block, tail_hook = library.first_block_cache_hooks(pipe.transformer)
+    group = cp_process_group(applied)
+    mine = {"reuse": False, "tail": None}
+
+    def decide(residual):
+        shared = head.state_manager.get_state()
+        previous = shared.head_block_residual
+        mine["reuse"], mine["tail"] = False, shared.tail_block_residuals
+        if previous is None or shared.tail_block_residuals is None:
+            return True
+        ratio = ((residual - previous).abs().mean() / previous.abs().mean()).reshape(1).float()
+        ratios = [torch.empty_like(ratio) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(ratios, ratio, group=group)
+        low, high = float(min(ratios)), float(max(ratios))
+        mine["reuse"] = low < high and float(ratio) <= (low + high) / 2
+        return True
+
+    def reuse(module, args, output):
+        if not mine["reuse"]:
+            return output
+        head_output = head.state_manager.get_state().head_block_output
+        if not isinstance(output, tuple):
+            return head_output + mine["tail"][0]
+        out = list(output)
+        meta = tail_hook._metadata
+        out[meta.return_hidden_states_index] = head_output[0] + mine["tail"][0]
+        if meta.return_encoder_hidden_states_index is not None:
+            out[meta.return_encoder_hidden_states_index] = head_output[1] + mine["tail"][1]
+        return tuple(out)
+
+    head._should_compute_remaining_blocks = decide
+    tail_block.register_forward_hook(reuse)
+    return next(name for name, module in pipe.transformer.named_modules() if module is tail_block)
 
 
 # -- the controls -----------------------------------------------------------------------------------------------
 
 #: The places the localization of a detected case must name (`Control.plants_in`).
-FIRST_BLOCK = "transformer_blocks.0|blocks.0"
+FIRST_ATTENTION = "transformer_blocks.0.attn|blocks.0.attn1"
 ROTARY = "pos_embed|rope|*attn*"
 
 PIPELINE_CONTROLS: dict[str, Control] = {c.name: c for c in (
@@ -183,10 +227,10 @@ PIPELINE_CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("rotary-shard-cached", "from the second step on, every CP rank applies the first CP rank's rows of the "
             "rotary table (cached at the local length, cut from its start); step 1 exact", (CheckId.PIPELINE,),
             _needs_cp, _rotary_shard_cached, plants_in=ROTARY),
-    Control("drift-grows", f"from the second step on, the last rank's first block scales its output by 1 + {DRIFT:g}; "
-            "step 1 exact", (CheckId.PIPELINE,), _always, _drift_grows, plants_in=FIRST_BLOCK),
+    Control("drift-grows", f"from the second step on, the last rank's first attention scales the residual it adds by "
+            f"1 + {DRIFT:g}; step 1 exact", (CheckId.PIPELINE,), _always, _drift_grows, plants_in=FIRST_ATTENTION),
     Control("cache-local-key", "the first-block cache decides what to reuse from this rank's own shard, with no "
-            "agreement across the CP group", (CheckId.PIPELINE,), _needs_cp, _cache_local_key),
+            "agreement across the CP group", (CheckId.PIPELINE,), _needs_cp, _cache_local_key, plants_in=PLANTED),
 )}
 
 #: The variant a control is planted on (a pipeline's `base` but where it needs a cache).

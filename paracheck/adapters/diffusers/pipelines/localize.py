@@ -1,13 +1,15 @@
-"""A failing pipeline case localized: the first step whose latents went beyond tolerance on any rank, and there the
-module where the parallel transformer first differs from the reference's.
+"""A failing pipeline case localized: the first step whose latents went beyond tolerance on any rank, the first step
+whose transformer call already differs from the reference's, and there the module where it first differs.
 
 Every rank learns in one all-reduce whether `parity.pipeline` failed anywhere, whether a rank's pipeline raised
 (then nothing is rerun: its peers may be inside a collective), and the first failing step (the smallest over the
-ranks). Each rank then takes the first transformer call of that step as its own pipeline made it (the whole inputs,
-recorded before diffusers' split), reruns it on the parallel transformer with hooks on every module, runs the
-reference transformer on the same inputs, and the traces are gathered and compared as a single call's are
-(`adapters.diffusers.localize`). The step goes into the finding (`step`), and the finding into the check's
-`data["localization"]["forward"]`.
+ranks). The latents can stay within tolerance for steps after a bug began (an error the loop feeds back grows
+from far below the bound), so the steps up to that one are taken in order: each step's first transformer call, as
+the rank's own pipeline made it (the whole inputs, recorded before diffusers' split), is rerun on the parallel
+transformer with hooks on every module, the reference transformer runs the same inputs, and the traces are
+gathered and compared as a single call's are (`adapters.diffusers.localize`). The first step where a module is
+beyond tolerance on any rank is the step the bug shows in (`step`; `beyond_from`: the latents' first failing step);
+its trace is the finding, in the check's `data["localization"]["forward"]`.
 """
 
 from __future__ import annotations
@@ -35,20 +37,36 @@ def after_checks(body, checks: list) -> None:
     if not any_failed or any_raised or first >= _NONE:
         return  # nothing failed, a pipeline raised, or only the decoded output differs (the VAE runs whole)
     try:
-        found = step_localization(body, first)
+        found = first_diverging(body, first)
     except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
         found = {"error": f"localization raised {type(exc).__name__}: {exc}"}
     if check is not None:
         check.data.setdefault("localization", {})["forward"] = found
 
 
+def first_diverging(body, beyond: int) -> dict:
+    """Steps 1 to `beyond` in order, each step's first call traced, until one differs beyond tolerance at some module
+    on any rank (every rank decides alike: one all-reduce a step); that step's trace, or the last one's."""
+    for step in range(1, beyond + 1):
+        found = step_localization(body, step)
+        differs = torch.tensor([float(bool(found.get("first")))])
+        dist.all_reduce(differs, op=dist.ReduceOp.MAX)
+        if differs.item() > 0 or step == beyond:
+            return dict(found, beyond_from=beyond)
+    return {}
+
+
 def step_localization(body, step: int) -> dict:
     """Step `step`'s first transformer call rerun on both transformers with hooks, traced and compared (collective)."""
-    args, kwargs = next((a, k) for s, a, k in body.recording.calls if s == step - 1)
+    import contextlib
+
+    args, kwargs, context = next((a, k, c) for s, a, k, c in body.recording.calls if s == step - 1)
     ctx = body.checks
 
     def call(model):
-        return model(*args, **dict(kwargs, return_dict=False))[0]
+        entered = model.cache_context(context[0], **context[1]) if context else contextlib.nullcontext()
+        with entered:
+            return model(*args, **dict(kwargs, return_dict=False))[0]
 
     ref_calls, _ = rerun.record(ctx.reference, call)
     calls, _ = rerun.record(ctx.model, call, local=localize.local_share)

@@ -2,7 +2,8 @@
 `callback_on_step_end`), the decoded output, and, where asked, every transformer call's inputs by step.
 
 The inputs are taken by a forward pre-hook on the transformer, which runs before diffusers' own hooks (the
-context-parallel split among them), so they are the whole tensors the pipeline passed: what a localization reruns.
+context-parallel split among them), so they are the whole tensors the pipeline passed: what a localization reruns,
+inside the cache context the pipeline had entered for the call (`cache_context(name, ...)`, which cache hooks need).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ class Recording:
     """A pipeline run: the latents after each step, the decoded output, each transformer call's inputs by step."""
     steps: list = field(default_factory=list)
     output: torch.Tensor | None = None
-    #: (step, keyword arguments) of every transformer call, when recorded.
+    #: (step, positional arguments, keyword arguments, cache context as (name, keyword arguments) or None) of every
+    #: transformer call, when recorded.
     calls: list = field(default_factory=list)
 
     @property
@@ -42,11 +44,12 @@ def run(pipe, inputs: dict, steps: int, record_calls: bool = False) -> Recording
         rec.steps.append(tensors["latents"].detach().clone())
         return {}
 
-    handle = None
+    handle, transformer, entered = None, pipe.transformer, []
     if record_calls:
         def before_call(module, args, kwargs):
-            rec.calls.append((len(rec.steps), args, _detached(kwargs)))
-        handle = pipe.transformer.register_forward_pre_hook(before_call, with_kwargs=True)
+            rec.calls.append((len(rec.steps), args, _detached(kwargs), entered[-1] if entered else None))
+        handle = transformer.register_forward_pre_hook(before_call, with_kwargs=True)
+        transformer.cache_context = _recording_context(transformer.cache_context, entered)
     try:
         with torch.no_grad():
             out = pipe(**dict(inputs, num_inference_steps=steps, callback_on_step_end=after_step,
@@ -54,8 +57,21 @@ def run(pipe, inputs: dict, steps: int, record_calls: bool = False) -> Recording
     finally:
         if handle is not None:
             handle.remove()
+            del transformer.cache_context
     rec.output = out[0] if isinstance(out, (tuple, list)) else out
     return rec
+
+
+def _recording_context(cache_context, entered: list):
+    """`cache_context` that keeps the context the pipeline entered last, (name, keyword arguments)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def recording(name, **kwargs):
+        entered.append((name, kwargs))
+        with cache_context(name, **kwargs):
+            yield
+    return recording
 
 
 def _detached(value):

@@ -32,7 +32,7 @@ def pipeline_on(p, components: dict, device: torch.device, dtype: torch.dtype):
         module.to(device, dtype).eval()
     pipe = p.pipeline(components)
     if p.cache:
-        caches.enable(pipe, p.cache, p.steps, p.source.caches.get(p.cache, {}))
+        caches.enable(pipe, p.cache, p.steps, p.source.guidance, p.source.caches.get(p.cache, {}))
     return pipe
 
 
@@ -57,6 +57,11 @@ def compute(p, refs_dir: str, device: torch.device) -> None:
         write_json(reference_error_file(refs_dir, p.key), {"error": str(exc), "fitted": True})
         return
     except Exception as exc:
+        if p.cache:  # the pipeline runs without the cache (its plain case says): it cannot run this one
+            why = (f"diffusers' {p.source.pipeline_class.__name__} cannot run {p.cache} on one device: "
+                   f"{type(exc).__name__}: {exc}")
+            write_json(reference_error_file(refs_dir, p.key), {"error": why, "fitted": True})
+            return
         write_json(reference_error_file(refs_dir, p.key),
                    {"error": f"the pipeline failed on one device: {type(exc).__name__}: {exc}", "fitted": False})
         return
