@@ -147,7 +147,8 @@ def build_cases(args, backend) -> list[Case]:
         layouts = _layouts_of(library, args.layouts, args.order, by_library)
         request = CaseRequest(chosen, layouts, args.nproc, args.order, variants, args.controls,
                               args.only_control, not args.no_grads, args.dtype, args.route, args.cp_options,
-                              args.attention_backend, spec=bool(args.spec), named=named)
+                              args.attention_backend, spec=bool(args.spec), named=named,
+                              everything=getattr(args, "all", False))
         if args.dtype not in adapter.dtypes and named and _only_library(args, library, by_library):
             raise UsageError(f"--dtype {args.dtype}: the {library} adapter runs {', '.join(adapter.dtypes)} only")
         try:
