@@ -106,6 +106,12 @@ PIPELINE_VARIANTS = ("base", "long") + CACHE_VARIANTS
 #: The layout kind each pipeline's one case of the default run takes: one CP and one TP layout between the pipelines
 #: whose transformer has both, a CP layout for the others.
 PIPELINE_DEFAULT_KIND: dict[str, str] = {
-    "flux-pipeline": "tp", "flux2-pipeline": "u", "qwenimage-pipeline": "r", "wan-pipeline": "u", "ltx-pipeline": "r",
+    "flux-pipeline": "u", "flux2-pipeline": "tp", "qwenimage-pipeline": "r", "wan-pipeline": "u", "ltx-pipeline": "r",
     "qwenimage21-pipeline": "tp", "chronoedit-pipeline": "u", "helios-pipeline": "u", "ltx2-pipeline": "u",
 }
+#: Pipelines the default run leaves to `--models pipelines` and `--all`: Helios's 40 blocks (its `_cp_plan` names
+#: them) make one 4-rank case 21 s here, against 2 to 9 s for the others (measured, 2 shared cores).
+PIPELINE_NOT_DEFAULT = ("helios-pipeline",)
+#: The route of a pipeline's one case in the default run where it is not `auto`: its transformer loaded with a
+#: `parallel_config` from a saved checkpoint, the other way a user makes it parallel.
+PIPELINE_DEFAULT_ROUTE: dict[str, str] = {"flux2-pipeline": "sharded-load", "wan-pipeline": "sharded-load"}

@@ -217,13 +217,15 @@ def plant_cache(pipe, applied, control: str | None) -> str | None:
 # -- the controls -----------------------------------------------------------------------------------------------
 
 #: The places the localization of a detected case must name (`Control.plants_in`).
-FIRST_ATTENTION = "transformer_blocks.0.attn|blocks.0.attn1"
+FIRST_ATTENTION = "*blocks.0.attn|*blocks.0.attn1"
+#: The model itself: the guidance batch is dealt over the ranks at its inputs.
+ROOT = "<root>"
 ROTARY = "pos_embed|rope|*attn*"
 
 PIPELINE_CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("guidance-batch-split", "the guidance batch dealt over the CP ranks, each taking its own sample while the "
             "sequence is still split across them, outputs gathered back by sample", (CheckId.PIPELINE,), _needs_cp,
-            _guidance_batch_split, plants_in="*"),
+            _guidance_batch_split, plants_in=ROOT),
     Control("rotary-shard-cached", "from the second step on, every CP rank applies the first CP rank's rows of the "
             "rotary table (cached at the local length, cut from its start); step 1 exact", (CheckId.PIPELINE,),
             _needs_cp, _rotary_shard_cached, plants_in=ROTARY),
