@@ -92,6 +92,18 @@ def hung_run(request):
 
 
 @pytest.fixture(scope="session")
+def pipeline_run(tmp_path_factory):
+    """A real pipeline run (2 ranks): Flux's pipeline on u2 and tp2, its transformer loaded with a parallel_config
+    from a checkpoint (sharded-load), with every pipeline control, and its HTML report; the pipeline tests and the
+    browser test read it."""
+    tmp = tmp_path_factory.mktemp("pipelines")
+    run = run_paracheck(["--models", "flux-pipeline", "--layouts", "u2,tp2", "--nproc", "2", "--route", "sharded-load",
+                         "--controls", "--html", str(tmp / "run.html")], tmp)
+    assert run.code == 0 and run.report, run.out
+    return run, tmp / "run.html"
+
+
+@pytest.fixture(scope="session")
 def html_run(tmp_path_factory):
     """A tiny real run (one control, 2 ranks) that writes its JSON and HTML reports, for the HTML tests."""
     tmp = tmp_path_factory.mktemp("html")
@@ -110,7 +122,8 @@ def pytest_collection_modifyitems(items):
     whose ranks sit blocked. Two worlds at once are not run: they slow each other's collectives, and in one of
     three suites that ran them so, two ranks of ring layouts died of heap corruption (docs/ci.md)."""
     for item in items:
-        shared = [name for name in ("default_run", "hung_run", "html_run") if name in getattr(item, "fixturenames", ())]
+        shared = [name for name in ("default_run", "hung_run", "html_run", "pipeline_run")
+                  if name in getattr(item, "fixturenames", ())]
         cls = getattr(item, "cls", None)
         if shared or (cls is not None and issubclass(cls, ParallelTesterMixin)):
             item.add_marker(pytest.mark.slow)

@@ -144,3 +144,33 @@ def test_a_link_to_a_case_opens_it(browser, page_file):
     expect(row).to_have_class(re.compile(r"\bopen\b"))
     expect(page.locator("tr.detail", has=page.locator("figure.grads-plot")).nth(1)).to_be_visible()
     page.close()
+
+
+def test_a_pipeline_run_at_a_glance_and_its_pictures(browser, pipeline_run, tmp_path):
+    """The run at a glance leads the page, a cell opens its case, and a pipeline case's three pictures load (inline,
+    nothing fetched) beside its step curve."""
+    _, page_file = pipeline_run
+    page = browser.new_page(viewport={"width": 1360, "height": 900})
+    requests, errors = [], []
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(page_file.as_uri())
+    page.wait_for_load_state("load")
+    grid = page.locator("#grid")
+    assert grid.is_visible() and grid.bounding_box()["y"] < page.locator("#case-table").bounding_box()["y"]
+    assert page.eval_on_selector_all("#grid td.cell", "cells => cells.map(c => c.dataset.layout + ' ' + "
+                                     "c.textContent.trim())") == ["u2 pass +5", "tp2 pass +5"]
+    page.click("#grid td.cell[data-layout=u2] a")
+    opened = page.locator("tr.case.open")
+    assert opened.count() == 1 and opened.get_attribute("data-layout") == "u2"
+    detail = page.locator("tr.detail:not([hidden])")
+    pictures = detail.locator(".pictures img")
+    assert pictures.count() == 3
+    assert page.evaluate("Array.from(document.querySelectorAll('tr.detail:not([hidden]) .pictures img'))"
+                         ".every(i => i.complete && i.naturalWidth > 0)")
+    assert detail.locator("svg.curve circle").count() == 3 and detail.locator("svg.curve").is_visible()
+    assert errors == [] and all(u.startswith("data:") for u in requests[1:]) and requests[0] == page_file.as_uri()
+    shot = _artifacts(tmp_path) / "html-pipeline.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    page.close()

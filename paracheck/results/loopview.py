@@ -10,10 +10,14 @@ with `height`, `width`, `max_abs`, `scale`, and `rank`, the rank they are from. 
 from __future__ import annotations
 
 import math
+import re
+import sys
 from html import escape
 
 from paracheck.results.plots import items, number
 
+#: What a picture must be to be shown: base64 text (anything else in a report is left out).
+BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")
 #: The pictures' shown size (CSS pixels of the longer side; tiny outputs are enlarged, pixels kept square).
 SHOWN = 160
 OK_COLOR, BAD_COLOR, BOUND_COLOR = "#2e7d32", "#c62828", "#1565c0"
@@ -59,7 +63,7 @@ def _pictures(images: dict, rank) -> str:
     figures = []
     for key, caption in shown:
         data = images.get(key)
-        if not isinstance(data, str) or not data.isascii():
+        if not isinstance(data, str) or not BASE64.match(data):
             continue
         figures.append(f'<figure class="picture {key}"><img alt="{_e(caption)}" {size} '
                        f'src="data:image/png;base64,{_e(data)}"><figcaption>{_e(caption)}</figcaption></figure>')
@@ -91,7 +95,7 @@ def curve_svg(steps: list[dict], prefix: str, width: int = 480, height: int = 20
     seen = [v for v in values + bounds if v is not None and v > 0 and math.isfinite(v)]
     if not seen:
         return '<p class="note">no step has a figure to draw</p>'
-    floor = min(seen) / 10
+    floor = max(min(seen) / 10, sys.float_info.min)
     low, high = math.floor(_log(min(seen), floor)) - 1, math.ceil(_log(max(seen), floor))
     left, right, top, bottom = 56, 12, 12, 34
     span = max(1, len(steps) - 1)

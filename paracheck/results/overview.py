@@ -57,7 +57,8 @@ def grid(cases: list[dict], anchor, order: list[dict] | None = None) -> str:
             counts = {}
             for _, c in members:
                 counts[str(c.get("status"))] = counts.get(str(c.get("status")), 0) + 1
-            title = f"{model} {layout}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+            ranked = sorted(counts.items(), key=lambda sn: ORDER.index(sn[0]) if sn[0] in ORDER else len(ORDER))
+            title = f"{model} {layout}: " + ", ".join(f"{n} {s}" for s, n in ranked)
             extra = f' <span class="more">+{len(members) - 1}</span>' if len(members) > 1 else ""
             tds.append(f'<td class="cell c-{_e(status)}" data-model="{_e(model)}" data-layout="{_e(layout)}">'
                        f'<a href="#{_e(anchor(shown, i))}" title="{_e(title)}">{_e(status)}{extra}</a></td>')
