@@ -15,6 +15,8 @@ layout of each kind). Each ratio is issue 31's goal, measured side by side:
 (c) the floor: `--nproc` processes that import torch, diffusers and transformers and exit; the kit against it,
     goal <= 4.
 (d) what parity.steps and checkpoint.roundtrip add: the kit against the kit without them.
+(e) with `--pipelines`: what the default run's pipeline cases add (one per pipeline, `paracheck run --models
+    pipelines` names them): the kit against the kit naming every other fixture, wall and CPU.
 
 The kit, its run without training, the bare run and the floor alternate, so a change in the machine's load falls
 on each; each ratio is the median of the ratios of the repeats. Wall-clock seconds measure the machine as much as
@@ -161,6 +163,25 @@ def _print_kit(seconds: float, cpu: float, report: dict) -> None:
           + ", ".join(f"{n} {status}" for status, n in sorted(_statuses(report).items())) + ")")
 
 
+def _not_pipelines() -> list[str]:
+    """Every fixture the default run takes but the pipelines (`--models pipelines`)."""
+    from paracheck.domain.registry import select
+
+    piped = {name for name, _ in select("pipelines")}
+    return [name for name, _ in select("all") if name not in piped]
+
+
+def _print_pipelines(runs: list, without: list) -> None:
+    wall = statistics.median(x[0] / y[0] - 1 for x, y in zip(runs, without))
+    cpu = statistics.median(x[1] / y[1] - 1 for x, y in zip(runs, without))
+    report = runs[0][2]
+    piped = [c for c in report["cases"] if c["model"].endswith("-pipeline")]
+    own = sum(c.get("seconds") or 0.0 for c in piped)
+    print(f"(e) the {len(piped)} pipeline cases add {100 * wall:.0f}% wall, {100 * cpu:.0f}% CPU to the default run "
+          f"({statistics.median(s for s, _, _ in without):.1f}s -> {statistics.median(s for s, _, _ in runs):.1f}s); "
+          f"their own seconds {own:.1f} of {case_seconds(report):.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
@@ -170,12 +191,15 @@ def main() -> None:
                         help="time (b) on this many of the cases and scale up (it is said in the output)")
     parser.add_argument("--extra", default="", help="extra `paracheck run` arguments for (a), space separated")
     parser.add_argument("--keep-report", default=None, help="also write (a)'s JSON report (the first run's) here")
+    parser.add_argument("--pipelines", action="store_true", help="also (e): the default run without its pipelines")
     args = parser.parse_args()
     extra = args.extra.split()
     untrained = extra + ["--steps", "0", "--no-checkpoint"]
-    runs, plain, bare, floors = [], [], [], []
+    runs, plain, bare, floors, without = [], [], [], [], []
     for _ in range(args.repeat):
         runs.append(default_run(args.nproc, extra))
+        if args.pipelines:
+            without.append(default_run(args.nproc, extra + ["--models", ",".join(_not_pipelines())]))
         plain.append(default_run(args.nproc, untrained))
         bare.append(default_run(args.nproc, untrained, env={"PARACHECK_BARE": "1"}))
         floors.append(floor(args.nproc))
@@ -199,6 +223,8 @@ def main() -> None:
                                                        and k["status"] != "skip" for k in x.get("checks") or []))
     print(f"(d) parity.steps and checkpoint.roundtrip ({trained} cases) add {100 * added:.0f}% to the default run "
           f"({p:.1f}s -> {kit:.1f}s)")
+    if without:
+        _print_pipelines(runs, without)
     if not args.skip_per_case:
         a, a_cpu, timed_cases, ran = per_case(report, args.nproc, args.per_case_sample)
         how = "" if timed_cases == ran else f" (timed {timed_cases} of {ran} cases, scaled up)"

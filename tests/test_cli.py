@@ -81,13 +81,15 @@ def test_topology_lists_reasons(capsys):
 
 
 def test_all_is_every_librarys_fixtures_and_the_groups_split_them():
-    from paracheck.adapters.diffusers.fixtures_index import FIXTURES
+    from paracheck.adapters.diffusers.fixtures_index import FIXTURES, PIPELINE_FIXTURES
     from paracheck.adapters.transformers.fixtures import FIXTURES as TRANSFORMERS_FIXTURES
     from paracheck.domain.registry import select
 
     every = [name for name, _ in select("all")]
-    assert every == list(FIXTURES) + list(TRANSFORMERS_FIXTURES)  # transformers is in the test extra
-    assert [name for name, _ in select("diffusers")] == list(FIXTURES)
+    diffusers = list(FIXTURES) + list(PIPELINE_FIXTURES)
+    assert every == diffusers + list(TRANSFORMERS_FIXTURES)  # transformers is in the test extra
+    assert [name for name, _ in select("diffusers")] == diffusers
+    assert [name for name, _ in select("pipelines")] == list(PIPELINE_FIXTURES)
     assert [name for name, _ in select("transformers")] == list(TRANSFORMERS_FIXTURES)
 
 
