@@ -86,17 +86,7 @@ def plan(case: Case, backend, sources: Sources) -> Plan:
             raise Unfittable(refused)
         fit = fit_init_dict(model_class, init_dict, case.layout, any_heads=bool(options.get("ulysses_anything")))
         p.init_dict, p.fit = fit.init_dict, fit.changes
-        uneven_ok = options.get("ulysses_anything") or options.get("ring_anything")
-        problems = backend.problems(case.layout) + ([] if uneven_ok else
-                                                    cp_split_problems(model_class, inputs, case.layout))
-        if problems:
-            raise Unfittable("; ".join(problems))
-        p.route = resolve_route(case.route, case.layout)
-        p.attention, refused = attention.choose(case.attention_backend, backend.device_type, case.layout)
-        if refused:
-            raise Unfittable(refused)
-        if case.control:
-            _control_fits(case, p)
+        p.route, p.attention = settle(case, backend, model_class, inputs)
     except Unfittable as exc:
         p.stop = Stop(RankStatus.SKIP, str(exc), exc.failure)
         return p
@@ -104,13 +94,25 @@ def plan(case: Case, backend, sources: Sources) -> Plan:
     return p
 
 
-def _control_fits(case: Case, p: Plan) -> None:
+def settle(case: Case, backend, model_class: type, inputs: dict) -> tuple[Route, str]:
+    """What a fitted case runs through, (route, attention backend), decided alike on every rank; `Unfittable` names
+    what refuses it: the backend's rules, a length the CP degree does not divide (`inputs`: the model's call), the
+    attention backend, or its control's."""
     from paracheck.domain.registry import get_control
 
-    control = get_control(case.control)
-    reason = control.skip_reason(case.layout, p.route)
+    options = dict(case.cp_options)
+    uneven_ok = options.get("ulysses_anything") or options.get("ring_anything")
+    problems = backend.problems(case.layout) + ([] if uneven_ok else cp_split_problems(model_class, inputs, case.layout))
+    if problems:
+        raise Unfittable("; ".join(problems))
+    route = resolve_route(case.route, case.layout)
+    chosen, refused = attention.choose(case.attention_backend, backend.device_type, case.layout)
+    if refused:
+        raise Unfittable(refused)
+    reason = get_control(case.control).skip_reason(case.layout, route) if case.control else None
     if reason:
         raise Unfittable(reason)
+    return route, chosen
 
 
 def _key(case: Case, model_class: type, init_dict: dict, attention: str) -> str:

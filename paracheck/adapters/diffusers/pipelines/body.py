@@ -20,7 +20,7 @@ from paracheck.adapters.diffusers.pipelines.plan import Sources, plan
 from paracheck.adapters.diffusers.reference import torch_dtype
 from paracheck.adapters.diffusers.routes import apply
 from paracheck.domain.adapter import CaseContext, Refused
-from paracheck.domain.records import CheckId
+from paracheck.domain.records import CheckId, Route
 from paracheck.world.site import local_device
 
 #: This process's pipeline sources and the pipeline reference it read last.
@@ -69,7 +69,8 @@ class PipelineBody:
         components = ref.components(p, self.device, self.dtype)
         model, applied = apply(p.route, components["transformer"], self.case.layout, ctx.backend, self.control,
                                ref.transformer, ctx.site.workdir, self.case.cp_options)
-        components["transformer"] = model.to(self.device, self.dtype) if p.route.value == "sharded-load" else model
+        # A load builds the transformer afresh, on the CPU in fp32: placed as the reference's.
+        components["transformer"] = model.to(self.device, self.dtype) if p.route == Route.SHARDED_LOAD else model
         self.pipe = p.pipeline(components)
         if p.cache:
             caches.enable(self.pipe, p.cache, p.steps, p.source.guidance, p.source.caches.get(p.cache, {}))

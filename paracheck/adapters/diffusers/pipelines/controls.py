@@ -243,11 +243,10 @@ def planted_on(name: str) -> str:
     return _VARIANT.get(name, "base")
 
 
-def skip_reason(case, p) -> str | None:
-    """Why control `case.control` cannot show on this pipeline case; None when it can."""
-    control = PIPELINE_CONTROLS[case.control]
-    reason = control.skip_reason(case.layout, p.route)
-    if reason is None and case.control == "guidance-batch-split" and p.source.guidance != "batched":
-        reason = (f"{p.source.name} runs guidance as {p.source.guidance!r}, not one call on the doubled batch: there "
-                  "is no guidance batch to split")
-    return reason
+def guidance_refuses(case, p) -> str | None:
+    """Why `case.control` cannot show on this pipeline beyond its layout and route (`Control.skip_reason`): the
+    guidance split needs the guidance pair in one batch."""
+    if case.control == "guidance-batch-split" and p.source.guidance != "batched":
+        return (f"{p.source.name} runs guidance as {p.source.guidance!r}, not one call on the doubled batch: there "
+                "is no guidance batch to split")
+    return None

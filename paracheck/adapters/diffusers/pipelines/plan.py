@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paracheck.adapters.diffusers import attention, library
-from paracheck.adapters.diffusers.fitting import Unfittable, cp_split_problems, fit_init_dict
+from paracheck.adapters.diffusers import library
+from paracheck.adapters.diffusers.fitting import Unfittable, fit_init_dict
 from paracheck.adapters.diffusers.pipelines import caches, spec
 from paracheck.adapters.diffusers.pipelines.cases import LONG_STEPS, CACHE_STEPS
 from paracheck.adapters.diffusers.pipelines.loop import pipeline_of
-from paracheck.adapters.diffusers.plan import Stop
-from paracheck.adapters.diffusers.routes import resolve_route
+from paracheck.adapters.diffusers.plan import Stop, settle
 from paracheck.checks.traits import input_traits
 from paracheck.domain.case import Case, FixtureUnavailable
 from paracheck.domain.records import Failure, FailureKind, RankStatus, Route
@@ -90,9 +89,11 @@ def plan(case: Case, backend, sources: Sources) -> PipelinePlan:
         p = PipelinePlan(case, source)
         p.steps, p.cache = steps_and_cache(source, case.variant)
         transformer = source.components()["transformer"]
-    except FixtureUnavailable as exc:
-        return PipelinePlan(case, stop=Stop(RankStatus.SKIP, str(exc), Failure(FailureKind.SKIP,
-                                                                                exception=type(exc).__name__)))
+    except (FixtureUnavailable, ImportError) as exc:  # a pipeline class this diffusers lacks: a skip
+        reason = str(exc) if isinstance(exc, FixtureUnavailable) else (
+            f"diffusers {library.installed_version()} cannot build {case.model}: {exc}")
+        return PipelinePlan(case, stop=Stop(RankStatus.SKIP, reason, Failure(FailureKind.SKIP,
+                                                                             exception=type(exc).__name__)))
     except Exception as exc:
         reason = f"RuntimeError: loading the pipeline source raised {type(exc).__name__}: {exc}"
         return PipelinePlan(case, stop=Stop(RankStatus.ERROR, reason, Failure.raised(exc)))
@@ -101,16 +102,7 @@ def plan(case: Case, backend, sources: Sources) -> PipelinePlan:
         _fit(p, transformer)
         first = first_call(p)
         p.traits = input_traits(first)
-        options = dict(case.cp_options)
-        uneven_ok = options.get("ulysses_anything") or options.get("ring_anything")
-        problems = backend.problems(case.layout) + ([] if uneven_ok else
-                                                    cp_split_problems(p.transformer_class, first, case.layout))
-        if problems:
-            raise Unfittable("; ".join(problems))
-        p.route = resolve_route(case.route, case.layout)
-        p.attention, refused = attention.choose(case.attention_backend, backend.device_type, case.layout)
-        if refused:
-            raise Unfittable(refused)
+        p.route, p.attention = settle(case, backend, p.transformer_class, first)
         if case.control:
             _control_fits(case, p)
     except Unfittable as exc:
@@ -153,9 +145,9 @@ def first_call(p: PipelinePlan) -> dict:
 
 
 def _control_fits(case: Case, p: PipelinePlan) -> None:
-    from paracheck.adapters.diffusers.pipelines.controls import skip_reason
+    from paracheck.adapters.diffusers.pipelines.controls import guidance_refuses
 
-    reason = skip_reason(case, p)
+    reason = guidance_refuses(case, p)
     if reason:
         raise Unfittable(reason)
 
