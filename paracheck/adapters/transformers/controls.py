@@ -286,6 +286,107 @@ def _stage_one_short(model, layout) -> str | None:
     return f"{model.base_model_prefix}.layers.{index}"
 
 
+def _attentions(model) -> list:
+    """The attention modules that read and write a layer's cache (`layer_idx`, a `q_proj`)."""
+    return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")]
+
+
+def _cache_first_heads(model, layout) -> None:
+    """Each decode step reads the key/value cache as if it held every head: every TP rank takes the first heads
+    (TP coordinate 0's) instead of its own. Planted around each attention's forward by bending its cache's `update`
+    for that call, on decode steps only (one new token): the prompt's forward and every pass without a cache run as
+    they were."""
+    for attention in _attentions(model):
+        weight = attention.q_proj.weight
+        group = weight.device_mesh.get_group("tp")
+        forward = attention.forward
+
+        def bent(*args, forward=forward, group=group, **kwargs):
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            if cache is None:
+                return forward(*args, **kwargs)
+            update = cache.update
+
+            def first_heads(keys, values, *rest, **more):
+                k, v = update(keys, values, *rest, **more)
+                return (_first_block(k, group), _first_block(v, group)) if keys.shape[-2] == 1 else (k, v)
+
+            cache.update = first_heads
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                del cache.update
+
+        attention.forward = bent
+
+
+def _first_block(tensor, group):
+    """TP coordinate 0's block of heads (dim 1), on every rank of `group`."""
+    import torch
+    import torch.distributed as dist
+
+    blocks = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(blocks, tensor.contiguous(), group=group)
+    return blocks[0]
+
+
+def _rotaries(model) -> list:
+    return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+
+
+def _positions_stuck(model, layout) -> None:
+    """From the second decode step on, the rotary embedding gets the first decode step's positions again: the
+    position stops advancing after the first decode step. Planted around each rotary module's forward; a call with
+    more than one position (a prompt, any pass without a cache) runs as it was and starts the count again."""
+    for rotary in _rotaries(model):
+        forward, first = rotary.forward, {}
+
+        def bent(x, *args, forward=forward, first=first, **kwargs):
+            args = list(args)
+            positions = args[0] if args else kwargs["position_ids"]
+            if positions.shape[-1] > 1:
+                first.clear()
+            else:
+                positions = first.setdefault("positions", positions)
+            if args:
+                args[0] = positions
+            else:
+                kwargs["position_ids"] = positions
+            return forward(x, *args, **kwargs)
+
+        rotary.forward = bent
+
+
+def _next_token_from_first_stage(model, layout) -> str:
+    """On decode steps every stage takes its logits from the first pipeline stage instead of the last: the first
+    stage's copy of the previous step's logits (the last position of the prompt's, after the prompt's forward).
+    Planted by wrapping transformers' own `broadcast_from_last` of the stage; a forward of more than one token (a
+    prompt, every pass without a cache) runs as it was. Returns where it plants (the model's own call)."""
+    import torch
+    import torch.distributed as dist
+
+    stage, kept = model._pp_stage, {}
+    broadcast = stage.broadcast_from_last
+
+    def decoding(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        kept["decode"] = ids is not None and ids.shape[-1] == 1
+
+    def bent(tensor, *, dtype, device):
+        logits = broadcast(tensor, dtype=dtype, device=device)
+        if kept.get("decode") and "last" in kept:
+            stale = kept["last"].clone()
+            dist.broadcast(stale, src=dist.get_global_rank(stage.pp_group, 0), group=stage.pp_group)
+            kept["last"] = logits[:, -1:].clone()
+            return stale.to(device=device, dtype=dtype)
+        kept["last"] = logits[:, -1:].clone()
+        return logits
+
+    model.register_forward_pre_hook(decoding, with_kwargs=True)
+    stage.broadcast_from_last = bent
+    return "<root>"
+
+
 _NORMS = ("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm")
 
 _ENTRIES = (
@@ -352,6 +453,23 @@ _ENTRIES += (
              "sharded model (the head given a copy of its own): forward unchanged, each then learns from one use",
              (CheckId.STEPS,), _needs_trainer),
      Plant(trainer_plant=_untied_trainer, needs_model=_untied, trainer_needs_tied=True)),
+)
+
+_ENTRIES += (
+    (Control("tf-cache-all-heads", "each decode step reads the key/value cache as if it held every head: every TP "
+             "rank attends with the first heads' keys and values instead of its own (the prompt's forward exact)",
+             (CheckId.GENERATE,), _needs_tp, plants_in="*.self_attn|*.attention|*.attn"),
+     Plant(after_load=_cache_first_heads, needs_model=lambda ref: None if _attentions(ref) else
+           "the model has no attention module with a q_proj and a layer_idx")),
+    (Control("tf-position-stuck", "the position stops advancing after the first decode step: later decode steps "
+             "take the first one's rotary positions", (CheckId.GENERATE,), lambda layout: None,
+             plants_in="*rotary_emb*"),
+     Plant(after_load=_positions_stuck, needs_model=lambda ref: None if _rotaries(ref) else
+           "the model has no rotary embedding module")),
+    (Control("tf-pp-next-token-first-stage", "on decode steps every pipeline stage takes its next-token logits from "
+             "the first stage (its copy of the previous step's) instead of the last", (CheckId.GENERATE,), _needs_pp,
+             plants_in=PLANTED + "*"),
+     Plant(after_load=_next_token_from_first_stage)),
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}
