@@ -110,6 +110,19 @@ def _bias_before_reduce(model, layout) -> None:
             module.register_forward_hook(lambda m, args, out, extra=layout.tp - 1: out + extra * _local(m.bias))
 
 
+def _bias_shows(ref) -> str | None:
+    """Why a row-parallel bias counted tp times cannot show on this model, else None: it has no such bias, or every
+    one is exactly zero (transformers initializes biases so; a trained or drawn checkpoint has them nonzero), so the
+    extra copies add nothing."""
+    biased = _rowwise_with_bias(ref)
+    if not biased:
+        return "the model has no row-parallel module with a bias"
+    if all(not _local(m.bias).detach().any() for m in biased):
+        return (f"the model's {len(biased)} row-parallel biases are all exactly zero (as transformers initializes "
+                "them), so a bias counted tp times adds nothing")
+    return None
+
+
 def _packed_as_colwise(ref) -> dict:
     """Every packed (fused gate and up) rule planned plain colwise: the fused weight split in one run of rows,
     so one rank holds the gate halves and another the up halves, instead of each rank a slice of both."""
@@ -132,34 +145,76 @@ def _named_router(module) -> bool:
 def _topk_on_shard(model, layout) -> None:
     """Each router takes its top-k among this rank's share of the experts first (as a router whose logits were
     split across ranks by expert would): the experts a token is sent to differ from rank to rank. Planted by
-    wrapping each router's own forward, so only `torch.topk` calls made inside a router are bent."""
-    import torch
+    wrapping each router's own forward: within it, every expert score it computes (an `F.linear` whose output has
+    one column per expert) or takes a top-k of (`torch.topk`, `Tensor.topk`) has the other ranks' experts pushed
+    down first, so whatever picks the experts (a top-k, Phi-MoE's sparsemixer) picks this rank's share."""
     from unittest import mock
 
+    import torch
     import torch.distributed as dist
+    import torch.nn.functional as F
 
-    shards = max(layout.tp, layout.ep)
+    shards, experts = max(layout.tp, layout.ep), _expert_count(model.config)
     index = dist.get_rank() % shards
-    topk = torch.topk
+    linear, topk, tensor_topk = F.linear, torch.topk, torch.Tensor.topk
 
-    def local_topk(scores, k, dim=-1, *args, **kwargs):
-        experts = scores.shape[dim]
+    def local(scores, dim=-1):
+        if scores.shape[dim] != experts:
+            return scores
         lo, hi = index * experts // shards, (index + 1) * experts // shards
         outside = torch.ones(experts, dtype=torch.bool, device=scores.device)
         outside[lo:hi] = False
         shape = [1] * scores.dim()
         shape[dim] = experts
-        _, chosen = topk(scores - 10.0 * outside.view(shape).to(scores.dtype), k, dim, *args, **kwargs)
+        return scores - 10.0 * outside.view(shape).to(scores.dtype)
+
+    def local_linear(*args, **kwargs):
+        return local(linear(*args, **kwargs))
+
+    def local_topk(scores, k, dim=-1, *args, **kwargs):
+        _, chosen = topk(local(scores, dim), k, dim, *args, **kwargs)
         return scores.gather(dim, chosen), chosen
+
+    def local_tensor_topk(scores, k, dim=-1, *args, **kwargs):
+        return local_topk(scores, k, dim, *args, **kwargs)
 
     for router in _routers(model):
         forward = router.forward
 
         def bent(*args, forward=forward, **kwargs):
-            with mock.patch.object(torch, "topk", local_topk):
+            with mock.patch.object(F, "linear", local_linear), mock.patch.object(torch, "topk", local_topk), \
+                    mock.patch.object(torch.Tensor, "topk", local_tensor_topk):
                 return forward(*args, **kwargs)
 
         router.forward = bent
+
+
+#: The config keys of a routed expert pool's size and of how many experts each token goes to (`fitting`'s too).
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk", "top_k_experts")
+
+
+def _expert_count(config) -> int | None:
+    config = getattr(config, "text_config", None) or config
+    return next((getattr(config, k) for k in EXPERT_KEYS if isinstance(getattr(config, k, None), int)), None)
+
+
+def every_expert_routed(config) -> str | None:
+    """Why a top-k taken on a shard cannot show on `config`: every token goes to every expert (its top-k is at least
+    its expert count), so any top-k picks them all. None where it can show (or the config names neither)."""
+    experts = _expert_count(config)
+    inner = getattr(config, "text_config", None) or config
+    k = next((getattr(inner, key) for key in TOP_K_KEYS if isinstance(getattr(inner, key, None), int)), None)
+    if experts is None or k is None or k < experts:
+        return None
+    return (f"every token goes to every expert ({next(x for x in TOP_K_KEYS if getattr(inner, x, None) == k)}={k} "
+            f"of {experts} experts), so a top-k taken on a shard picks the same experts")
+
+
+def _router_shows(ref) -> str | None:
+    if not _routers(ref):
+        return "the model has no top-k router (a dense model)"
+    return every_expert_routed(ref.config)
 
 
 def _needs_split_experts(layout) -> str | None:
@@ -409,8 +464,7 @@ _ENTRIES = (
     (Control("tf-rowwise-bias-before-reduce", "a row-parallel bias added on every rank before the reduction, "
              "so the sum counts it tp times (placements exact)", (CheckId.INFERENCE, CheckId.FORWARD),
              _needs_tp),
-     Plant(after_load=_bias_before_reduce, needs_model=lambda ref: None if _rowwise_with_bias(ref) else
-           "the model has no row-parallel module with a bias")),
+     Plant(after_load=_bias_before_reduce, needs_model=_bias_shows)),
     (Control("tf-packed-as-colwise", "a fused gate-and-up projection planned colwise instead of packed_colwise: "
              "split in the wrong order, one rank holds the gates, another the ups (measured on qwen2_moe tp2: the "
              "forward stays exact, the gradients do not)", (CheckId.TP_SHARDS, CheckId.GRADS), _needs_tp_without_ep),
@@ -440,8 +494,7 @@ _ENTRIES += (
     (Control("tf-router-topk-on-shard", "each MoE router takes its top-k among this rank's share of the experts "
              "first, so ranks send a token to different experts", (CheckId.INFERENCE, CheckId.FORWARD),
              _needs_split_experts, plants_in="*.gate|*.router"),
-     Plant(after_load=_topk_on_shard, needs_model=lambda ref: None if _routers(ref) else
-           "the model has no top-k router (a dense model)")),
+     Plant(after_load=_topk_on_shard, needs_model=_router_shows)),
     (Control("tf-clip-local-norm", "the Trainer's gradient clipping takes the norm of each rank's local shards only, "
              "so each rank clips by its own factor (the norm it logs is its shard's)", (CheckId.STEPS,),
              _needs_sharded_grads),
