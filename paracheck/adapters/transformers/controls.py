@@ -159,21 +159,21 @@ def _topk_on_shard(model, layout) -> None:
     linear, topk, tensor_topk = F.linear, torch.topk, torch.Tensor.topk
 
     def local(scores, dim=-1):
-        if scores.shape[dim] != experts:
-            return scores
-        lo, hi = index * experts // shards, (index + 1) * experts // shards
-        outside = torch.ones(experts, dtype=torch.bool, device=scores.device)
+        count = scores.shape[dim]  # a pool the router picks from (routed experts and any others it scores alike)
+        lo, hi = index * count // shards, (index + 1) * count // shards
+        outside = torch.ones(count, dtype=torch.bool, device=scores.device)
         outside[lo:hi] = False
         shape = [1] * scores.dim()
-        shape[dim] = experts
+        shape[dim] = count
         return scores - 10.0 * outside.view(shape).to(scores.dtype)
 
     def local_linear(*args, **kwargs):
-        return local(linear(*args, **kwargs))
+        out = linear(*args, **kwargs)
+        return local(out) if out.shape[-1] == experts else out  # an expert score, not another projection's output
 
     def local_topk(scores, k, dim=-1, *args, **kwargs):
         _, chosen = topk(local(scores, dim), k, dim, *args, **kwargs)
-        return scores.gather(dim, chosen), chosen
+        return torch.return_types.topk((scores.gather(dim, chosen), chosen))
 
     def local_tensor_topk(scores, k, dim=-1, *args, **kwargs):
         return local_topk(scores, k, dim, *args, **kwargs)

@@ -25,6 +25,7 @@ import tempfile
 
 import torch
 
+from paracheck.checks.compare import compare
 from paracheck.checks.shards import full
 from paracheck.checks.steps import StepRecord, compare_steps
 from paracheck.domain.adapter import Refused
@@ -191,11 +192,18 @@ def reference(key, path: str, data: list[dict], rows: int, steps: int, workdir: 
 
 
 def check(actual: Recorder, expected: Recorder, atol: float, rtol: float) -> CheckResult:
-    """`compare_steps` (loss, gradient norm, every parameter), with whether each reference step clipped: a step
-    that did not would leave the clipping untested."""
+    """`compare_steps` (loss, gradient norm, every parameter), with whether each reference step clipped (a step
+    that did not would leave the clipping untested), then the evaluation losses before and after the steps."""
     result = compare_steps(actual.records, expected.records, atol, rtol)
     norms = [r.grad_norm for r in expected.records]
-    result.data.update(max_grad_norm=MAX_GRAD_NORM, clipped=[n is not None and n > MAX_GRAD_NORM for n in norms])
+    result.data.update(max_grad_norm=MAX_GRAD_NORM, clipped=[n is not None and n > MAX_GRAD_NORM for n in norms],
+                       evaluated=actual.evaluated, reference_evaluated=expected.evaluated)
+    for when, mine, ref in zip(("before", "after"), actual.evaluated, expected.evaluated):
+        held = compare(CheckId.STEPS, torch.tensor(mine), torch.tensor(ref), atol, rtol,
+                       f"the evaluation loss {when} the steps")
+        if held.status == Status.FAIL and result.status == Status.PASS:
+            result.status, result.detail = Status.FAIL, f"{held.detail}: {mine:.6g} != reference {ref:.6g}"
+            result.max_abs = max(result.max_abs or 0.0, held.max_abs or 0.0)
     return result
 
 
