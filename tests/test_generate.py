@@ -109,8 +109,6 @@ def test_different_prompts_or_shapes_are_a_problem_not_a_pass():
 
 # -- one world ------------------------------------------------------------------------------------
 
-transformers = pytest.importorskip("transformers")
-
 GENERATE_PLANTED = [("tf-cache-all-heads", "tp2", "*.self_attn"), ("tf-position-stuck", "tp2", "*rotary_emb"),
                     ("tf-position-stuck", "pp2", "*rotary_emb"), ("tf-pp-next-token-first-stage", "pp2", "<root>")]
 
@@ -119,6 +117,7 @@ GENERATE_PLANTED = [("tf-cache-all-heads", "tp2", "*.self_attn"), ("tf-position-
 def generate_run(tmp_path_factory):
     from tests.support import run_paracheck
 
+    pytest.importorskip("transformers")
     return run_paracheck(["--models", "llama", "--layouts", "tp2,pp2", "--nproc", "2", "--all", "--controls",
                           "--no-checkpoint", "--steps", "2"], tmp_path_factory.mktemp("generate"))
 
