@@ -211,9 +211,14 @@ def run_sweep(args, backend, entries) -> int:
     from paracheck.results.verdict import judge
     from paracheck.results.report import run_meta
 
+    from paracheck.cli.common import UsageError
+    from paracheck.adapters.transformers.requirements import missing
+
     world = args.nproc or 4
     args.nproc = world
     started = time.time()
+    if missing():  # every family loads with from_pretrained: one line, before anything is built
+        raise UsageError(missing())
     cases, refused, needed = plan(args, world)
     folder = tempfile.mkdtemp(prefix="paracheck-sweep-")
     try:
