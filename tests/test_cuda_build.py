@@ -38,7 +38,7 @@ def _worker(rank: int, tmp: str) -> None:
     try:
         gather_size_by_comm(rank + 3, plain)
         found["plain"] = "gathered"
-    except (RuntimeError, AssertionError) as exc:  # CPU build: "Torch not compiled with CUDA enabled"
+    except (RuntimeError, AssertionError) as exc:
         found["plain"] = f"{type(exc).__name__}: {exc}"
     dist.barrier()
     answer(tmp, rank, found)
@@ -52,4 +52,6 @@ def test_gloo_groups_keep_diffusers_uneven_gathers_on_the_cpu():
     for rank, got in enumerate(found):
         assert "cpu" in got["kit"], f"rank {rank}: the kit's ring group is {got['kit']!r}"
         assert got["sizes"] == [3, 4], f"rank {rank}: {got['sizes']}"
-        assert "CUDA" in got["plain"], f"rank {rank}: the stand-in did not reach CUDA on a plain gloo group: {got}"
+        # The control: on a plain "gloo" group the same call goes to CUDA and raises ("Torch not compiled with CUDA
+        # enabled" on a CPU build; on a CUDA build with no GPU "Found no NVIDIA driver" or "Cannot re-initialize CUDA").
+        assert got["plain"] != "gathered", f"rank {rank}: a plain gloo group gathered: the stand-in reached no CUDA"
