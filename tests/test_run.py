@@ -300,7 +300,7 @@ def test_a_stopped_run_reports_what_it_finished_and_resume_goes_on(tmp_path, how
     specs = ["--spec", f"{SPECS}:flux_spec", "--spec", f"{SPECS}:rank1_hangs", "--layouts", "u4", "--no-grads"]
     proc = subprocess.Popen([sys.executable, "-m", "paracheck", "run", *specs, "--timeout", "600", "--report-json",
                              str(report)], cwd=ROOT, env=dict(os.environ, TMPDIR=str(tmpdir)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_default_sigint)
     seen = []
     for line in proc.stdout:  # the first case's progress line, then the second case is under way and hangs
         seen.append(line)
@@ -328,6 +328,12 @@ def test_a_stopped_run_reports_what_it_finished_and_resume_goes_on(tmp_path, how
     assert (resumed["model"], resumed["status"], resumed["resumed"]) == ("flux_spec", "pass", True)
     assert (hung["model"], hung["status"]) == ("rank1_hangs", "error") and "resumed" not in hung
     assert then.report["summary"]["passed"] == 1 and then.report["summary"]["errors"] == 1 and then.code == 3
+
+
+def _default_sigint():
+    """A suite started as a background job (a shell's `cmd &`) inherits SIGINT ignored, and Python then leaves it
+    ignored: the run under test takes Ctrl-C's default, as a terminal's foreground job does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_torchrun_worker_by_path(tmp_path):
