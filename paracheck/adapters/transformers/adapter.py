@@ -31,7 +31,11 @@ class TransformersAdapter:
         return importlib.util.find_spec("transformers") is not None
 
     def unsupported(self) -> str | None:
-        return None if self.installed() else "transformers is not installed (pip install 'paracheck[transformers]')"
+        if not self.installed():
+            return "transformers is not installed (pip install 'paracheck[transformers]')"
+        from paracheck.adapters.transformers.requirements import missing
+
+        return missing()  # a requirement the library's loading asks for, missing: one line before any rank
 
     def claims(self, factory) -> bool:
         return False  # a transformers spec says so: `library = "transformers"`
@@ -79,6 +83,10 @@ class TransformersAdapter:
         if plant is None or not plant.trainer_needs_tied or case.payload or case.factory != factory_of(case.model):
             return True
         return bool(CONFIGS.get(case.model, ("", {}))[1].get("tie_word_embeddings"))
+
+    def generates(self, case) -> bool:
+        """Every causal LM generates: parity.generate runs where the tier turns it on."""
+        return True
 
     def case_body(self, ctx):
         from paracheck.adapters.transformers.body import case_body

@@ -25,6 +25,8 @@ class CausalLMParallelTesterMixin(ParallelTesterMixin):
     model_class = None
     paracheck_structure_ids = (CheckId.MESH, CheckId.TP_SHARDS)
     paracheck_library = LIBRARY
+    #: parity.generate on every layout: greedy generation, three cache modes (`adapters.transformers.generate`).
+    paracheck_generate = True
 
     @classmethod
     def _paracheck_layouts(cls) -> list:
@@ -42,7 +44,11 @@ class CausalLMParallelTesterMixin(ParallelTesterMixin):
 
     def _paracheck_cases(self, layouts, folder: str) -> list:
         from paracheck.adapters.transformers.mixin_cases import cases, check_variants, write_checkpoint
+        from paracheck.adapters.transformers.requirements import missing
 
+        problem = missing()
+        if problem:  # once for the class, as diffusers' mixin does, not once per layout's test
+            pytest.fail(f"paracheck: {problem}", pytrace=False)
         cls = type(self)
         if cls.paracheck_dtype != "fp32":
             raise ValueError(f"paracheck_dtype {cls.paracheck_dtype!r}: the transformers adapter runs fp32 only")
@@ -54,3 +60,7 @@ class CausalLMParallelTesterMixin(ParallelTesterMixin):
     @pytest.mark.paracheck
     def test_paracheck_loss(self, paracheck_case, request):
         expect(self, request, paracheck_case, (CheckId.LOSS,))
+
+    @pytest.mark.paracheck
+    def test_paracheck_generate(self, paracheck_case, request):
+        expect(self, request, paracheck_case, (CheckId.GENERATE,))

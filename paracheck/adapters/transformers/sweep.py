@@ -16,7 +16,6 @@ where it stopped; `scripts/support_matrix.py` merges any number of such reports 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -31,6 +30,7 @@ from paracheck.adapters.transformers.controls import applicable
 from paracheck.domain.case import Case
 from paracheck.domain.records import Failure, FailureKind, RankResult, RankStatus, Route
 from paracheck.domain.sharding import parse_shard, shard
+from paracheck.results import resume
 
 PREFIX = "transformers:"
 #: A sweep case's factory: its checkpoint is the family's, written by the launcher (`case.payload`), and a replay
@@ -121,14 +121,33 @@ def _plan(args, world: int) -> tuple[list[Case], dict[int, str], list[Family]]:
                     refused[len(cases)] = why
                 cases.append(Case(family.name, FACTORY, **dict(fields, control=control)))
     logging.disable(logging.NOTSET)
+    cases, refused = _generating(args, cases, refused)
     keep = list(range(len(cases)))
     if args.shard:
         keep = shard(keep, *parse_shard(args.shard), group=lambda i: cases[i].model)
-    done = _done(args.resume) if args.resume else set()
-    keep = [i for i in keep if _key(cases[i]) not in done]
+    done = resume.held(args.resume) if args.resume else {}
+    keep = [i for i in keep if resume.case_key(cases[i]) not in done]
     needed = {cases[i].model for i in keep if i not in refused}
     return ([cases[i] for i in keep], {n: refused[i] for n, i in enumerate(keep) if i in refused},
             [by_family[name] for name in sorted(needed)])
+
+
+def _generating(args, cases: list[Case], refused: dict[int, str]) -> tuple[list[Case], dict[int, str]]:
+    """parity.generate turned on as the default tier turns it on (one layout of each kind per family, every one
+    with --all; `domain.tier.with_generate`), a control that only generation shows following it; the refusals
+    re-indexed to the cases kept."""
+    from dataclasses import replace
+
+    from paracheck.domain.tier import needs_generate, with_generate
+
+    why = {replace(c, generate=False): refused[i] for i, c in enumerate(cases) if i in refused}
+    chosen = []
+    for family in dict.fromkeys(c.model for c in cases):  # the kinds are covered per family
+        mine = [c for c in cases if c.model == family]
+        chosen += with_generate(mine, getattr(args, "all", False), needs=needs_generate,
+                                runs=lambda c: replace(c, generate=False) not in why)
+    return chosen, {i: why[replace(c, generate=False)] for i, c in enumerate(chosen)
+                    if replace(c, generate=False) in why}
 
 
 def _names(args, layout) -> list:
@@ -144,18 +163,6 @@ def _placeholder_layout(world: int):
     from paracheck.adapters.transformers.layout import TfLayout
 
     return TfLayout(fsdp=world)
-
-
-def _key(case: Case) -> tuple:
-    return case.model, case.layout.name, case.variant, case.control
-
-
-def _done(path: str) -> set:
-    """The cases a report already holds, by (family, layout, variant, control); errors run again."""
-    with open(path) as handle:
-        data = json.load(handle)
-    return {(c["model"], c["layout"], c["variant"], c["control"]) for c in data.get("cases", [])
-            if c.get("status") != "error"}
 
 
 def build(family: Family, folder: str):
@@ -217,14 +224,20 @@ def run_sweep(args, backend, entries) -> int:
     """Plan, build the families this run needs (a line per family), launch the rest, report every case."""
     from paracheck.launch.launcher import Launcher
     from paracheck.results import known
-    from paracheck.results.finish import finish
+    from paracheck.cli.common import raise_interrupt, signal_of
+    from paracheck.results.finish import finish, interrupted
     from paracheck.results.progress import Progress
     from paracheck.results.verdict import judge
     from paracheck.results.report import run_meta
 
+    from paracheck.cli.common import UsageError
+    from paracheck.adapters.transformers.requirements import missing
+
     world = args.nproc or 4
     args.nproc = world
     started = time.time()
+    if missing():  # every family loads with from_pretrained: one line, before anything is built
+        raise UsageError(missing())
     cases, refused, needed = plan(args, world)
     folder = tempfile.mkdtemp(prefix="paracheck-sweep-")
     try:
@@ -242,13 +255,15 @@ def run_sweep(args, backend, entries) -> int:
         launched = [cases[i] for i in runnable]
         progress = Progress(launched, quiet=args.quiet, entries=entries)
         launcher = Launcher(backend, world, args.timeout, on_case=progress.case_done, known=known.as_data(entries))
-        previous = signal.signal(signal.SIGTERM, _interrupt)
+        previous = signal.signal(signal.SIGTERM, raise_interrupt)
         try:
             outcome = launcher.run(launched) if launched else None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             launcher.stop()
+            progress.close()
             print("paracheck: interrupted; every rank was stopped", file=sys.stderr)
-            return 3
+            return interrupted(args, progress, launched, run_meta(backend, world), time.time() - started,
+                               signal_of(stop))
         finally:
             signal.signal(signal.SIGTERM, previous)
         progress.close()
@@ -281,7 +296,3 @@ def _refusal(index: int, decided) -> list[RankResult]:
 
 def _say(line: str) -> None:
     print(line, flush=True)
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
