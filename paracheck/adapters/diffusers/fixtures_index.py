@@ -94,10 +94,13 @@ FIXTURE_SPACES = _spaces()
 PIPELINE_FIXTURES: dict[str, str] = {
     f"{model}-pipeline": f"paracheck.fixtures.pipelines:{name}PipelineCase" for model, name in (
         ("flux", "Flux"), ("flux2", "Flux2"), ("qwenimage", "QwenImage"), ("wan", "Wan"), ("ltx", "LTX"),
-        ("qwenimage21", "QwenImage21"), ("chronoedit", "ChronoEdit"), ("helios", "Helios"), ("ltx2", "LTX2"))
+        ("qwenimage21", "QwenImage21"), ("chronoedit", "ChronoEdit"), ("helios", "Helios"), ("ltx2", "LTX2"),
+        ("flux-kontext", "FluxKontext"))
 }
-#: Each pipeline fixture's transformer, as the model fixture of that class is named (its plans, its class).
-PIPELINE_TRANSFORMERS: dict[str, str] = {name: name.removesuffix("-pipeline") for name in PIPELINE_FIXTURES}
+#: Each pipeline fixture's transformer, as the model fixture of that class is named (its plans, its class); a
+#: pipeline built on another's transformer names it.
+PIPELINE_TRANSFORMERS: dict[str, str] = dict({name: name.removesuffix("-pipeline") for name in PIPELINE_FIXTURES},
+                                             **{"flux-kontext-pipeline": "flux"})
 #: diffusers' cache hooks, one variant each (`pipelines.caches`): the same cache on one device and in parallel.
 CACHE_VARIANTS = ("first-block-cache", "faster-cache", "pyramid-attention-broadcast", "mag-cache", "taylorseer-cache",
                   "sea-cache", "text-kv-cache")
@@ -108,10 +111,12 @@ PIPELINE_VARIANTS = ("base", "long") + CACHE_VARIANTS
 PIPELINE_DEFAULT_KIND: dict[str, str] = {
     "flux-pipeline": "u", "flux2-pipeline": "tp", "qwenimage-pipeline": "r", "wan-pipeline": "u", "ltx-pipeline": "r",
     "qwenimage21-pipeline": "tp", "chronoedit-pipeline": "u", "helios-pipeline": "u", "ltx2-pipeline": "u",
+    "flux-kontext-pipeline": "r",
 }
 #: Pipelines the default run leaves to `--models pipelines` and `--all`: Helios's 40 blocks (its `_cp_plan` names
-#: them) make one 4-rank case 21 s here, against 2 to 9 s for the others (measured, 2 shared cores).
-PIPELINE_NOT_DEFAULT = ("helios-pipeline",)
+#: them) make one 4-rank case 21 s here, against 2 to 9 s for the others (measured, 2 shared cores); Flux Kontext's
+#: transformer is Flux's, whose pipeline the default run takes.
+PIPELINE_NOT_DEFAULT = ("helios-pipeline", "flux-kontext-pipeline")
 #: The route of a pipeline's one case in the default run where it is not `auto`: its transformer loaded with a
 #: `parallel_config` from a saved checkpoint, the other way a user makes it parallel.
 PIPELINE_DEFAULT_ROUTE: dict[str, str] = {"flux2-pipeline": "sharded-load", "wan-pipeline": "sharded-load"}

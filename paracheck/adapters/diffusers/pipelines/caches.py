@@ -7,7 +7,8 @@ diffusers refuses is a skip in diffusers' words: a config its `enable_cache` rai
 cache its pipeline cannot run on one device (Flux2's pipeline enters no `cache_context`, which the first-block and
 TaylorSeer caches require). FasterCache's unconditional-batch reuse needs the guidance pair in one batch: on a
 pipeline that calls the transformer once per branch (or takes the scale as an input) it runs as diffusers' own
-testers run it there, `is_guidance_distilled=True`.
+testers run it there, `is_guidance_distilled=True`; its timestep ranges leave the first step out, as diffusers'
+testers' do (a skip on the first step finds its cache empty: `TypeError: 'NoneType' object is not subscriptable`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ def _first_block(pipe, steps: int, guidance: str, options: dict):
 def _faster(pipe, steps: int, guidance: str, options: dict):
     from diffusers import FasterCacheConfig
 
-    defaults = dict(spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 1001),
-                    unconditional_batch_skip_range=2, unconditional_batch_timestep_skip_range=(-1, 1001),
+    defaults = dict(spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 901),
+                    unconditional_batch_skip_range=2, unconditional_batch_timestep_skip_range=(-1, 901),
                     attention_weight_callback=_half, current_timestep_callback=lambda: pipe.current_timestep,
                     is_guidance_distilled=guidance != "batched")
     return FasterCacheConfig(**dict(defaults, **options))

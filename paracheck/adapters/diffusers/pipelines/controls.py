@@ -9,7 +9,8 @@ each for `parity.pipeline` to catch and localize to the first step and the modul
   rotary table (a table cached at the local length and cut from its start, not at the rank's offset). Step 1 and
   every single call are exact.
 - `drift-grows`: from the second step on, one rank's first attention scales the residual it adds by 1 + DRIFT: exact
-  on step 1, then an error the loop feeds back into every later step.
+  on step 1, then an error the loop feeds back into every later step. The rank holds the start of the split sequence
+  (`_drifting_rank`), so its shard holds tokens the prediction keeps.
 - `cache-local-key`: a cache that decides what to reuse from this rank's own shard of the activations (diffusers'
   first-block cache with its decision taken per rank, no agreement across the CP group).
 
@@ -92,9 +93,11 @@ def _tensors_mapped(value, fn):
 def _drift_grows(model, applied, _):
     import torch.distributed as dist
 
+    from paracheck.adapters.diffusers.checks import cp_process_group
+
     later = _step_watch(model)
     _, attention = first_attention(model)
-    drifting = dist.get_rank() == dist.get_world_size() - 1
+    drifting = dist.get_rank() == _drifting_rank(cp_process_group(applied))
 
     def scale(module, args, output):
         if drifting and later():
@@ -102,6 +105,20 @@ def _drift_grows(model, applied, _):
         return output
 
     attention.register_forward_hook(scale)
+
+
+def _drifting_rank(cp_group) -> int:
+    """The rank a drift plants on: the last one holding the start of the split sequence (the first rank of its CP
+    group; the last rank without CP). A pipeline may append tokens it drops from the prediction (Flux Kontext's
+    condition picture): the shard holding the sequence's start always holds tokens the latents keep. Under TP it is
+    never rank 0 where the world has another TP rank, so rank 0's trace reads the drifted copy from a peer."""
+    import torch.distributed as dist
+
+    if cp_group is None:
+        return dist.get_world_size() - 1
+    heads: list = [None] * dist.get_world_size()
+    dist.all_gather_object(heads, dist.get_process_group_ranks(cp_group)[0])
+    return max(heads)
 
 
 def _rotary_shard_cached(model, applied, _):
@@ -234,8 +251,8 @@ PIPELINE_CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("rotary-shard-cached", "from the second step on, every CP rank applies the first CP rank's rows of the "
             "rotary table (cached at the local length, cut from its start); step 1 exact", (CheckId.PIPELINE,),
             _needs_cp, _rotary_shard_cached, plants_in=ROTARY),
-    Control("drift-grows", f"from the second step on, the last rank's first attention scales the residual it adds by "
-            f"1 + {DRIFT:g}; step 1 exact", (CheckId.PIPELINE,), _always, _drift_grows, plants_in=FIRST_ATTENTION),
+    Control("drift-grows", f"from the second step on, the first attention of the last rank holding the start of the "
+            f"split sequence scales the residual it adds by 1 + {DRIFT:g}; step 1 exact", (CheckId.PIPELINE,), _always, _drift_grows, plants_in=FIRST_ATTENTION),
     Control("cache-local-key", "the first-block cache decides what to reuse from this rank's own shard, with no "
             "agreement across the CP group", (CheckId.PIPELINE,), _needs_cp, _cache_local_key, plants_in=PLANTED),
 )}

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.adapters.diffusers import localize as model_localize
+from paracheck.adapters.diffusers.pipelines import loop
 from paracheck.checks import localize, rerun
 from paracheck.domain.records import CheckId, Status
 
@@ -47,8 +48,9 @@ def after_checks(body, checks: list) -> None:
 def first_diverging(body, beyond: int) -> dict:
     """Steps 1 to `beyond` in order, each step's first call traced, until one differs beyond tolerance at some module
     on any rank (every rank decides alike: one all-reduce a step); that step's trace, or the last one's."""
+    copies = ({}, {})  # the state objects each transformer holds over the replayed steps (`loop.owned`)
     for step in range(1, beyond + 1):
-        found = step_localization(body, step)
+        found = step_localization(body, step, copies)
         differs = torch.tensor([float(bool(found.get("first")))])
         dist.all_reduce(differs, op=dist.ReduceOp.MAX)
         if differs.item() > 0 or step == beyond:
@@ -56,20 +58,23 @@ def first_diverging(body, beyond: int) -> dict:
     return {}
 
 
-def step_localization(body, step: int) -> dict:
-    """Step `step`'s first transformer call rerun on both transformers with hooks, traced and compared (collective)."""
+def step_localization(body, step: int, copies: tuple = ({}, {})) -> dict:
+    """Step `step`'s first transformer call rerun on both transformers with hooks, traced and compared (collective).
+    `copies`: the reference's and the parallel transformer's own state objects, kept from the steps replayed before."""
     import contextlib
 
     args, kwargs, context = next((a, k, c) for s, a, k, c in body.recording.calls if s == step - 1)
     ctx = body.checks
 
-    def call(model):
-        entered = model.cache_context(context[0], **context[1]) if context else contextlib.nullcontext()
-        with entered:
-            return model(*args, **dict(kwargs, return_dict=False))[0]
+    def call_with(held: dict):
+        def call(model):
+            entered = model.cache_context(context[0], **context[1]) if context else contextlib.nullcontext()
+            with entered:
+                return model(*args, **dict(loop.owned(kwargs, held), return_dict=False))[0]
+        return call
 
-    ref_calls, _ = rerun.record(ctx.reference, call)
-    calls, _ = rerun.record(ctx.model, call, local=localize.local_share)
+    ref_calls, _ = rerun.record(ctx.reference, call_with(copies[0]))
+    calls, _ = rerun.record(ctx.model, call_with(copies[1]), local=localize.local_share)
     found = rerun.traced(calls, ref_calls, model_localize.groups(ctx, ref_calls), model_localize.whole(ctx.model),
                          ctx.atol, ctx.rtol, f"step {step}")
     found["step"] = step

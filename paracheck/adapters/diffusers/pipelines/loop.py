@@ -44,10 +44,10 @@ def run(pipe, inputs: dict, steps: int, record_calls: bool = False) -> Recording
         rec.steps.append(tensors["latents"].detach().clone())
         return {}
 
-    handle, transformer, entered = None, pipe.transformer, []
+    handle, transformer, entered, seen = None, pipe.transformer, [], {}
     if record_calls:
         def before_call(module, args, kwargs):
-            rec.calls.append((len(rec.steps), args, _detached(kwargs), entered[-1] if entered else None))
+            rec.calls.append((len(rec.steps), args, _detached(kwargs, seen), entered[-1] if entered else None))
         handle = transformer.register_forward_pre_hook(before_call, with_kwargs=True)
         transformer.cache_context = _recording_context(transformer.cache_context, entered)
     try:
@@ -74,13 +74,44 @@ def _recording_context(cache_context, entered: list):
     return recording
 
 
-def _detached(value):
+class Held:
+    """A state object transformer calls were given (a pipeline's own cache, which the calls fill: QwenImage 2.1's
+    `kv_cache`, written on step 1 and read after): its contents when the loop first passed it. A replay gives each
+    transformer its own copy of those, once, and the same copy at every later call (`owned`), so each model reads
+    back what it wrote itself (the parallel one's holds its shards)."""
+
+    def __init__(self, first):
+        self.first = first
+
+
+def _detached(value, seen: dict):
+    """A transformer call's argument as it was at the call: tensors cloned, a state object held (`Held`)."""
+    import copy
+
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, dict):
-        return {k: _detached(v) for k, v in value.items()}
+        return {k: _detached(v, seen) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_detached(v) for v in value)
+        return type(value)(_detached(v, seen) for v in value)
+    if hasattr(value, "__dict__") and not isinstance(value, (type, torch.nn.Module)):
+        if id(value) not in seen:  # the pipeline holds it for the whole loop, so its id stays its own
+            seen[id(value)] = Held(copy.deepcopy(value))
+        return seen[id(value)]
+    return value
+
+
+def owned(value, copies: dict):
+    """A recorded argument for one transformer's replay: each `Held` as that transformer's own copy (`copies`: the
+    copies it holds, kept over its replayed steps)."""
+    import copy
+
+    if isinstance(value, Held):
+        return copies.setdefault(id(value), copy.deepcopy(value.first))
+    if isinstance(value, dict):
+        return {k: owned(v, copies) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(owned(v, copies) for v in value)
     return value
 
 
