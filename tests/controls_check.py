@@ -5,11 +5,11 @@ from paracheck.domain.registry import controls
 from paracheck.domain.layout import Layout
 
 
-def undetected(report_cases: list[dict], library: str) -> list[str]:
+def undetected(report_cases: list[dict], library: str, elsewhere=()) -> list[str]:
     """What is wrong with the controls of `library` in a run's JSON cases: each registered control must have a
     detected case; none may be missed; and wherever it applies (its layout and route) and its plain case
     passed, it must be detected (inconclusive is only for a plain case that is itself a declared failure)."""
-    registry = controls(library)
+    registry = {name: c for name, c in controls(library).items() if name not in elsewhere}  # asserted by other runs
     problems = [] if registry else [f"no controls registered for {library}"]
     plain = {(c["model"], c["layout"], c.get("variant", "base")): c["status"] for c in report_cases if not c["control"]}
     for name, control in registry.items():

@@ -35,8 +35,9 @@ def _json_key(data: dict) -> tuple:
 
 
 def _key(model, layout, order, variant, dtype, control, options: dict, route) -> tuple:
+    loads = None if route is None else route == Route.SHARDED_LOAD.value  # None: an entry that names no route
     return (model, layout, order, variant, dtype, control, tuple(sorted((k, str(v)) for k, v in options.items())),
-            route == Route.SHARDED_LOAD.value)
+            loads)
 
 
 def held(path: str) -> dict[tuple, dict]:
@@ -49,11 +50,17 @@ def held(path: str) -> dict[tuple, dict]:
         raise ResumeError(f"--resume {path}: not a paracheck JSON report ({type(exc).__name__}: {exc})") from exc
 
 
+def entry_for(case, holding: dict[tuple, dict]) -> dict | None:
+    """The report's entry holding `case` (`held`), or None; an entry that names no route holds it either way."""
+    key = case_key(case)
+    return holding.get(key) or holding.get(key[:-1] + (None,))
+
+
 def left(cases: list, holding: dict[tuple, dict]) -> tuple[list, list[dict]]:
     """The cases still to run, and the report's entries for the others (in the order of `cases`)."""
     todo, carried = [], []
     for case in cases:
-        entry = holding.get(case_key(case))
+        entry = entry_for(case, holding)
         if entry is None:
             todo.append(case)
         else:

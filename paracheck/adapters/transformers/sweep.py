@@ -126,7 +126,7 @@ def _plan(args, world: int) -> tuple[list[Case], dict[int, str], list[Family]]:
     if args.shard:
         keep = shard(keep, *parse_shard(args.shard), group=lambda i: cases[i].model)
     done = resume.held(args.resume) if args.resume else {}
-    keep = [i for i in keep if resume.case_key(cases[i]) not in done]
+    keep = [i for i in keep if resume.entry_for(cases[i], done) is None]
     needed = {cases[i].model for i in keep if i not in refused}
     return ([cases[i] for i in keep], {n: refused[i] for n, i in enumerate(keep) if i in refused},
             [by_family[name] for name in sorted(needed)])
