@@ -40,7 +40,7 @@ def replay_command(v: Verdict, argv_extra: list[str]) -> str:
     args = ["paracheck", "run", "--layouts", c.layout.name, "--route", v.route.value, *argv_extra]
     bundled = registry.fixtures().get(c.model, (None, None))[1] == c.factory
     # An adapter may name the models its own way (a family of transformers' sweep is `--models transformers:NAME`).
-    named = getattr(registry.adapter(c.library), "models_option", lambda case: None)(c)
+    named = registry.adapter(c.library).models_option(c)
     args += named or (["--models", c.model] if bundled else ["--spec", c.factory])
     return " ".join(shlex.quote(a) for a in args + case_options(c))
 
