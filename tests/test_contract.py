@@ -89,7 +89,7 @@ def test_the_bound_view_gives_the_hosts_defaults_and_no_undeclared_member():
     assert bound.generates(case) is False and bound.class_name(case) == "" and bound.models_option(case) is None
     assert bound.draw_options(None, None, False) == []
     with pytest.raises(NotImplementedError, match="the toy adapter has no sweep"):
-        bound.sweep(None, None, [])
+        bound.sweep(None)
     with pytest.raises(AttributeError, match="'shard' is not a declared member"):
         bound.shard
     with pytest.raises(ContractError, match="'shard' is not a declared member"):

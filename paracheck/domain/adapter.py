@@ -77,6 +77,33 @@ class CaseRequest:
     everything: bool = False
 
 
+@dataclass
+class SweepRequest:
+    """`--models LIBRARY:NAMES`: an adapter's sweep over its library's own families. `names`: "all" or a comma
+    list; the rest as `CaseRequest`'s, with --shard I/N and --resume REPORT.json (the sweep plans only what they
+    leave, so it builds only the families that needs)."""
+    names: str
+    layouts: str = "all"
+    nproc: int = 4
+    controls: bool = False
+    only_control: str | None = None
+    everything: bool = False
+    shard: str | None = None
+    resume: str | None = None
+
+
+@dataclass
+class Swept:
+    """A sweep ready for the host's one launch: every case in order; those decided before any rank starts (index
+    -> the `RankResult`s that decide it: a named skip, or the error its family's build raised); what the report's
+    meta adds; the counts line's tail; `close()` removes what the sweep built, once the run is over."""
+    cases: list
+    decided: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+    tail: str = ""
+    close: Callable[[], None] = lambda: None
+
+
 @runtime_checkable
 class CaseBody(Protocol):
     """One case's passes on one rank (see the module docstring for the order the skeleton calls them in)."""
@@ -205,8 +232,9 @@ ADAPTER = Spec("adapter", declared(Adapter, (
     optional("generates", ("case",), lambda who, case: False),
     #: (draw, layout, uneven) -> [(name, value)]: the library options an explore draw adds.
     optional("draw_options", ("draw", "layout", "uneven"), lambda who, draw, layout, uneven: []),
-    #: (args, backend, entries) -> exit code: `--models LIBRARY:NAMES`, a sweep over the library's own families.
-    optional("sweep", ("args", "backend", "entries"), _absent("sweep of its library's families")),
+    #: (SweepRequest) -> Swept: `--models LIBRARY:NAMES`, the library's own families, planned and built (what
+    #: it cannot take is a ValueError naming the argument), for the host to launch.
+    optional("sweep", ("request",), _absent("sweep of its library's families")),
     #: `topology --simulate`: the adapter's options on the parser, its refusals without --simulate, the simulation.
     optional("topology_arguments", ("parser",), lambda who, parser: None),
     optional("topology_reject", ("args",), lambda who, args: None),
@@ -223,4 +251,4 @@ CASE_BODY = Spec("case body", declared(CaseBody, (
 )), state=True)
 
 __all__ = ["ADAPTER", "CASE_BODY", "Adapter", "CaseBody", "CaseContext", "CaseRequest", "Member", "Refused",
-           "Tolerance"]
+           "SweepRequest", "Swept", "Tolerance"]
