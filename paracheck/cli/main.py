@@ -87,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _simulators() -> list:
     """The adapters that simulate a world (`topology --simulate`): those with a `topology_simulate`."""
-    return [a for a in registry.adapters().values() if hasattr(a, "topology_simulate")]
+    return [a for a in registry.adapters().values() if a.provides("topology_simulate")]
 
 
 def main(argv=None) -> int:
@@ -223,7 +223,7 @@ def run(args) -> int:
     entries = known.load(known.SHIPPED if args.known_failures is None else args.known_failures)
     sweeper = _sweeper(args.models)
     if sweeper is not None:  # LIBRARY:NAMES: an adapter's sweep over the library's own families
-        return sweeper.sweep(args, backend, entries)
+        return _swept(args, backend, entries, sweeper)
     cases = _sharded(args, build_cases(args, backend))
     check_libraries(cases)
     cases, carried = _resumed(args, cases)
@@ -235,6 +235,26 @@ def run(args) -> int:
 
         return run_as_rank(args, backend, cases, entries)
     return _launch(args, backend, cases, entries, carried)
+
+
+def _swept(args, backend, entries, adapter) -> int:
+    """`--models LIBRARY:NAMES`: the adapter plans and builds its families (`Adapter.sweep`); the run launches
+    as every other run does, the cases the sweep decided before launch judged with the rest."""
+    from paracheck.domain.adapter import SweepRequest
+
+    _check_options(args, backend)
+    request = SweepRequest(args.models.partition(":")[2], args.layouts, args.nproc, args.controls, args.only_control,
+                           args.all, args.shard, args.resume)
+    for path, option in ((args.report_json, "--report-json"), (args.junit, "--junit"), (args.html, "--html")):
+        check_writable(path, option)
+    try:
+        swept = adapter.sweep(request)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    try:
+        return _launch(args, backend, swept.cases, entries, [], swept)
+    finally:
+        swept.close()
 
 
 def _resumed(args, cases: list[Case]) -> tuple[list[Case], list[dict]]:
@@ -261,7 +281,7 @@ def _sweeper(models: str):
         adapter = registry.adapter(library)
     except ValueError as exc:
         raise UsageError(f"--models {models}: {exc}") from exc
-    if not hasattr(adapter, "sweep"):
+    if not adapter.provides("sweep"):
         raise UsageError(f"--models {models}: the {library} adapter has no sweep of its library's families")
     return adapter
 
@@ -277,33 +297,40 @@ def _sharded(args, cases: list[Case]) -> list[Case]:
         raise UsageError(str(exc)) from exc
 
 
-def _launch(args, backend, cases: list[Case], entries, carried: list[dict]) -> int:
+def _launch(args, backend, cases: list[Case], entries, carried: list[dict], swept=None) -> int:
+    """Every run's launch: the cases a sweep decided before launch (`swept.decided`) are judged with the rest,
+    never handed to a rank."""
     from paracheck.launch.launcher import Launcher
     from paracheck.results import known
+    from paracheck.results.finish import finish, interrupted
     from paracheck.results.progress import Progress
+    from paracheck.results.verdict import judge
 
-    progress = Progress(cases, quiet=args.quiet, entries=entries)
+    decided = swept.decided if swept else {}
+    launched = [i for i in range(len(cases)) if i not in decided]
+    todo = [cases[i] for i in launched]
+    progress = Progress(todo, quiet=args.quiet, entries=entries)
     launcher = Launcher(backend, args.nproc, args.timeout, on_case=progress.case_done, after_hang=args.after_hang,
                         known=known.as_data(entries))
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     started = time.time()
-    from paracheck.results.finish import finish, interrupted
-
     try:
-        outcome = launcher.run(cases)
+        outcome = launcher.run(todo) if todo else None
     except KeyboardInterrupt as stop:
         launcher.stop()
         progress.close()
         print("paracheck: interrupted; every rank was stopped", file=sys.stderr)
-        return interrupted(args, progress, cases, run_meta(backend, args.nproc), time.time() - started,
+        return interrupted(args, progress, todo, run_meta(backend, args.nproc), time.time() - started,
                            signal_of(stop), carried=carried)
     finally:
         signal.signal(signal.SIGTERM, previous)
     progress.close()
-    meta = run_meta(backend, args.nproc, outcome)
-    verdicts = progress.judged([outcome.results[i] for i in range(len(cases))])
-    return finish(args, verdicts, outcome.events, meta, time.time() - started,
-                  f", ranks {outcome.start_method}, {outcome.references} references", carried)
+    meta = dict(run_meta(backend, args.nproc, outcome), **(swept.meta if swept else {}))
+    verdicts = dict(zip(launched, progress.judged([outcome.results[k] for k in range(len(todo))] if todo else [])))
+    verdicts.update(zip(decided, judge([cases[i] for i in decided], list(decided.values()), entries)))
+    tail = f", ranks {outcome.start_method}, {outcome.references} references" if outcome else ""
+    return finish(args, [verdicts[i] for i in range(len(cases))], outcome.events if outcome else [], meta,
+                  time.time() - started, tail + (swept.tail if swept else ""), carried)
 
 
 def topology(args) -> int:

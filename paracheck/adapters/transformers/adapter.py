@@ -111,11 +111,11 @@ class TransformersAdapter:
 
         return explore_case(name, factory, space, layout, shape, dtype)
 
-    def sweep(self, args, backend, entries) -> int:
+    def sweep(self, request):
         """`paracheck run --models transformers:all` (or `:NAME,...`): every causal-LM family (`sweep`)."""
-        from paracheck.adapters.transformers.sweep import run_sweep
+        from paracheck.adapters.transformers.sweep import prepare
 
-        return run_sweep(args, backend, entries)
+        return prepare(request)
 
     def mixins(self) -> dict[str, str]:
         return {"CausalLMParallelTesterMixin": "paracheck.adapters.transformers.mixins:CausalLMParallelTesterMixin"}

@@ -19,14 +19,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 
 from paracheck.adapters.transformers import fitting
 from paracheck.adapters.transformers.controls import applicable
+from paracheck.domain.adapter import Swept
 from paracheck.domain.case import Case
 from paracheck.domain.records import Failure, FailureKind, RankResult, RankStatus, Route
 from paracheck.domain.sharding import parse_shard, shard
@@ -89,50 +88,42 @@ def fitted(family: Family, world: int, dtype: str = "fp32") -> Family:
     return family
 
 
-def plan(args, world: int):
-    """`_plan`, with a bad --shard or family name as a usage error (exit 2)."""
-    from paracheck.cli.common import UsageError
-
-    try:
-        return _plan(args, world)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-
-
-def _plan(args, world: int) -> tuple[list[Case], dict[int, str], list[Family]]:
+def plan(request) -> tuple[list[Case], dict[int, str], list[Family]]:
     """The sweep's cases (this shard's, less those a resumed report holds), the indices refused before launch
-    with their reasons, and the families whose checkpoints the remaining cases need."""
+    with their reasons, and the families whose checkpoints the remaining cases need. A family or --shard it
+    cannot take is a ValueError naming it."""
     from paracheck.adapters.transformers.mixin_cases import plan_layouts
 
     logging.disable(logging.WARNING)  # tiny configs warn about token ids; the report says what matters
     cases, refused, by_family = [], {}, {}
-    for family in (fitted(f, world) for f in families(wanted(args.models))):
+    world = request.nproc
+    for family in (fitted(f, world) for f in families(wanted(PREFIX + request.names))):
         by_family[family.name] = family
         layouts = plan_layouts(family.config, world) if family.config else [None]
-        if family.config and args.layouts.strip() != "all":
-            layouts = [layout for layout in layouts if layout.name in args.layouts.split(",")]
+        if family.config and request.layouts.strip() != "all":
+            layouts = [layout for layout in layouts if layout.name in request.layouts.split(",")]
         for layout in layouts:
             why = family.refused or fitting.refusal(family.config, fitting.Need.of(layout))
             layout = layout or _placeholder_layout(world)
             fields = dict(layout=layout, route=Route.SHARDED_LOAD, variant="base", library="transformers",
                           payload=family.name)
-            for control in _names(args, layout):
+            for control in _names(request, layout):
                 if why:
                     refused[len(cases)] = why
                 cases.append(Case(family.name, FACTORY, **dict(fields, control=control)))
     logging.disable(logging.NOTSET)
-    cases, refused = _generating(args, cases, refused)
+    cases, refused = _generating(request, cases, refused)
     keep = list(range(len(cases)))
-    if args.shard:
-        keep = shard(keep, *parse_shard(args.shard), group=lambda i: cases[i].model)
-    done = resume.held(args.resume) if args.resume else {}
+    if request.shard:
+        keep = shard(keep, *parse_shard(request.shard), group=lambda i: cases[i].model)
+    done = resume.held(request.resume) if request.resume else {}
     keep = [i for i in keep if resume.entry_for(cases[i], done) is None]
     needed = {cases[i].model for i in keep if i not in refused}
     return ([cases[i] for i in keep], {n: refused[i] for n, i in enumerate(keep) if i in refused},
             [by_family[name] for name in sorted(needed)])
 
 
-def _generating(args, cases: list[Case], refused: dict[int, str]) -> tuple[list[Case], dict[int, str]]:
+def _generating(request, cases: list[Case], refused: dict[int, str]) -> tuple[list[Case], dict[int, str]]:
     """parity.generate turned on as the default tier turns it on (one layout of each kind per family, every one
     with --all; `domain.tier.with_generate`), a control that only generation shows following it; the refusals
     re-indexed to the cases kept."""
@@ -144,19 +135,18 @@ def _generating(args, cases: list[Case], refused: dict[int, str]) -> tuple[list[
     chosen = []
     for family in dict.fromkeys(c.model for c in cases):  # the kinds are covered per family
         mine = [c for c in cases if c.model == family]
-        chosen += with_generate(mine, getattr(args, "all", False), needs=needs_generate,
+        chosen += with_generate(mine, request.everything, needs=needs_generate,
                                 runs=lambda c: replace(c, generate=False) not in why)
     return chosen, {i: why[replace(c, generate=False)] for i, c in enumerate(chosen)
                     if replace(c, generate=False) in why}
 
 
-def _names(args, layout) -> list:
+def _names(request, layout) -> list:
     """The cases of one family and layout: the plain one (None), then the controls that apply there; with
     `--only-control`, that control alone (no plain case), as `cases.expand` plans it."""
-    only = getattr(args, "only_control", None)
-    if only:
-        return [only]
-    return [None] + (list(applicable(layout)) if args.controls else [])
+    if request.only_control:
+        return [request.only_control]
+    return [None] + (list(applicable(layout)) if request.controls else [])
 
 
 def _placeholder_layout(world: int):
@@ -220,25 +210,14 @@ def _nonzero_biases(model) -> None:
                 param.normal_(0.0, 0.02)
 
 
-def run_sweep(args, backend, entries) -> int:
-    """Plan, build the families this run needs (a line per family), launch the rest, report every case."""
-    from paracheck.launch.launcher import Launcher
-    from paracheck.results import known
-    from paracheck.cli.common import raise_interrupt, signal_of
-    from paracheck.results.finish import finish, interrupted
-    from paracheck.results.progress import Progress
-    from paracheck.results.verdict import judge
-    from paracheck.results.report import run_meta
-
-    from paracheck.cli.common import UsageError
+def prepare(request) -> Swept:
+    """Plan, and build the checkpoints of the families the run needs (a line per family), for the host's launch:
+    a case whose layout the fitting rule refuses, or whose family did not build, is decided here."""
     from paracheck.adapters.transformers.requirements import missing
 
-    world = args.nproc or 4
-    args.nproc = world
-    started = time.time()
     if missing():  # every family loads with from_pretrained: one line, before anything is built
-        raise UsageError(missing())
-    cases, refused, needed = plan(args, world)
+        raise ValueError(missing())
+    cases, refused, needed = plan(request)
     folder = tempfile.mkdtemp(prefix="paracheck-sweep-")
     try:
         for n, family in enumerate(needed, 1):
@@ -251,34 +230,12 @@ def run_sweep(args, backend, entries) -> int:
                     if failed and i not in refused:
                         refused[i] = failed
                     cases[i] = _with_payload(case, os.path.join(folder, family.name))
-        runnable = [i for i in range(len(cases)) if i not in refused]
-        launched = [cases[i] for i in runnable]
-        progress = Progress(launched, quiet=args.quiet, entries=entries)
-        launcher = Launcher(backend, world, args.timeout, on_case=progress.case_done, known=known.as_data(entries))
-        previous = signal.signal(signal.SIGTERM, raise_interrupt)
-        try:
-            outcome = launcher.run(launched) if launched else None
-        except KeyboardInterrupt as stop:
-            launcher.stop()
-            progress.close()
-            print("paracheck: interrupted; every rank was stopped", file=sys.stderr)
-            return interrupted(args, progress, launched, run_meta(backend, world), time.time() - started,
-                               signal_of(stop))
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        progress.close()
-        results = [_refusal(i, refused[i]) for i in range(len(cases))] if not launched else None
-        if launched:
-            by_index = dict(zip(runnable, (outcome.results[k] for k in range(len(launched)))))
-            results = [by_index[i] if i in by_index else _refusal(i, refused[i]) for i in range(len(cases))]
-        meta = run_meta(backend, world, outcome)
-        meta["sweep"] = {"models": args.models, "shard": args.shard, "families": len(needed)}
-        # The refused cases never reach a rank, so every case is judged here, once, by the one pipeline.
-        verdicts = judge(cases, results, entries)
-        return finish(args, verdicts, outcome.events if outcome else [], meta, time.time() - started,
-                      f", {len(needed)} families built")
-    finally:
+    except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
+        raise
+    meta = {"sweep": {"models": PREFIX + request.names, "shard": request.shard, "families": len(needed)}}
+    return Swept(cases, {i: _refusal(i, why) for i, why in refused.items()}, meta,
+                 f", {len(needed)} families built", lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def _with_payload(case: Case, path: str) -> Case:
