@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from paracheck.adapters.torch import spec as specs
 from paracheck.adapters.torch.batches import call as _call, each_tensor, full as _full, shard as _shard, to as _to
-from paracheck.adapters.torch import localize, structure
+from paracheck.adapters.torch import localize, names, structure
 from paracheck.adapters.torch import steps as training
 from paracheck.adapters.torch.controls import CONTROLS, PLANTS, planted_in, step_hooks
 from paracheck.checks.compare import compare
@@ -89,7 +89,7 @@ class TorchBody:
         self.ctx.result.model_class = type(model).__name__
         self.copy = copy.deepcopy(model)  # the same weights, before any gradient exists
         self.twin = copy.deepcopy(model) if case.steps else None  # parity.steps' single-device run
-        self.ref_params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.ref_params = {n: p.detach().clone() for n, p in names.parameters(model).items()}
         self.ref_model = model  # localization reruns it on this rank's shard
         with torch.no_grad():
             self.ref_infer = _detached(_call(model, self.batch))
@@ -98,7 +98,7 @@ class TorchBody:
         loss.backward()
         self.ref_train, self.ref_loss = _detached(out), loss.detach()
         self.ref_grads = {n: (p.grad.detach().clone() if p.grad is not None else None)
-                          for n, p in model.named_parameters()}
+                          for n, p in names.parameters(model).items()}
 
     # -- the parallel model ---------------------------------------------------------------------------
     def parallelize(self) -> None:
@@ -149,10 +149,13 @@ class TorchBody:
         (self.local_loss / share).backward()
 
     def grads_checks(self) -> list[CheckResult]:
-        pairs = ((name, _full(p.grad), self.ref_grads.get(name)) for name, p in self.model.named_parameters())
+        params = names.parameters(self.model)
+        pairs = ((name, _full(p.grad), self.ref_grads[name]) for name, p in params.items() if name in self.ref_grads)
+        unmatched = {"parallel": [n for n in params if n not in self.ref_grads],
+                     "reference": [n for n in self.ref_grads if n not in params]}
         layout = self.layout
         degrees = {"tp": layout.tp, "dp": layout.dp, "fsdp": layout.fsdp, "cp": layout.cp, "world": layout.world}
-        checks = [compare_grads(pairs, self.atol, self.rtol, degrees)]
+        checks = [compare_grads(pairs, self.atol, self.rtol, degrees, unmatched)]
         self.grads_failed = checks[0].status == Status.FAIL
         return checks
 

@@ -24,7 +24,9 @@ def _tp_sharded(model, mesh):
     """The first parameter (in `named_parameters` order, the same on every rank) sharded on the `tp` dimension."""
     from torch.distributed.tensor import DTensor
 
-    for name, param in model.named_parameters():
+    from paracheck.adapters.torch import names
+
+    for name, param in names.parameters(model).items():  # by the name the checks and localization give it
         if isinstance(param, DTensor) and "tp" in (param.device_mesh.mesh_dim_names or ()):
             index = param.device_mesh.mesh_dim_names.index("tp")
             if param.placements[index].is_shard():

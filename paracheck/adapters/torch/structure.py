@@ -5,13 +5,15 @@ lives on that mesh (or a slice of it, sizes matching), and a layout with TP (or 
 sharded on that dimension: a parallelize that did nothing computes the right numbers, redundantly.
 `structure.tp_shards`: every DTensor parameter's local shard is the slice of the reference parameter that its
 placements and this rank's mesh coordinate name (torch's own slicing, `distribute_tensor(..., src_data_rank=None)`,
-which moves nothing); a parameter that is no DTensor equals the reference's.
+which moves nothing); a parameter that is no DTensor equals the reference's; one named on one side only is named
+as that. Names are read through the wrappers torch puts around modules (`names`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from paracheck.adapters.torch import names
 from paracheck.checks.compare import problems_text
 from paracheck.domain.records import CheckId, CheckResult, Status
 
@@ -20,12 +22,12 @@ def check_mesh(mesh, layout, model) -> CheckResult:
     from torch.distributed.tensor import DTensor
 
     problems = []
-    names, shape = tuple(mesh.mesh_dim_names or ()), tuple(mesh.mesh.shape)
-    if names != layout.mesh_dims or shape != layout.mesh_shape:
-        problems.append(f"mesh {dict(zip(names, shape))} != layout {layout.name}'s {dict(zip(layout.mesh_dims, layout.mesh_shape))}")
+    dims, shape = tuple(mesh.mesh_dim_names or ()), tuple(mesh.mesh.shape)
+    if dims != layout.mesh_dims or shape != layout.mesh_shape:
+        problems.append(f"mesh {dict(zip(dims, shape))} != layout {layout.name}'s {dict(zip(layout.mesh_dims, layout.mesh_shape))}")
     sizes = dict(zip(layout.mesh_dims, layout.mesh_shape))
     sharded: set[str] = set()
-    for name, param in model.named_parameters():
+    for name, param in names.parameters(model).items():
         if not isinstance(param, DTensor):
             continue
         dims, shape = tuple(param.device_mesh.mesh_dim_names or ()), tuple(param.device_mesh.mesh.shape)
@@ -50,13 +52,12 @@ def check_shards(model, reference: dict, atol: float, rtol: float) -> CheckResul
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     problems, worst, count = [], 0.0, 0
-    params = dict(model.named_parameters())
-    for name in sorted(set(reference) - set(params)):
-        problems.append(f"{name}: missing from the parallel model")
+    params = names.parameters(model)
+    problems += [f"{name}: in the reference only" for name in reference if name not in params]
+    problems += [f"{name}: in the parallel model only" for name in params if name not in reference]
     for name, param in params.items():
         want = reference.get(name)
         if want is None:
-            problems.append(f"{name}: not in the reference model")
             continue
         if isinstance(param, DTensor):
             count += 1
