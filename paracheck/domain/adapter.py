@@ -157,7 +157,9 @@ class Adapter(Protocol):
     def case_options(self, case) -> list[str]:
         """The `paracheck run` options beyond the generic ones that pick `case` out again (replay commands).
         An adapter may also offer `models_option(case) -> [options] | None`: how a replay names the model where
-        `--models NAME` or `--spec FACTORY` would not find it again."""
+        `--models NAME` or `--spec FACTORY` would not find it again, and `training_parts(case) -> frozenset`: what
+        the case's training covers when the default tier picks the layouts that train (`domain.tier`; its layout's
+        kinds without it)."""
 
     def case_body(self, ctx: CaseContext) -> ContextManager[CaseBody]:
         """Rank side: a `with` block (the library's scopes for one case) yielding the case's `CaseBody`."""

@@ -110,14 +110,16 @@ def layout_parts(name: str) -> frozenset[str]:
 
 def with_training(cases: list, steps: int, checkpoint: bool, everything: bool = False,
                   needs: Callable[[object], bool] = lambda case: False,
-                  runs: Callable[[object], bool] = lambda case: True) -> list:
+                  runs: Callable[[object], bool] = lambda case: True,
+                  parts: Callable[[object], frozenset] = lambda case: layout_parts(case.layout.name)) -> list:
     """`cases` with `parity.steps` (`steps` optimizer steps) and `checkpoint.roundtrip` turned on where they run:
     every plain case with `everything`, else one per kind of parallelism per library (the first case, in the
-    matrix's order, of the simplest layout holding a kind no chosen case holds yet: tp4 before tp2xfsdp2).
+    matrix's order, of the simplest layout holding a part no chosen case holds yet: tp4 before tp2xfsdp2; `parts`:
+    what a case's training covers, its layout's kinds by default, and an adapter may add their compositions).
     A control case follows its plain case. A control that `needs` them (its bug shows in steps or a save only)
     runs where its plain case has them, else once, on its first case, with its plain case turned on too."""
     plain = [c for c in cases if c.control is None]
-    chosen = {c.plain for c in plain} if everything else _kind_cover(plain, runs)
+    chosen = {c.plain for c in plain} if everything else _kind_cover(plain, runs, parts)
     kept, orphans = [], {}
     for c in cases:
         if c.control is not None and needs(c) and c.plain not in chosen:
@@ -136,6 +138,16 @@ def with_training(cases: list, steps: int, checkpoint: bool, everything: bool = 
             for c in _in_order(cases, kept)]
 
 
+def training_parts(case) -> frozenset:
+    """What a case's training covers when the tier picks the layouts that train: its adapter's answer
+    (`training_parts`: the torch adapter adds each pair of kinds, so a TP x FSDP plan's training is met), else its
+    layout's kinds."""
+    from paracheck.domain import registry
+
+    own = getattr(registry.adapter(case.library), "training_parts", None)
+    return own(case) if own is not None else layout_parts(case.layout.name)
+
+
 def needs_training(case) -> bool:
     """A control case whose bug only the steps or a save show (`Control.shows_in_training`)."""
     from paracheck.domain import registry
@@ -143,17 +155,24 @@ def needs_training(case) -> bool:
     return bool(case.control) and registry.get_control(case.control).shows_in_training
 
 
-def _kind_cover(plain: list, runs) -> set:
+def _kind_cover(plain: list, runs, parts) -> set:
     covered: set = set()
     chosen = set()
     order = sorted(range(len(plain)), key=lambda i: (len(layout_parts(plain[i].layout.name)), i))
     for i in order:
         c = plain[i]
-        parts = {(c.library, part) for part in layout_parts(c.layout.name)}
-        if runs(c) and parts - covered:
-            covered |= parts
+        held = {(c.library, part) for part in parts(c)}
+        if runs(c) and held - covered:
+            covered |= held
             chosen.add(c.plain)
     return chosen
+
+
+def composed_parts(name: str) -> frozenset:
+    """A layout's kinds and each pair of them it composes (pure): tp2xfsdp2 -> {tp, fsdp, fsdp+tp}. Training
+    covered by these meets what only a composition shows (TP's and FSDP's reductions of one gradient)."""
+    kinds = sorted(layout_parts(name))
+    return frozenset(kinds) | {f"{a}+{b}" for i, a in enumerate(kinds) for b in kinds[i + 1:]}
 
 
 def _in_order(cases: list, kept: list) -> list:

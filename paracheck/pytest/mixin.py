@@ -181,7 +181,7 @@ def _results(test, backend, world: int) -> dict:
 def _launch(test, backend, world: int) -> dict:
     from paracheck.results import known
     from paracheck.launch.launcher import Launcher
-    from paracheck.domain.tier import needs_training, with_training
+    from paracheck.domain.tier import needs_training, training_parts, with_training
     from paracheck.results.verdict import judge
 
     cls = type(test)
@@ -189,7 +189,7 @@ def _launch(test, backend, world: int) -> dict:
     folder = tempfile.mkdtemp(prefix="paracheck-mixin-")
     try:
         cases = with_training(test._paracheck_cases(layouts, folder), cls.paracheck_steps, cls.paracheck_checkpoint,
-                              needs=needs_training)
+                              needs=needs_training, parts=training_parts)
         entries = known.load(cls.paracheck_known_failures or known.SHIPPED)
         switches = {} if cls.paracheck_localize else {"PARACHECK_LOCALIZE": "0"}
         outcome = Launcher(backend, world, cls.paracheck_timeout, known=known.as_data(entries),
