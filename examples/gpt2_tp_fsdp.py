@@ -129,10 +129,11 @@ def model_plan(loss_parallel: bool = False) -> dict:
     return {"wte": embed(), "wpe": embed(), "ln_f": SequenceParallel(), "lm_head": head}
 
 
-def apply_tp(model: GPT, tp_mesh, plan=block_plan, loss_parallel: bool = False) -> None:
+def apply_tp(model: GPT, tp_mesh, plan=block_plan, top=model_plan) -> None:
+    """`top()`: the model's own layers' plan; `plan()`: each block's."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    parallelize_module(model, tp_mesh, model_plan(loss_parallel))
+    parallelize_module(model, tp_mesh, top())
     # parallelize_module gave wte and lm_head a DTensor each (both Shard(0) on the vocabulary): tie them again.
     model.lm_head.weight = model.wte.weight
     for block in model.h.values():
@@ -165,7 +166,7 @@ def parallelize(model: GPT, mesh, layout, *, plan=block_plan, ac: bool = False, 
                 loss_parallel: bool = False) -> GPT:
     """torchtitan's order: TP, activation checkpointing, compile, FSDP."""
     if layout.tp > 1:
-        apply_tp(model, mesh["tp"], plan, loss_parallel)
+        apply_tp(model, mesh["tp"], plan, functools.partial(model_plan, loss_parallel))
     if ac:
         apply_ac(model)
     if compile:

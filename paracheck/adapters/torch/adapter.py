@@ -46,6 +46,13 @@ class TorchAdapter:
     def case_options(self, case) -> list[str]:
         return []
 
+    def training_parts(self, case) -> frozenset:
+        """The default tier trains one layout per kind and per pair of kinds: a user's TP x FSDP plan reduces one
+        gradient both ways, which neither tp4 nor fsdp4 shows (a bias counted tp times under FSDP's units)."""
+        from paracheck.domain.tier import composed_parts
+
+        return composed_parts(case.layout.name)
+
     def controls(self) -> dict:
         from paracheck.adapters.torch.controls import CONTROLS
 

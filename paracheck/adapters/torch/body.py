@@ -25,11 +25,10 @@ import torch.distributed as dist
 
 from paracheck.adapters.torch import spec as specs
 from paracheck.adapters.torch.batches import call as _call, each_tensor, full as _full, shard as _shard, to as _to
-from paracheck.adapters.torch import localize, names, structure
+from paracheck.adapters.torch import grads, localize, names, structure
 from paracheck.adapters.torch import steps as training
 from paracheck.adapters.torch.controls import CONTROLS, PLANTS, planted_in, step_hooks
 from paracheck.checks.compare import compare
-from paracheck.checks.grads import compare_grads
 from paracheck.domain.adapter import Refused
 from paracheck.domain.records import CheckId, CheckResult, Route, Status
 from paracheck.world import meshes
@@ -149,13 +148,7 @@ class TorchBody:
         (self.local_loss / share).backward()
 
     def grads_checks(self) -> list[CheckResult]:
-        params = names.parameters(self.model)
-        pairs = ((name, _full(p.grad), self.ref_grads[name]) for name, p in params.items() if name in self.ref_grads)
-        unmatched = {"parallel": [n for n in params if n not in self.ref_grads],
-                     "reference": [n for n in self.ref_grads if n not in params]}
-        layout = self.layout
-        degrees = {"tp": layout.tp, "dp": layout.dp, "fsdp": layout.fsdp, "cp": layout.cp, "world": layout.world}
-        checks = [compare_grads(pairs, self.atol, self.rtol, degrees, unmatched)]
+        checks = [grads.check(self.model, self.ref_grads, self.layout, self.atol, self.rtol)]
         self.grads_failed = checks[0].status == Status.FAIL
         return checks
 

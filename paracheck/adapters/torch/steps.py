@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from paracheck.adapters.torch import spec as specs
 from paracheck.adapters.torch.batches import call, full, shard, to
-from paracheck.adapters.torch import names
+from paracheck.adapters.torch import names, steps_localize
 from paracheck.checks import trainloop
 from paracheck.checks.steps import compare_steps
 from paracheck.checks.wholes import wholes
@@ -85,4 +85,5 @@ def run(body, hooks: trainloop.Hooks = trainloop.PLAIN) -> list[CheckResult]:
         return [trainloop.raised_result(raised)]
     result = compare_steps(actual.records, expected.records, body.atol, body.rtol)
     result.data.update(trainloop.figures(actual, expected))
+    steps_localize.attach(body, result, steps, expected, (reference_loss(body, steps), parallel_loss(body, steps)))
     return [result]

@@ -11,8 +11,6 @@ as that. Names are read through the wrappers torch puts around modules (`names`)
 
 from __future__ import annotations
 
-import torch
-
 from paracheck.adapters.torch import names
 from paracheck.checks.compare import problems_text
 from paracheck.domain.records import CheckId, CheckResult, Status
