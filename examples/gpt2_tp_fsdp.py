@@ -69,26 +69,33 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, dim: int = DIM, layers: int = LAYERS, heads: int = HEADS, vocab: int = VOCAB, seq: int = SEQ):
+    """A module a pipeline stage may hold a part of (torchtitan's way): the embeddings, the head and any block may be
+    None, and the forward skips what is not there (a later stage's input is the activations)."""
+
+    def __init__(self, dim: int = DIM, layers: int = LAYERS, heads: int = HEADS, vocab: int = VOCAB, seq: int = SEQ,
+                 tie: bool = True):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, dim), nn.Embedding(seq, dim)
         self.h = nn.ModuleDict({str(i): Block(dim, heads) for i in range(layers)})
         self.ln_f, self.lm_head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied, as GPT-2's are
+        if tie:
+            self.lm_head.weight = self.wte.weight  # tied, as GPT-2's are
 
     def forward(self, tokens):
-        # Positions (1, seq): under sequence parallelism wpe's output is sharded on dim 1, as wte's is.
-        positions = torch.arange(tokens.shape[1], device=tokens.device)[None]
-        x = self.wte(tokens) + self.wpe(positions)
+        x = tokens
+        if self.wte is not None:
+            # Positions (1, seq): under sequence parallelism wpe's output is sharded on dim 1, as wte's is.
+            positions = torch.arange(tokens.shape[1], device=tokens.device)[None]
+            x = self.wte(tokens) + self.wpe(positions)
         for block in self.h.values():
             x = block(x)
-        return self.lm_head(self.ln_f(x))
+        return self.lm_head(self.ln_f(x)) if self.lm_head is not None else x
 
 
-def build() -> GPT:
+def build(**config) -> GPT:
     """GPT-2's initialisation (weights N(0, 0.02), linear biases zero), the norms drawn off 1 and 0 so that a
     norm whose gradient is lost shows."""
-    model = GPT()
+    model = GPT(**config)
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):

@@ -79,7 +79,7 @@ def rerun_step(body, step: int, batches: list, expected, losses) -> dict:
     ref_grads = {n: (p.grad.detach().clone() if p.grad is not None else None)
                  for n, p in names.parameters(body.twin).items()}
     parallel_loss(body.model, step - 1)[0].backward()
-    grads = gradients.check(body.model, ref_grads, layout, body.atol, body.rtol)
+    grads = gradients.check(names.parameters(body.model), ref_grads, layout, body.atol, body.rtol)
     found = {"step": step, "of": len(batches), "forward": forward}
     if grads.status == Status.FAIL:
         found["grads"] = grads.data["localization"]["grads"]

@@ -11,12 +11,12 @@ as that. Names are read through the wrappers torch puts around modules (`names`)
 
 from __future__ import annotations
 
-from paracheck.adapters.torch import names
 from paracheck.checks.compare import problems_text
 from paracheck.domain.records import CheckId, CheckResult, Status
 
 
-def check_mesh(mesh, layout, model) -> CheckResult:
+def check_mesh(mesh, layout, params: dict) -> CheckResult:
+    """`params`: the parallel model's by clean name (`names.parameters`)."""
     from torch.distributed.tensor import DTensor
 
     problems = []
@@ -25,7 +25,7 @@ def check_mesh(mesh, layout, model) -> CheckResult:
         problems.append(f"mesh {dict(zip(dims, shape))} != layout {layout.name}'s {dict(zip(layout.mesh_dims, layout.mesh_shape))}")
     sizes = dict(zip(layout.mesh_dims, layout.mesh_shape))
     sharded: set[str] = set()
-    for name, param in names.parameters(model).items():
+    for name, param in params.items():
         if not isinstance(param, DTensor):
             continue
         dims, shape = tuple(param.device_mesh.mesh_dim_names or ()), tuple(param.device_mesh.mesh.shape)
@@ -45,13 +45,14 @@ def _flattened(names: set[str], token: str) -> bool:
     return any(token in d.split("_") or d in token.split("_") for d in names)
 
 
-def check_shards(model, reference: dict, atol: float, rtol: float) -> CheckResult:
-    """Every parameter's local values against the slice of the reference its placements name."""
+def check_shards(params: dict, reference: dict, atol: float, rtol: float, held: set | None = None) -> CheckResult:
+    """Every parameter's local values against the slice of the reference its placements name (`params` by clean
+    name; `held`: the names some rank holds, where each holds a part: a pipeline's stages)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     problems, worst, count = [], 0.0, 0
-    params = names.parameters(model)
-    problems += [f"{name}: in the reference only" for name in reference if name not in params]
+    problems += [f"{name}: in the reference only" for name in reference if name not in params
+                 and name not in (held or ())]
     problems += [f"{name}: in the parallel model only" for name in params if name not in reference]
     for name, param in params.items():
         want = reference.get(name)
