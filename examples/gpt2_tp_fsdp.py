@@ -3,7 +3,7 @@ parallelism, activation checkpointing, per-block torch.compile, FSDP2 per block 
 
     paracheck run --spec examples/gpt2_tp_fsdp.py:spec --nproc 4              # TP + SP, then FSDP
     paracheck run --spec examples/gpt2_tp_fsdp.py:spec_ac --nproc 4           # + checkpoint_wrapper per block
-    paracheck run --spec examples/gpt2_tp_fsdp.py:spec_compile --nproc 4      # + torch.compile per block
+    paracheck run --spec examples/gpt2_tp_fsdp.py:spec_compile --nproc 4      # torch.compile per block (inductor)
     paracheck run --spec examples/gpt2_tp_fsdp.py:spec_loss_parallel --nproc 4  # logits left vocab-sharded
 
 The model: token and position embeddings, per block LayerNorm -> attention (c_q, c_k, c_v, c_proj, with biases)
@@ -21,7 +21,6 @@ the cross-entropy inside torch's `loss_parallel()`, as torchtitan does with `ena
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +29,8 @@ from torch import nn
 from paracheck.adapters.torch.spec import Spec
 
 DIM, LAYERS, HEADS, VOCAB, SEQ, BATCH = 32, 2, 4, 64, 8, 4
-#: The backend per-block compile uses (inductor compiles C++ on CPU: a few seconds per block and rank).
-COMPILE_BACKEND = os.environ.get("PARACHECK_EXAMPLE_COMPILE_BACKEND", "inductor")
+#: The backend per-block compile uses by default (inductor compiles C++ on CPU: seconds per block and rank).
+COMPILE_BACKEND = "inductor"
 
 
 class Attention(nn.Module):
@@ -81,11 +80,13 @@ class GPT(nn.Module):
         if tie:
             self.lm_head.weight = self.wte.weight  # tied, as GPT-2's are
 
-    def forward(self, tokens):
+    def forward(self, tokens, positions=None):
         x = tokens
         if self.wte is not None:
-            # Positions (1, seq): under sequence parallelism wpe's output is sharded on dim 1, as wte's is.
-            positions = torch.arange(tokens.shape[1], device=tokens.device)[None]
+            # Positions (1, seq): under sequence parallelism wpe's output is sharded on dim 1, as wte's is. Context
+            # parallelism hands each rank the positions of its own shard of the sequence.
+            if positions is None:
+                positions = torch.arange(tokens.shape[1], device=tokens.device)[None]
             x = self.wte(tokens) + self.wpe(positions)
         for block in self.h.values():
             x = block(x)
@@ -155,10 +156,10 @@ def apply_ac(model: GPT) -> None:
         model.h.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
 
 
-def apply_compile(model: GPT) -> None:
+def apply_compile(model: GPT, backend: str = COMPILE_BACKEND) -> None:
     """torchtitan's per-block compile: each block replaced by its compiled module (`_orig_mod` inside)."""
     for name, block in list(model.h.items()):
-        model.h.register_module(name, torch.compile(block, backend=COMPILE_BACKEND, fullgraph=True))
+        model.h.register_module(name, torch.compile(block, backend=backend, fullgraph=True))
 
 
 def apply_fsdp(model: GPT, dp_mesh) -> None:
@@ -169,15 +170,15 @@ def apply_fsdp(model: GPT, dp_mesh) -> None:
     fully_shard(model, mesh=dp_mesh)
 
 
-def parallelize(model: GPT, mesh, layout, *, plan=block_plan, ac: bool = False, compile: bool = False,
+def parallelize(model: GPT, mesh, layout, *, plan=block_plan, ac: bool = False, compile: bool | str = False,
                 loss_parallel: bool = False) -> GPT:
-    """torchtitan's order: TP, activation checkpointing, compile, FSDP."""
+    """torchtitan's order: TP, activation checkpointing, compile (`compile`: True, or the backend's name), FSDP."""
     if layout.tp > 1:
         apply_tp(model, mesh["tp"], plan, functools.partial(model_plan, loss_parallel))
     if ac:
         apply_ac(model)
     if compile:
-        apply_compile(model)
+        apply_compile(model, COMPILE_BACKEND if compile is True else compile)
     if layout.dp_dims:
         apply_fsdp(model, mesh[layout.dp_dims])  # ("dp", "fsdp") is HSDP: replicas of an FSDP group
     return model

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from paracheck.adapters.torch import spec as specs
 from paracheck.adapters.torch.batches import call as _call, each_tensor, full as _full, shard as _shard, to as _to
-from paracheck.adapters.torch import grads, localize, names, pipeline, structure
+from paracheck.adapters.torch import context, grads, localize, names, pipeline, structure
 from paracheck.adapters.torch import steps as training
 from paracheck.adapters.torch.controls import CONTROLS, PLANTS, planted_in, step_hooks
 from paracheck.checks.compare import compare
@@ -106,6 +106,8 @@ class TorchBody:
         layout = self.layout
         self.ctx.result.route = Route.NATIVE
         self.mesh = meshes.for_world().mesh(MeshKey(self.device.type, layout.mesh_shape, layout.mesh_dims))
+        if layout.cp > 1 and self.spec.context_parallel and (why := context.problem(self.mesh, self.device)):
+            raise Refused(why)  # decided alike on every rank, before the spec's parallelize
         if layout.pp > 1:
             self.pipe, self.model = pipeline.build(self), None
             self.held = pipeline.elsewhere(self.pipe.parameters())
