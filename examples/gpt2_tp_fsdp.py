@@ -157,9 +157,10 @@ def apply_ac(model: GPT) -> None:
 
 
 def apply_compile(model: GPT, backend: str = COMPILE_BACKEND) -> None:
-    """torchtitan's per-block compile: each block replaced by its compiled module (`_orig_mod` inside)."""
+    """torchtitan's per-block compile: each block replaced by its compiled module (`_orig_mod` inside). Static
+    shapes: a batch shard of another size compiles again rather than symbolically (which took minutes on 2 CPUs)."""
     for name, block in list(model.h.items()):
-        model.h.register_module(name, torch.compile(block, backend=backend, fullgraph=True))
+        model.h.register_module(name, torch.compile(block, backend=backend, fullgraph=True, dynamic=False))
 
 
 def apply_fsdp(model: GPT, dp_mesh) -> None:

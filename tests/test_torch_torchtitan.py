@@ -106,12 +106,14 @@ def test_two_ranks_compile_loss_parallel_pipelines_and_each_planted_bug(tmp_path
     """On tp2, fsdp2 and pp2, without training (the next test trains): per-block compile passes (aot_eager),
     checkpointing before it is torch's declared failure on TP; loss_parallel passes and the vocabulary-parallel loss
     on gathered logits is off by log 2; GPipe and interleaved 1F1B pass and a stage that freezes its last block
-    fails parity.grads there; context parallelism is a skip naming why; a parallelize that raises names its pass."""
+    fails parity.grads there; context parallelism is a skip naming why; a parallelize that raises names its pass; a
+    weight planted inside a checkpointed or a compiled block is localized there, by the reference's names."""
     specs = [f"{SPECS}:gpt2_compile", f"{SPECS}:gpt2_ac_compile", f"{GPT2}:spec_loss_parallel",
              f"{BUGS}:spec_loss_gathered", f"{PIPE}:spec", f"{PIPE}:spec_interleaved", f"{PIPE}:spec_frozen",
-             f"{CP}:spec", f"{SPECS}:parallelize_raises"]
-    run = run_paracheck([arg for s in specs for arg in ("--spec", s)] + ["--nproc", "2", "--steps", "0", "--quiet"],
-                        tmp_path)
+             f"{CP}:spec", f"{SPECS}:parallelize_raises", f"{SPECS}:gpt2_ac_late_bug", f"{SPECS}:gpt2_compile_late_bug"]
+    # --timeout: compiling takes tens of seconds a case on 2 CPUs shared with other work.
+    run = run_paracheck([arg for s in specs for arg in ("--spec", s)] + ["--nproc", "2", "--steps", "0", "--quiet",
+                                                                         "--timeout", "600"], tmp_path)
     # Two specs named `spec`: the report names them by file.
     by = {(c["model"].replace("gpt2_pipeline.py:", "pipe:").replace("gpt2_context_parallel.py:", "cp:"),
            c["layout"]): c for c in run.report["cases"] if c["control"] is None}
@@ -132,6 +134,11 @@ def test_two_ranks_compile_loss_parallel_pipelines_and_each_planted_bug(tmp_path
     cp = by["cp:spec", "cp2"]
     assert cp["status"] == "skip" and "context_parallel cannot run attention on cpu" in cp["reason"]
     assert "_scaled_dot_product_flash_attention_for_cpu" in cp["reason"] and by["cp:spec", "fsdp2"]["status"] == "pass"
+    for name in ("gpt2_ac_late_bug", "gpt2_compile_late_bug"):  # localized by the names the reference has
+        forward = by[name, "tp2"]["localization"]["forward"]
+        assert (forward["origin"], forward["ranks"], forward["not_compared"]) == ("h.1.mlp.c_proj", [0, 1], []), forward
+        order = [m["module"] for m in forward["modules"]]
+        assert all(m["within"] for m in forward["modules"][:order.index("h.1.mlp.c_proj")])
     raised = by["parallelize_raises", "tp2"]
     assert raised["status"] == "error" and "parallelize: RuntimeError: plan names a module" in raised["reason"]
     assert [(c["id"], c["status"]) for c in raised["checks"]] == [("structure.mesh", "fail")]

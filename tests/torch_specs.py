@@ -106,3 +106,23 @@ gpt2_compile = Spec(_GPT2.build, functools.partial(_GPT2.parallelize, compile="a
                     supports=_GPT2.supports)
 gpt2_ac_compile = Spec(_GPT2.build, functools.partial(_GPT2.parallelize, ac=True, compile="aot_eager"), _GPT2.inputs,
                        supports=_GPT2.supports)
+
+
+def _late_bug(parallelize):
+    """`parallelize`, then h.1's MLP down projection 1 % off on every rank, found by its name through the wrappers."""
+    def planted(model, mesh, layout):
+        from paracheck.adapters.torch import names
+
+        parallelize(model, mesh, layout)
+        weight = names.parameters(model)["h.1.mlp.c_proj.weight"]
+        with torch.no_grad():
+            (weight.to_local() if hasattr(weight, "to_local") else weight).mul_(1.01)
+        return model
+    return planted
+
+
+#: Localization through checkpoint_wrapper and through per-block compile: the origin is the module's own name.
+gpt2_ac_late_bug = Spec(_GPT2.build, _late_bug(functools.partial(_GPT2.parallelize, ac=True)), _GPT2.inputs,
+                        layouts=("tp2",))
+gpt2_compile_late_bug = Spec(_GPT2.build, _late_bug(functools.partial(_GPT2.parallelize, compile="aot_eager")),
+                             _GPT2.inputs, layouts=("tp2",))
