@@ -75,6 +75,15 @@ def test_the_steps_finding_in_words(found, words):
     assert words in steps_line(found, ["wte.weight"])
 
 
+def test_where_a_step_parts_is_the_forward_first_then_the_gradients_then_the_update():
+    from paracheck.adapters.torch.steps_localize import where
+
+    first = {"first": {"module": "h.0.mlp.c_proj"}, "origin": "h.0.mlp"}
+    assert where(first, {"origin": "wte.weight"}) == {"where": "forward", "origin": "h.0.mlp"}
+    assert where({"first": None}, {"origin": "wte.weight"}) == {"where": "gradients", "origin": "wte.weight"}
+    assert where({"first": None}, None) == {"where": "update", "origin": None}
+
+
 # -- real runs -----------------------------------------------------------------------------------
 
 
@@ -99,6 +108,10 @@ def test_a_checkpointed_plan_passes_every_layout_and_the_controls_fire_through_t
         (c["layout"], c["control"], c["localization"]["planted"]) for c in placed]
     swap = next(c for c in placed if c["control"] == "torch-shard-swap")
     assert swap["localization"]["planted"]["named"] == "wte"
+    # The optimizer loop's own bugs: the rerun step's forward and gradients agree, so the update parts them.
+    loop = [c for c in run.report["cases"] if c["status"] == "detected"
+            and c["control"] in ("torch-clip-local-norm", "torch-decay-twice")]
+    assert loop and all(c["localization"]["steps"]["where"] == "update" for c in loop)
 
 
 @pytest.mark.slow
