@@ -46,8 +46,28 @@ def cells(cases: dict) -> tuple[dict, dict]:
     return table, missed
 
 
+def generation(cases: dict) -> dict:
+    """family -> its `generate` cell: the plain cases that took parity.generate (one layout of each kind, every
+    layout with --all), each layout's status where it did not pass."""
+    by_family: dict[str, list[tuple[str, str]]] = {}
+    for case in cases.values():
+        check = next((k for k in case.get("checks", []) if k["id"] == "parity.generate"), None)
+        if case["control"] or check is None:
+            continue
+        status = check["status"]
+        if status == "fail":
+            status = "xfail" if case["status"] == "xfail" else "FAIL"
+        by_family.setdefault(case["model"], []).append((case["layout"], status))
+    out = {}
+    for family, held in by_family.items():
+        other = [f"{status} {layout}" for layout, status in held if status != "pass"]
+        out[family] = f"pass ({len(held)})" if not other else ", ".join(other) + f" (of {len(held)})"
+    return out
+
+
 def render(cases: dict, meta: dict, wall: float | None) -> str:
     table, missed = cells(cases)
+    generated = generation(cases)
     families = sorted({f for f, _ in table})
     layouts = sorted({l for _, l in table}, key=lambda l: (_ORDER.index(l) if l in _ORDER else 99, l))
     notes: dict[str, int] = {}
@@ -57,7 +77,7 @@ def render(cases: dict, meta: dict, wall: float | None) -> str:
         for layout in layouts:
             status, reason, known = table.get((family, layout), ("", "", ""))
             row.append(_cell(status, reason, known, notes) + (" (missed control)" if missed[family, layout] else ""))
-        rows.append(row)
+        rows.append(row + [generated.get(family, "")])
     counts = Counter(status for status, _, _ in table.values())
     by_family = Counter(_family_status([table[k][0] for k in table if k[0] == f]) for f in families)
     versions = meta.get("versions", {})
@@ -76,7 +96,11 @@ def render(cases: dict, meta: dict, wall: float | None) -> str:
            ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "**; families: " +
            ", ".join(f"{n} {s}" for s, n in sorted(by_family.items())) + "." +
            (f" Wall time {wall / 60:.1f} min." if wall else ""), "",
-           "| family | " + " | ".join(layouts) + " |", "| --- | " + " | ".join("---" for _ in layouts) + " |"]
+           "`generate`: parity.generate (greedy generation in three cache modes) on the family's layouts that took "
+           "it, one of each kind of parallelism (every layout with `--all`): `pass (n)`, or each layout that did not "
+           "pass.", "",
+           "| family | " + " | ".join(layouts) + " | generate |",
+           "| --- | " + " | ".join("---" for _ in layouts) + " | --- |"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
     if notes:
         out += ["", "## Reasons", ""] + [f"{n}. {text}" for text, n in sorted(notes.items(), key=lambda x: x[1])]

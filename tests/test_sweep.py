@@ -82,6 +82,7 @@ SWEEP_PLANTED = [
     ("gpt_neox", "tp2", ("tf-rowwise-bias-before-reduce",)),  # dense, with row-parallel biases
     ("qwen2_moe", "tp2,tp2xep2", ("tf-embed-replicate", "tf-packed-as-colwise")),  # MoE with shared experts
     ("jamba", "tp2,fsdp2", ()),  # hybrid Mamba x attention, MoE
+    ("granitemoe", "tp2", ("tf-router-topk-on-shard",)),  # a router scoring by F.linear, picking by Tensor.topk
 ]
 
 

@@ -257,13 +257,14 @@ def test_every_registered_control_is_planted_in_the_world_above():
     from paracheck.domain.registry import controls
 
     from .test_checkpoint_transformers import CHECKPOINT_PLANTED
+    from .test_generate import GENERATE_PLANTED
     from .test_localize_controls import PIPELINE_PLANTED
     from .test_steps_transformers import STEPS_PLANTED
     from .test_sweep import SWEEP_PLANTED
 
     assert set(controls("transformers")) == ({c for c, _, _ in PLANTED} | {c for *_, cs in SWEEP_PLANTED for c in cs}
                                              | {c for c, *_ in CHECKPOINT_PLANTED} | {c for c, _ in STEPS_PLANTED}
-                                             | PIPELINE_PLANTED)
+                                             | PIPELINE_PLANTED | {c for c, *_ in GENERATE_PLANTED})
 
 
 @pytest.mark.slow
@@ -273,15 +274,17 @@ def test_every_registered_control_is_detected(gloo_verdicts):
     from paracheck.domain.registry import controls
 
     from .test_checkpoint_transformers import CHECKPOINT_PLANTED
+    from .test_generate import GENERATE_PLANTED
     from .test_localize_controls import PIPELINE_PLANTED
     from .test_steps_transformers import STEPS_PLANTED
     from .test_sweep import SWEEP_PLANTED
 
-    # The sweep's controls, parity.steps' and checkpoint.roundtrip's, and the pipeline's (detected in their own
-    # worlds: tests/test_steps_transformers.py, tests/test_checkpoint_transformers.py, the pipeline run of
-    # tests/test_localize_controls.py; this world trains, saves and pipelines nothing).
+    # The sweep's controls, parity.steps' and checkpoint.roundtrip's, the pipeline's and generation's (detected in
+    # their own worlds: tests/test_steps_transformers.py, tests/test_checkpoint_transformers.py, the pipeline run of
+    # tests/test_localize_controls.py, tests/test_generate.py; this world trains, saves, generates and pipelines
+    # nothing).
     elsewhere = (({c for *_, cs in SWEEP_PLANTED for c in cs} | {c for c, _ in STEPS_PLANTED}) - {c for c, _, _ in PLANTED}) \
-        | {c for c, *_ in CHECKPOINT_PLANTED} | PIPELINE_PLANTED
+        | {c for c, *_ in CHECKPOINT_PLANTED} | PIPELINE_PLANTED | {c for c, *_ in GENERATE_PLANTED}
     for name in set(controls("transformers")) - elsewhere:
         statuses = [v.status.value for k, v in gloo_verdicts.items() if k[3] == name]
         assert "detected" in statuses and "missed" not in statuses, (name, statuses)

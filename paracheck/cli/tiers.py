@@ -23,8 +23,9 @@ DEFAULT_STEPS = 3
 
 def choose(args, cases: list) -> list:
     """`cases` as built (the full matrix), or their quick tier; then parity.steps and checkpoint.roundtrip turned on
-    on one layout of each kind (`domain.tier.with_training`), on every case with --all."""
-    from paracheck.domain.tier import needs_training, training_parts, with_training
+    on one layout of each kind (`domain.tier.with_training`), and parity.generate likewise on the cases whose model
+    generates (`with_generate`), on every case with --all."""
+    from paracheck.domain.tier import needs_generate, needs_training, training_parts, with_generate, with_training
 
     whole = getattr(args, "all", False)
     everything = whole or args.variants is not None
@@ -35,8 +36,9 @@ def choose(args, cases: list) -> list:
         raise UsageError(f"--steps {steps}: a number of optimizer steps, 0 or more")
     checkpoint = not getattr(args, "no_checkpoint", False)
     # Naming the variants asks for those inputs everywhere, not for training everywhere: that is --all's.
-    return with_training(cases if everything else _quick(args, cases), steps, checkpoint, whole,
-                         needs=needs_training, runs=runs, parts=training_parts)
+    trained = with_training(cases if everything else _quick(args, cases), steps, checkpoint, whole,
+                            needs=needs_training, runs=runs, parts=training_parts)
+    return with_generate(trained, whole, needs=needs_generate, runs=runs, generates=generates)
 
 
 def _quick(args, cases: list) -> list:
@@ -71,8 +73,14 @@ def runs(case) -> bool:
     return _ask(case, "will_run", True)
 
 
+def generates(case) -> bool:
+    """Whether the case's model generates text, so parity.generate can run on it (`Adapter.generates`)."""
+    return _ask(case, "generates", False)
+
+
 def _ask(case, what: str, default):
-    """An adapter's optional answer about a case: `will_run(case)`, `class_name(case)`; `default` without one."""
+    """An adapter's optional answer about a case: `will_run(case)`, `class_name(case)`, `generates(case)`;
+    `default` without one."""
     from paracheck.domain import registry
 
     method = getattr(registry.adapter(case.library), what, None)

@@ -19,6 +19,8 @@ adapter's `CaseBody` supplies the passes, in this order:
     grads_checks() -> every gradient against the reference
     localize(checks) -> optional: where a parity check failed on any rank, rerun that pass with hooks and attach
                         the localization to the failing checks (every rank takes part; they decide alike)
+    generate()   -> optional, where `case.generate`: `parity.generate`, greedy generation on the parallel model
+                    against the single-device model's (the model is left as it was)
     steps()      -> optional, where `case.steps` > 0: `parity.steps`, that many optimizer steps on the parallel
                     model and on a fresh reference, through the library's own trainer where it has one
     checkpoint() -> optional, where `case.checkpoint`: `checkpoint.roundtrip`, saves and loads of the

@@ -56,6 +56,8 @@ class Case:
     #: The host turns them on (`domain.tier.with_training`); a body skips what its model cannot do, by name.
     steps: int = 0
     checkpoint: bool = False
+    #: `parity.generate` runs when set (the host turns it on: `domain.tier.with_generate`).
+    generate: bool = False
 
     def __post_init__(self):
         if not self.library:
@@ -81,9 +83,9 @@ class Case:
     @property
     def plain(self) -> "Case":
         """The same case without its planted bug: what a control is judged against (controls always run
-        gradients, and take the steps and the save only where their bug shows there, so the plain case is matched
-        whatever its `grads`, `steps` and `checkpoint`)."""
-        return replace(self, control=None, grads=True, steps=0, checkpoint=False)
+        gradients, and take the steps, the save and generation only where their bug shows there, so the plain case is
+        matched whatever its `grads`, `steps`, `checkpoint` and `generate`)."""
+        return replace(self, control=None, grads=True, steps=0, checkpoint=False, generate=False)
 
     def to_json(self) -> dict:
         data = asdict(self)

@@ -51,14 +51,21 @@ class Control:
         checkpoint.roundtrip): such a control runs where its case takes them (`domain.tier.with_training`)."""
         return bool({CheckId.STEPS, CheckId.CHECKPOINT} & set(self.must_trip))
 
+    @property
+    def shows_in_generate(self) -> bool:
+        """Whether its bug shows in generation only (it must trip parity.generate): such a control runs where its
+        case generates (`domain.tier.with_generate`)."""
+        return CheckId.GENERATE in self.must_trip
+
     def planted_at(self, name: str | None, planted: str | None = None) -> bool:
-        """Whether `name` (a module or parameter a localization named) is where this control plants:
+        """Whether `name` (a module or parameter a localization named, or one call of it) is where this control plants:
         one of the `|`-separated globs of `plants_in` matches it, `{planted}` standing for `planted` (the
         place the case's planter reported; a glob with it matches nothing when there is none)."""
         from fnmatch import fnmatchcase
 
         if not self.plants_in or not name:
             return False
+        name = name.split("#")[0]  # a module's k-th call (`name#k`, a later decode step) is that module
         globs = [g.replace(PLANTED, planted) if planted else g for g in self.plants_in.split("|")]
         return any(fnmatchcase(name, glob) for glob in globs if PLANTED not in glob)
 

@@ -28,6 +28,8 @@ class CheckId(str, enum.Enum):
     STEPS = "parity.steps"
     #: Save and load: gathered save_pretrained, a sharded save to the same layout and another one, resume.
     CHECKPOINT = "checkpoint.roundtrip"
+    #: Greedy generation on the parallel model: the tokens on every rank and each decode step's logits.
+    GENERATE = "parity.generate"
     #: A backend's rules on the process groups the library built; judged by `topology --simulate` only.
     BACKEND_GROUPS = "backend.groups"
 
@@ -48,7 +50,7 @@ class CheckId(str, enum.Enum):
 _SHORT = {CheckId.MESH: "mesh", CheckId.CP_HOOKS: "hooks", CheckId.PROCESSOR_CONFIG: "procs",
           CheckId.TP_SHARDS: "shards", CheckId.COLLECTIVES: "colls", CheckId.FORWARD: "fwd", CheckId.INFERENCE: "infer",
           CheckId.GRADS: "grads", CheckId.LOSS: "loss",
-          CheckId.STEPS: "steps", CheckId.CHECKPOINT: "ckpt",
+          CheckId.STEPS: "steps", CheckId.CHECKPOINT: "ckpt", CheckId.GENERATE: "gen",
           CheckId.BACKEND_GROUPS: "groups"}
 
 
@@ -177,9 +179,12 @@ class CheckResult:
     data: dict = field(default_factory=dict)
     #: What failed, when the check failed (a raise during its step, or the check's own finding).
     failure: Failure | None = None
+    #: The parts a check is made of, where it has several run alike (generation's cache modes): name -> passed.
+    #: A control is judged on the parts its plain case passes (`verdict.judge_controls`).
+    facets: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return _jsonable(asdict(self))
+        return _without_empty_facets(_jsonable(asdict(self)))
 
     @classmethod
     def from_json(cls, data: dict) -> "CheckResult":
@@ -272,9 +277,18 @@ class MergedCheck:
     data: dict = field(default_factory=dict)
     #: The shown rank's failure (see `CheckResult.failure`).
     failure: Failure | None = None
+    #: Each part's status over every rank (a part fails where it failed on any rank; see `CheckResult.facets`).
+    facets: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return _jsonable(asdict(self))
+        return _without_empty_facets(_jsonable(asdict(self)))
+
+
+def _without_empty_facets(data: dict) -> dict:
+    """A check without parts writes none (the JSON of every older check stays as it was)."""
+    if not data.get("facets"):
+        data.pop("facets", None)
+    return data
 
 
 @dataclass

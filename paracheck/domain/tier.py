@@ -112,13 +112,30 @@ def with_training(cases: list, steps: int, checkpoint: bool, everything: bool = 
                   needs: Callable[[object], bool] = lambda case: False,
                   runs: Callable[[object], bool] = lambda case: True,
                   parts: Callable[[object], frozenset] = lambda case: layout_parts(case.layout.name)) -> list:
-    """`cases` with `parity.steps` (`steps` optimizer steps) and `checkpoint.roundtrip` turned on where they run:
-    every plain case with `everything`, else one per kind of parallelism per library (the first case, in the
-    matrix's order, of the simplest layout holding a part no chosen case holds yet: tp4 before tp2xfsdp2; `parts`:
-    what a case's training covers, its layout's kinds by default, and an adapter may add their compositions).
-    A control case follows its plain case. A control that `needs` them (its bug shows in steps or a save only)
-    runs where its plain case has them, else once, on its first case, with its plain case turned on too."""
-    plain = [c for c in cases if c.control is None]
+    """`cases` with `parity.steps` (`steps` optimizer steps) and `checkpoint.roundtrip` turned on where they run
+    (`turned_on`; `parts`: what a case's training covers, its layout's kinds by default, and an adapter may add
+    their compositions)."""
+    return turned_on(cases, dict(steps=steps, checkpoint=checkpoint), everything, needs, runs, parts=parts)
+
+
+def with_generate(cases: list, everything: bool = False, needs: Callable[[object], bool] = lambda case: False,
+                  runs: Callable[[object], bool] = lambda case: True,
+                  generates: Callable[[object], bool] = lambda case: True) -> list:
+    """`cases` with `parity.generate` turned on where it runs (`turned_on`), on the cases whose model `generates`."""
+    return turned_on(cases, dict(generate=True), everything, needs, runs, generates)
+
+
+def turned_on(cases: list, on: dict, everything: bool = False, needs: Callable[[object], bool] = lambda case: False,
+              runs: Callable[[object], bool] = lambda case: True,
+              eligible: Callable[[object], bool] = lambda case: True,
+              parts: Callable[[object], frozenset] = lambda case: layout_parts(case.layout.name)) -> list:
+    """`cases` with the fields `on` set (a later pass: the steps, the save, generation) where they run: every plain
+    case that is `eligible` with `everything`, else one per part of parallelism per library (the first case, in the
+    matrix's order, of the simplest layout holding a part no chosen case holds yet: tp4 before tp2xfsdp2; `parts`
+    names a case's parts, its layout's kinds by default). A control case follows its plain case. A control that
+    `needs` the pass (its bug shows there only) runs where its plain case has it, else once, on its first case,
+    with its plain case turned on too."""
+    plain = [c for c in cases if c.control is None and eligible(c)]
     chosen = {c.plain for c in plain} if everything else _kind_cover(plain, runs, parts)
     kept, orphans = [], {}
     for c in cases:
@@ -133,7 +150,6 @@ def with_training(cases: list, steps: int, checkpoint: bool, everything: bool = 
         if not any(k.control == c.control and k.library == c.library and runs(k) for k in kept):
             chosen.add(c.plain)
             kept.append(c)
-    on = dict(steps=steps, checkpoint=checkpoint)
     return [replace(c, **on) if c.plain in chosen and (c.control is None or needs(c)) else c
             for c in _in_order(cases, kept)]
 
@@ -153,6 +169,13 @@ def needs_training(case) -> bool:
     from paracheck.domain import registry
 
     return bool(case.control) and registry.get_control(case.control).shows_in_training
+
+
+def needs_generate(case) -> bool:
+    """A control case whose bug only generation shows (`Control.shows_in_generate`)."""
+    from paracheck.domain import registry
+
+    return bool(case.control) and registry.get_control(case.control).shows_in_generate
 
 
 def _kind_cover(plain: list, runs, parts) -> set:

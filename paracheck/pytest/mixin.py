@@ -7,7 +7,7 @@ mixins by name. All cases of one class and world size run in one launch, the fir
 it, and every test reads its own verdict; one fork server serves every launch of the session. Optional class
 attributes: `paracheck_layouts`, `paracheck_backend`, `paracheck_atol`, `paracheck_rtol`, `paracheck_timeout`,
 `paracheck_controls`, `paracheck_dtype`, `paracheck_variants`, `paracheck_known_failures`, `paracheck_steps`,
-`paracheck_checkpoint`, `paracheck_localize`.
+`paracheck_checkpoint`, `paracheck_generate`, `paracheck_localize`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ class ParallelTesterMixin:
     #: layout; `paracheck_steps = 3` turns them on (a training control is a named skip while they are off).
     paracheck_steps: int = 0
     paracheck_checkpoint: bool = False
+    #: Whether parity.generate runs, on every layout (an adapter whose models generate turns it on in its mixin).
+    paracheck_generate: bool = False
     #: Whether a failing case (a detected control included) is rerun with hooks to name the first module that
     #: differs, as `paracheck run` does (PARACHECK_LOCALIZE); False skips the rerun, about half a second a
     #: failing case; the gradient table, the check's own, stays.
@@ -154,6 +156,8 @@ def expect(test, request, case: tuple, check_ids) -> None:
         pytest.skip(f"the tester config has no inputs for variant {variant!r}: define "
                     "paracheck_variant_inputs(variant), or get_dummy_inputs(batch_size=...) for batch2")
     verdict, ranks = found
+    if CheckId.GENERATE in check_ids and not verdict.case.generate:
+        pytest.skip(f"{layout}: the class does not generate (paracheck_generate)")
     if set(check_ids) & _TRAINING and not (verdict.case.steps or verdict.case.checkpoint):
         pytest.skip(f"{layout}: the class takes the steps and the save on one layout of each kind of parallelism, "
                     "not this one (paracheck_steps, paracheck_checkpoint)")
@@ -181,7 +185,7 @@ def _results(test, backend, world: int) -> dict:
 def _launch(test, backend, world: int) -> dict:
     from paracheck.results import known
     from paracheck.launch.launcher import Launcher
-    from paracheck.domain.tier import needs_training, training_parts, with_training
+    from paracheck.domain.tier import needs_generate, needs_training, training_parts, with_generate, with_training
     from paracheck.results.verdict import judge
 
     cls = type(test)
@@ -190,6 +194,8 @@ def _launch(test, backend, world: int) -> dict:
     try:
         cases = with_training(test._paracheck_cases(layouts, folder), cls.paracheck_steps, cls.paracheck_checkpoint,
                               needs=needs_training, parts=training_parts)
+        if cls.paracheck_generate:
+            cases = with_generate(cases, everything=True, needs=needs_generate)
         entries = known.load(cls.paracheck_known_failures or known.SHIPPED)
         switches = {} if cls.paracheck_localize else {"PARACHECK_LOCALIZE": "0"}
         outcome = Launcher(backend, world, cls.paracheck_timeout, known=known.as_data(entries),

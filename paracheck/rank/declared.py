@@ -3,7 +3,7 @@
 A declared failure's rerun costs about what the case cost again, in every run, and it says where a bug lives that
 its entry (`results.known`) already names, with a reproduction: in the default run, 42 declared cases spent 22 s
 of 133 case-seconds there. The rerun is skipped where every check that failed on any rank is one that an entry
-matching the case declares (an entry with a `message` glob does not count: the text it must match is a rank's
+matching the case declares (an entry with a `message` or `site` glob does not count: what it must match is a rank's
 own); the case's localization then says why it was not rerun. `PARACHECK_LOCALIZE=all` reruns them too.
 
 Every rank decides alike, or one would wait in the rerun's collectives for peers that skipped it: the entries
@@ -42,7 +42,7 @@ def explained(case, result, checks: list) -> str | None:
     A collective over the world where an entry may meet the case; none otherwise."""
     if reruns_declared():
         return None
-    candidates = [e for e in _entries if e.message == "*" and e.check != "error"
+    candidates = [e for e in _entries if e.message == "*" and e.site == "*" and e.check != "error"
                   and e.may_meet(case, result.model_class or "")]
     if not candidates:
         return None

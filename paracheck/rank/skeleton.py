@@ -30,8 +30,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: each fails: the one that pass feeds (a parallelize that raised left no parallel structure to check). The
 #: reference raising is the spec's own model failing on one device: no check of the parallel model fails.
 PASS_CHECKS = {"reference": None, "parallelize": CheckId.MESH, "inference": CheckId.INFERENCE,
-               "forward": CheckId.FORWARD, "backward": CheckId.GRADS, "steps": CheckId.STEPS,
-               "checkpoint": CheckId.CHECKPOINT}
+               "forward": CheckId.FORWARD, "backward": CheckId.GRADS, "generate": CheckId.GENERATE,
+               "steps": CheckId.STEPS, "checkpoint": CheckId.CHECKPOINT}
 #: The pass a check's step belongs to (`ctx.attempt`'s raises, named in the case's reason).
 PASS_OF = {check: name for name, check in PASS_CHECKS.items() if check is not None}
 #: What a pass may raise that is the case's failure, not the rank's end: every Exception, and DCP's
@@ -132,8 +132,10 @@ def _passes(body, ctx: CaseContext, raised: list, at: At) -> None:
     # collective of that pass, and the fail-fast rule ends the world).
     if hasattr(body, "localize") and not raised:
         at.run("localize", phase("localize"), lambda: _localize(body, ctx, checks))
-    # Last, as they change the model (localization reruns the passes above on it as they were checked). A rank
-    # whose pass raised takes neither, as it takes no localization: its peers may still be inside that pass.
+    # Generation changes nothing in the model, the steps and the save do: last, as localization reruns the passes
+    # above on the model as they were checked. A rank whose pass raised takes none of them, as it takes no
+    # localization: its peers may still be inside that pass.
+    checks += _later(body, ctx, at, "generate", CheckId.GENERATE, ctx.case.generate, raised)
     checks += _later(body, ctx, at, "steps", CheckId.STEPS, ctx.case.steps > 0, raised)
     checks += _later(body, ctx, at, "checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint, raised)
     result.checks = checks
@@ -148,7 +150,8 @@ def _localize(body, ctx: CaseContext, checks: list) -> None:
 
 
 def _later(body, ctx: CaseContext, at: At, name: str, check_id: CheckId, asked: bool, raised: list) -> list:
-    """The optional `steps` or `checkpoint` pass where the case asks for it; a body without one says so."""
+    """The optional `generate`, `steps` or `checkpoint` pass where the case asks for it; a body without one says
+    so."""
     if not asked:
         return []
     if raised:
@@ -160,7 +163,7 @@ def _later(body, ctx: CaseContext, at: At, name: str, check_id: CheckId, asked: 
 
 def _pass_off(case) -> str | None:
     """Why a control cannot be judged here, decided alike on every rank before any collective (a skip, not a miss):
-    it must trip parity.steps or checkpoint.roundtrip, and the case does not take that pass (`--steps 0`,
+    it must trip parity.steps, parity.generate or checkpoint.roundtrip, and the case does not take that pass (`--steps 0`,
     `--no-checkpoint`, a dtype whose steps are not held to a rule)."""
     must = set(registry.get_control(case.control).must_trip)
     if CheckId.STEPS in must and not case.steps:
@@ -168,6 +171,9 @@ def _pass_off(case) -> str | None:
                 "paracheck_steps = 0)")
     if CheckId.STEPS in must and case.dtype != "fp32":  # the steps are held to the fp32 rule; a planted 1e-3 is
         return f"{case.control} shows in parity.steps only, which a {case.dtype} case does not take"  # within bf16's
+    if CheckId.GENERATE in must and not case.generate:
+        return (f"{case.control} shows in parity.generate only, which this case does not take (the default tier "
+                "generates on one layout of each kind; --all on every one)")
     if CheckId.CHECKPOINT in must and not case.checkpoint:
         return (f"{case.control} shows in checkpoint.roundtrip only, which this run does not take (--no-checkpoint; a "
                 "mixin's paracheck_checkpoint = False)")

@@ -251,6 +251,8 @@ def _localization(case: dict, loc: dict, anchor: str, with_plots: bool) -> str:
     parts = ['<div class="localization">']
     for part, title in localized.FORWARD_PARTS:
         if part in found:
+            step, mode = found[part]["decode_step"], found[part]["mode"]
+            title += f" ({mode}, decode step {step:.0f})" if step is not None else ""
             parts.append(_forward_part(found[part], title, f"{anchor}-{part}", with_plots))
     if "grads" in found:
         check = _check(case, "parity.grads")

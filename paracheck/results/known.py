@@ -12,7 +12,9 @@ against the case's options written `name=value,...` in name order, e.g. "*ulysse
 `inputs`, what the case's inputs must carry (a list of "mask": an attention mask is given, "padded": it
 masks something out), so a bug in mask handling matches a user's own inputs whatever they are called,
 and `message`, a glob the failure's text (the error, or the failing check's detail) must match, for a bug
-that shares its check with others. A plain case that fails the named check becomes `xfail`; one that
+that shares its check with others; `site`, a glob the named check's typed failure site must match (its
+`Failure.site`: where it raised, or the origin a check typed, e.g. "tp_plan:replicated_with_grad_allreduce"),
+the typed way to the same end. A plain case that fails the named check becomes `xfail`; one that
 matches an entry and passes becomes `xpass`, so the entry can go.
 Torch-free.
 """
@@ -52,6 +54,7 @@ class KnownFailure:
     route: str = "*"
     cp_options: str = "*"
     message: str = "*"
+    site: str = "*"
     inputs: tuple[str, ...] = ()
     upstream: str = ""
     library: str = "*"
@@ -79,17 +82,23 @@ class KnownFailure:
             all(any(fnmatch.fnmatchcase(v, getattr(self, key)) for v in values[key]) for key in _MATCHED)
 
     def message_matches(self, verdict) -> bool:
-        """Whether `message` matches the case's reason or the named check's detail ("*" matches anything)."""
+        """Whether `message` matches the case's reason or the named check's detail, and `site` the named check's
+        failure site ("*" matches anything)."""
+        failing = verdict.check(CheckId(self.check)) if self.check not in ("*", "error") else None
+        if self.site != "*":
+            held = failing.failure if failing is not None else verdict.failure
+            if held is None or not fnmatch.fnmatchcase(held.site, self.site):
+                return False
         if self.message == "*":
             return True
-        failing = verdict.check(CheckId(self.check)) if self.check not in ("*", "error") else None
         texts = [verdict.reason] + ([failing.detail] if failing is not None else [])
         return any(fnmatch.fnmatchcase(t, self.message) for t in texts if t)
 
     def passes_in(self, verdict) -> bool:
         """The failure this entry declares did not happen: its check ran on every rank and passed. An entry
-        that names a `message` declares a failure of some inputs only, so a pass says nothing about it."""
-        if self.message != "*":
+        that names a `message` or a `site` declares one failure of several its check may show, so a pass says
+        nothing about it."""
+        if self.message != "*" or self.site != "*":
             return False
         if self.check in ("*", "error"):
             return verdict.status == CaseStatus.PASS

@@ -2,8 +2,9 @@
 
 Torch-free. A rank's check carries its finding in `data["localization"]` (`checks.localize` builds it); the
 case's JSON gets `localization: {"forward": ..., "grads": ...}` (and `"inference"` when the no-grad pass failed
-as well as the training one, `"steps"` where a failing parity.steps was rerun at its first parting step): the finding of the first rank that failed the check, with `ranks` (the ranks
-that found the same) and `other_ranks` (rank -> what it found instead), so no rank's answer is dropped.
+as well as the training one, `"steps"` where a failing parity.steps was rerun at its first parting step): the
+finding of the first rank that failed the check, with `ranks` (the ranks that found the same) and `other_ranks`
+(rank -> what it found instead), so no rank's answer is dropped.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from paracheck.domain.records import CheckId, CheckResult
 
 KEY = "localization"
+#: The part a failing generation's finding is under (a forward trace over the decode steps, with `decode_step`).
+GENERATE = "generate"
 #: Why a failing case was not rerun with hooks (a declared known failure explains it: `rank.declared`).
 NOT_RUN = "not_run"
 
@@ -24,8 +27,9 @@ def merge(per_check: dict) -> dict:
     """`per_check`: check id -> [(rank, CheckResult)]; the case's localization (empty when no rank has one)."""
     found = {}
     forward = [(CheckId.FORWARD, "forward"), (CheckId.INFERENCE, "inference")]
-    for check_id, part in forward + [(CheckId.GRADS, "grads")]:
-        merged = _one(per_check.get(check_id, []), "grads" if check_id == CheckId.GRADS else "forward")
+    for check_id, part in forward + [(CheckId.GRADS, "grads"), (CheckId.GENERATE, GENERATE)]:
+        merged = _one(per_check.get(check_id, []), "grads" if check_id == CheckId.GRADS else
+                      GENERATE if check_id == CheckId.GENERATE else "forward")
         if merged is not None:
             found[part] = merged
     if "forward" not in found and "inference" in found:
@@ -58,7 +62,8 @@ def _identity(found: dict, part: str):
     if part == "steps":
         return {"step": found.get("step"), "where": found.get("where"), "origin": found.get("origin")}
     first = found.get("first") or {}
-    return {"first": first.get("module"), "origin": found.get("origin")}
+    same = {"first": first.get("module"), "origin": found.get("origin")}
+    return dict(same, decode_step=found.get("decode_step")) if part == GENERATE else same
 
 
 def planted(control, found: dict, planted_in: str | None = None) -> dict | None:
@@ -71,6 +76,8 @@ def planted(control, found: dict, planted_in: str | None = None) -> dict | None:
         return None
     forward_first = any(c in (CheckId.FORWARD, CheckId.INFERENCE) for c in control.must_trip)
     order = ("forward", "grads") if forward_first or CheckId.GRADS not in control.must_trip else ("grads", "forward")
+    if CheckId.GENERATE in control.must_trip:
+        order = (GENERATE,) + order
     part = next((p for p in order if p in found), None)
     if part is None:
         return None
@@ -83,10 +90,11 @@ def planted(control, found: dict, planted_in: str | None = None) -> dict | None:
 def note(localization: dict) -> list[str]:
     """The report's lines for a case's localization: where the forward first differs, the top gradients."""
     lines = []
-    for part in ("forward", "inference"):
+    for part in ("forward", "inference", GENERATE):
         found = localization.get(part)
         if found:
-            lines.append(f"{found.get('pass', part)} pass on {_ranks(found)}: {forward_line(found)}")
+            step = f" (decode step {found['decode_step']})" if found.get("decode_step") is not None else ""
+            lines.append(f"{found.get('pass', part)} pass on {_ranks(found)}: {forward_line(found)}{step}")
     grads = localization.get("grads")
     if grads and grads.get("pattern"):
         origin = f" (origin {grads['origin']}, from the {grads.get('origin_from', 'gradient table')})" \

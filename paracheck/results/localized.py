@@ -11,7 +11,7 @@ from __future__ import annotations
 from paracheck.results.plots import ints, items, number
 
 #: The parts that are forward-like (module by module), in the order the page shows them.
-FORWARD_PARTS = (("forward", "Forward"), ("inference", "No-grad forward"))
+FORWARD_PARTS = (("forward", "Forward"), ("inference", "No-grad forward"), ("generate", "Generation"))
 
 
 def read(localization) -> dict:
@@ -49,7 +49,8 @@ def forward(part: dict) -> dict:
             "first": label(part.get("first")), "last_agreeing": label(part.get("last_agreeing")),
             "origin": label(part.get("origin")), "modules": [entry(m) for m in items(part.get("modules"))],
             "not_compared": [{"name": name(m), "why": text(m.get("why"))} for m in items(part.get("not_compared"))],
-            "ranks": ints(part.get("ranks"))}
+            "ranks": ints(part.get("ranks")), "decode_step": number(part.get("decode_step")),
+            "mode": text(part.get("mode"))}
 
 
 def grads(part: dict) -> dict:

@@ -98,6 +98,7 @@ def notes(verdicts: list[Verdict], replays: dict[str, str]) -> str:
     for v in verdicts:
         out.extend(_case_notes(v, replays.get(v.id, "")))
     out.extend(_xfail_groups(verdicts))
+    out.extend(_stand_in_groups(verdicts))
     out.extend(_skip_groups(verdicts))
     return "\n".join(out)
 
@@ -130,6 +131,22 @@ def _xfail_groups(verdicts: list[Verdict]) -> list[str]:
         if v.status == CaseStatus.XFAIL:
             groups.setdefault(v.known or v.reason, []).append(v)
     return [f"xfail {known}\n      {covered(cases)}" for known, cases in groups.items()]
+
+
+def _stand_in_groups(verdicts: list[Verdict]) -> list[str]:
+    """One line per library component the kit stood in for where the library's cannot run (a check's
+    `data["stood_in"]`: why, what the kit did, what still ran as the library's), then the cases."""
+    groups: dict[tuple, list[Verdict]] = {}
+    for v in verdicts:
+        for m in v.checks:
+            for held in (m.data.get("per_rank") or {}).values():
+                found = held.get("stood_in")
+                if found:
+                    key = (m.id.value, found["why"], tuple(found["kit"]), tuple(found["library"]))
+                    if v not in groups.setdefault(key, []):
+                        groups[key].append(v)
+    return [f"stand-in {check}: {why}; the kit stood in for {'; '.join(kit)}; the library's own: {', '.join(lib)}"
+            f"\n      {covered(cases)}" for (check, why, kit, lib), cases in groups.items()]
 
 
 def covered(verdicts: list[Verdict]) -> str:

@@ -119,7 +119,17 @@ def merge_check(check_id: CheckId, per_rank: list[tuple[int, CheckResult]], seco
     return MergedCheck(
         check_id, status, failed, _worst(c.max_abs for _, c in per_rank),
         _worst(c.max_rel for _, c in per_rank), per_rank[0][1].atol, per_rank[0][1].rtol,
-        shown[1].detail, shown[0] if shown[1].detail else None, _merge_data(per_rank), shown[1].failure)
+        shown[1].detail, shown[0] if shown[1].detail else None, _merge_data(per_rank), shown[1].failure,
+        _merge_facets(per_rank))
+
+
+def _merge_facets(per_rank) -> dict:
+    """Each part passes where it passed on every rank that ran it."""
+    merged: dict[str, bool] = {}
+    for _, c in per_rank:
+        for name, passed in (c.facets or {}).items():
+            merged[name] = merged.get(name, True) and bool(passed)
+    return merged
 
 
 def _worst(values) -> float | None:
@@ -232,11 +242,41 @@ def judge_controls(verdicts: list[Verdict], plain: dict | None = None) -> None:
         if not v.case.control or v.status == CaseStatus.SKIP:
             continue
         base = plain.get(v.case.plain)
-        if base is not None and inconclusive_rule(base, get_control(v.case.control).must_trip):
-            v.status = CaseStatus.INCONCLUSIVE
-            v.reason = (f"its plain case is {base.status.value} and does not pass "
-                        f"{', '.join(c.value for c in _not_passing(base, get_control(v.case.control).must_trip))}, "
-                        "so the control cannot be judged")
+        control = get_control(v.case.control)
+        if base is None or not inconclusive_rule(base, control.must_trip):
+            continue
+        judged = on_facets(v, base, control)
+        if judged is not None:
+            v.status, v.reason = judged
+            continue
+        v.status = CaseStatus.INCONCLUSIVE
+        v.reason = (f"its plain case is {base.status.value} and does not pass "
+                    f"{', '.join(c.value for c in _not_passing(base, control.must_trip))}, "
+                    "so the control cannot be judged")
+
+
+def on_facets(v: Verdict, plain: Verdict, control) -> tuple[CaseStatus, str] | None:
+    """A control judged on the parts its plain case passes, where a check it must trip failed in the plain case on
+    some parts only (`CheckResult.facets`: a generation mode an upstream bug breaks, the others right): detected when
+    each such check fails in the control case on a part the plain case passed (and each other check it must trip
+    fails). None where some check it must trip has no part the plain case passed (inconclusive)."""
+    quiet, judged_on = [], []
+    for check_id in control.must_trip:
+        base, mine = plain.check(check_id), v.check(check_id)
+        if base is not None and base.status == Status.PASS:
+            tripped = mine is not None and mine.status == Status.FAIL
+        else:
+            clean = [name for name, passed in (base.facets if base is not None else {}).items() if passed]
+            if not clean:
+                return None
+            judged_on += [f"{check_id.value} {name}" for name in clean]
+            tripped = mine is not None and any(mine.facets.get(name) is False for name in clean)
+        if not tripped:
+            quiet.append(check_id.value)
+    on = f" (judged on what its plain case passes: {', '.join(judged_on)})"
+    if quiet:
+        return CaseStatus.MISSED, f"planted {control.name}; still passing: {', '.join(quiet)}{on}"
+    return CaseStatus.DETECTED, f"planted {control.name}; tripped {', '.join(c.value for c in control.must_trip)}{on}"
 
 
 def _not_passing(plain: Verdict, must_trip) -> list:

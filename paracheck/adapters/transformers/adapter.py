@@ -80,6 +80,10 @@ class TransformersAdapter:
             return True
         return bool(CONFIGS.get(case.model, ("", {}))[1].get("tie_word_embeddings"))
 
+    def generates(self, case) -> bool:
+        """Every causal LM generates: parity.generate runs where the tier turns it on."""
+        return True
+
     def case_body(self, ctx):
         from paracheck.adapters.transformers.body import case_body
 

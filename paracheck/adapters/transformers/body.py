@@ -142,6 +142,11 @@ class _Body:
         # Reloads take the case's DistributedConfig rules, not its plant (a checkpoint control plants its own).
         return roundtrip(self, lambda path, layout: _load_parallel(path, layout, NO_PLANT, self.ctx.backend))
 
+    def generate(self) -> list:
+        from paracheck.adapters.transformers import generate
+
+        return generate.run(self)
+
     def steps(self) -> list:
         from paracheck.adapters.transformers import steps
 

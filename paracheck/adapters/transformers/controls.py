@@ -110,6 +110,19 @@ def _bias_before_reduce(model, layout) -> None:
             module.register_forward_hook(lambda m, args, out, extra=layout.tp - 1: out + extra * _local(m.bias))
 
 
+def _bias_shows(ref) -> str | None:
+    """Why a row-parallel bias counted tp times cannot show on this model, else None: it has no such bias, or every
+    one is exactly zero (transformers initializes biases so; a trained or drawn checkpoint has them nonzero), so the
+    extra copies add nothing."""
+    biased = _rowwise_with_bias(ref)
+    if not biased:
+        return "the model has no row-parallel module with a bias"
+    if all(not _local(m.bias).detach().any() for m in biased):
+        return (f"the model's {len(biased)} row-parallel biases are all exactly zero (as transformers initializes "
+                "them), so a bias counted tp times adds nothing")
+    return None
+
+
 def _packed_as_colwise(ref) -> dict:
     """Every packed (fused gate and up) rule planned plain colwise: the fused weight split in one run of rows,
     so one rank holds the gate halves and another the up halves, instead of each rank a slice of both."""
@@ -132,34 +145,76 @@ def _named_router(module) -> bool:
 def _topk_on_shard(model, layout) -> None:
     """Each router takes its top-k among this rank's share of the experts first (as a router whose logits were
     split across ranks by expert would): the experts a token is sent to differ from rank to rank. Planted by
-    wrapping each router's own forward, so only `torch.topk` calls made inside a router are bent."""
-    import torch
+    wrapping each router's own forward: within it, every expert score it computes (an `F.linear` whose output has
+    one column per expert) or takes a top-k of (`torch.topk`, `Tensor.topk`) has the other ranks' experts pushed
+    down first, so whatever picks the experts (a top-k, Phi-MoE's sparsemixer) picks this rank's share."""
     from unittest import mock
 
+    import torch
     import torch.distributed as dist
+    import torch.nn.functional as F
 
-    shards = max(layout.tp, layout.ep)
+    shards, experts = max(layout.tp, layout.ep), _expert_count(model.config)
     index = dist.get_rank() % shards
-    topk = torch.topk
+    linear, topk, tensor_topk = F.linear, torch.topk, torch.Tensor.topk
 
-    def local_topk(scores, k, dim=-1, *args, **kwargs):
-        experts = scores.shape[dim]
-        lo, hi = index * experts // shards, (index + 1) * experts // shards
-        outside = torch.ones(experts, dtype=torch.bool, device=scores.device)
+    def local(scores, dim=-1):
+        count = scores.shape[dim]  # a pool the router picks from (routed experts and any others it scores alike)
+        lo, hi = index * count // shards, (index + 1) * count // shards
+        outside = torch.ones(count, dtype=torch.bool, device=scores.device)
         outside[lo:hi] = False
         shape = [1] * scores.dim()
-        shape[dim] = experts
-        _, chosen = topk(scores - 10.0 * outside.view(shape).to(scores.dtype), k, dim, *args, **kwargs)
-        return scores.gather(dim, chosen), chosen
+        shape[dim] = count
+        return scores - 10.0 * outside.view(shape).to(scores.dtype)
+
+    def local_linear(*args, **kwargs):
+        out = linear(*args, **kwargs)
+        return local(out) if out.shape[-1] == experts else out  # an expert score, not another projection's output
+
+    def local_topk(scores, k, dim=-1, *args, **kwargs):
+        _, chosen = topk(local(scores, dim), k, dim, *args, **kwargs)
+        return torch.return_types.topk((scores.gather(dim, chosen), chosen))
+
+    def local_tensor_topk(scores, k, dim=-1, *args, **kwargs):
+        return local_topk(scores, k, dim, *args, **kwargs)
 
     for router in _routers(model):
         forward = router.forward
 
         def bent(*args, forward=forward, **kwargs):
-            with mock.patch.object(torch, "topk", local_topk):
+            with mock.patch.object(F, "linear", local_linear), mock.patch.object(torch, "topk", local_topk), \
+                    mock.patch.object(torch.Tensor, "topk", local_tensor_topk):
                 return forward(*args, **kwargs)
 
         router.forward = bent
+
+
+#: The config keys of a routed expert pool's size and of how many experts each token goes to (`fitting`'s too).
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk", "top_k_experts")
+
+
+def _expert_count(config) -> int | None:
+    config = getattr(config, "text_config", None) or config
+    return next((getattr(config, k) for k in EXPERT_KEYS if isinstance(getattr(config, k, None), int)), None)
+
+
+def every_expert_routed(config) -> str | None:
+    """Why a top-k taken on a shard cannot show on `config`: every token goes to every expert (its top-k is at least
+    its expert count), so any top-k picks them all. None where it can show (or the config names neither)."""
+    experts = _expert_count(config)
+    inner = getattr(config, "text_config", None) or config
+    k = next((getattr(inner, key) for key in TOP_K_KEYS if isinstance(getattr(inner, key, None), int)), None)
+    if experts is None or k is None or k < experts:
+        return None
+    return (f"every token goes to every expert ({next(x for x in TOP_K_KEYS if getattr(inner, x, None) == k)}={k} "
+            f"of {experts} experts), so a top-k taken on a shard picks the same experts")
+
+
+def _router_shows(ref) -> str | None:
+    if not _routers(ref):
+        return "the model has no top-k router (a dense model)"
+    return every_expert_routed(ref.config)
 
 
 def _needs_split_experts(layout) -> str | None:
@@ -286,6 +341,107 @@ def _stage_one_short(model, layout) -> str | None:
     return f"{model.base_model_prefix}.layers.{index}"
 
 
+def _attentions(model) -> list:
+    """The attention modules that read and write a layer's cache (`layer_idx`, a `q_proj`)."""
+    return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")]
+
+
+def _cache_first_heads(model, layout) -> None:
+    """Each decode step reads the key/value cache as if it held every head: every TP rank takes the first heads
+    (TP coordinate 0's) instead of its own. Planted around each attention's forward by bending its cache's `update`
+    for that call, on decode steps only (one new token): the prompt's forward and every pass without a cache run as
+    they were."""
+    for attention in _attentions(model):
+        weight = attention.q_proj.weight
+        group = weight.device_mesh.get_group("tp")
+        forward = attention.forward
+
+        def bent(*args, forward=forward, group=group, **kwargs):
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            if cache is None:
+                return forward(*args, **kwargs)
+            update = cache.update
+
+            def first_heads(keys, values, *rest, **more):
+                k, v = update(keys, values, *rest, **more)
+                return (_first_block(k, group), _first_block(v, group)) if keys.shape[-2] == 1 else (k, v)
+
+            cache.update = first_heads
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                del cache.update
+
+        attention.forward = bent
+
+
+def _first_block(tensor, group):
+    """TP coordinate 0's block of heads (dim 1), on every rank of `group`."""
+    import torch
+    import torch.distributed as dist
+
+    blocks = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(blocks, tensor.contiguous(), group=group)
+    return blocks[0]
+
+
+def _rotaries(model) -> list:
+    return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+
+
+def _positions_stuck(model, layout) -> None:
+    """From the second decode step on, the rotary embedding gets the first decode step's positions again: the
+    position stops advancing after the first decode step. Planted around each rotary module's forward; a call with
+    more than one position (a prompt, any pass without a cache) runs as it was and starts the count again."""
+    for rotary in _rotaries(model):
+        forward, first = rotary.forward, {}
+
+        def bent(x, *args, forward=forward, first=first, **kwargs):
+            args = list(args)
+            positions = args[0] if args else kwargs["position_ids"]
+            if positions.shape[-1] > 1:
+                first.clear()
+            else:
+                positions = first.setdefault("positions", positions)
+            if args:
+                args[0] = positions
+            else:
+                kwargs["position_ids"] = positions
+            return forward(x, *args, **kwargs)
+
+        rotary.forward = bent
+
+
+def _next_token_from_first_stage(model, layout) -> str:
+    """On decode steps every stage takes its logits from the first pipeline stage instead of the last: the first
+    stage's copy of the previous step's logits (the last position of the prompt's, after the prompt's forward).
+    Planted by wrapping transformers' own `broadcast_from_last` of the stage; a forward of more than one token (a
+    prompt, every pass without a cache) runs as it was. Returns where it plants (the model's own call)."""
+    import torch
+    import torch.distributed as dist
+
+    stage, kept = model._pp_stage, {}
+    broadcast = stage.broadcast_from_last
+
+    def decoding(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        kept["decode"] = ids is not None and ids.shape[-1] == 1
+
+    def bent(tensor, *, dtype, device):
+        logits = broadcast(tensor, dtype=dtype, device=device)
+        if kept.get("decode") and "last" in kept:
+            stale = kept["last"].clone()
+            dist.broadcast(stale, src=dist.get_global_rank(stage.pp_group, 0), group=stage.pp_group)
+            kept["last"] = logits[:, -1:].clone()
+            return stale.to(device=device, dtype=dtype)
+        kept["last"] = logits[:, -1:].clone()
+        return logits
+
+    model.register_forward_pre_hook(decoding, with_kwargs=True)
+    stage.broadcast_from_last = bent
+    return "<root>"
+
+
 _NORMS = ("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm")
 
 _ENTRIES = (
@@ -308,8 +464,7 @@ _ENTRIES = (
     (Control("tf-rowwise-bias-before-reduce", "a row-parallel bias added on every rank before the reduction, "
              "so the sum counts it tp times (placements exact)", (CheckId.INFERENCE, CheckId.FORWARD),
              _needs_tp),
-     Plant(after_load=_bias_before_reduce, needs_model=lambda ref: None if _rowwise_with_bias(ref) else
-           "the model has no row-parallel module with a bias")),
+     Plant(after_load=_bias_before_reduce, needs_model=_bias_shows)),
     (Control("tf-packed-as-colwise", "a fused gate-and-up projection planned colwise instead of packed_colwise: "
              "split in the wrong order, one rank holds the gates, another the ups (measured on qwen2_moe tp2: the "
              "forward stays exact, the gradients do not)", (CheckId.TP_SHARDS, CheckId.GRADS), _needs_tp_without_ep),
@@ -339,8 +494,7 @@ _ENTRIES += (
     (Control("tf-router-topk-on-shard", "each MoE router takes its top-k among this rank's share of the experts "
              "first, so ranks send a token to different experts", (CheckId.INFERENCE, CheckId.FORWARD),
              _needs_split_experts, plants_in="*.gate|*.router"),
-     Plant(after_load=_topk_on_shard, needs_model=lambda ref: None if _routers(ref) else
-           "the model has no top-k router (a dense model)")),
+     Plant(after_load=_topk_on_shard, needs_model=_router_shows)),
     (Control("tf-clip-local-norm", "the Trainer's gradient clipping takes the norm of each rank's local shards only, "
              "so each rank clips by its own factor (the norm it logs is its shard's)", (CheckId.STEPS,),
              _needs_sharded_grads),
@@ -352,6 +506,23 @@ _ENTRIES += (
              "sharded model (the head given a copy of its own): forward unchanged, each then learns from one use",
              (CheckId.STEPS,), _needs_trainer),
      Plant(trainer_plant=_untied_trainer, needs_model=_untied, trainer_needs_tied=True)),
+)
+
+_ENTRIES += (
+    (Control("tf-cache-all-heads", "each decode step reads the key/value cache as if it held every head: every TP "
+             "rank attends with the first heads' keys and values instead of its own (the prompt's forward exact)",
+             (CheckId.GENERATE,), _needs_tp, plants_in="*.self_attn|*.attention|*.attn"),
+     Plant(after_load=_cache_first_heads, needs_model=lambda ref: None if _attentions(ref) else
+           "the model has no attention module with a q_proj and a layer_idx")),
+    (Control("tf-position-stuck", "the position stops advancing after the first decode step: later decode steps "
+             "take the first one's rotary positions", (CheckId.GENERATE,), lambda layout: None,
+             plants_in="*rotary_emb*"),
+     Plant(after_load=_positions_stuck, needs_model=lambda ref: None if _rotaries(ref) else
+           "the model has no rotary embedding module")),
+    (Control("tf-pp-next-token-first-stage", "on decode steps every pipeline stage takes its next-token logits from "
+             "the first stage (its copy of the previous step's) instead of the last", (CheckId.GENERATE,), _needs_pp,
+             plants_in=PLANTED + "*"),
+     Plant(after_load=_next_token_from_first_stage)),
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}

@@ -1,4 +1,5 @@
-"""The one place that reaches into transformers' loading path: handing `from_pretrained` the world's meshes.
+"""The one place that reaches into transformers' private attributes: handing `from_pretrained` the world's meshes, and
+building a `Trainer` for a tensor-parallel model on a CPU world.
 
 `from_pretrained(distributed_config=...)` takes no mesh: its `device_mesh` argument is overwritten when a
 `DistributedConfig` is given, and `initialize_distributed_mesh` (called from
@@ -62,3 +63,16 @@ def _initialize(meshes, device_type: str, device, original):
         return device, manager
 
     return initialize
+
+
+@contextlib.contextmanager
+def trainer_without_tp(model):
+    """Within: the model reads as not tensor-parallel (`model.tp_size` is None), so a `Trainer` built here hands
+    accelerate no `ParallelismConfig`, which accelerate refuses on a CPU world. The degree comes back after: the
+    Trainer reads it (`get_tp_size`, from `model._tp_size`) for its loss scale and token count while it trains."""
+    saved = model._tp_size
+    model._tp_size = None
+    try:
+        yield
+    finally:
+        model._tp_size = saved

@@ -25,6 +25,8 @@ class CausalLMParallelTesterMixin(ParallelTesterMixin):
     model_class = None
     paracheck_structure_ids = (CheckId.MESH, CheckId.TP_SHARDS)
     paracheck_library = LIBRARY
+    #: parity.generate on every layout: greedy generation, three cache modes (`adapters.transformers.generate`).
+    paracheck_generate = True
 
     @classmethod
     def _paracheck_layouts(cls) -> list:
@@ -54,3 +56,7 @@ class CausalLMParallelTesterMixin(ParallelTesterMixin):
     @pytest.mark.paracheck
     def test_paracheck_loss(self, paracheck_case, request):
         expect(self, request, paracheck_case, (CheckId.LOSS,))
+
+    @pytest.mark.paracheck
+    def test_paracheck_generate(self, paracheck_case, request):
+        expect(self, request, paracheck_case, (CheckId.GENERATE,))

@@ -25,6 +25,7 @@ import tempfile
 
 import torch
 
+from paracheck.checks.compare import compare
 from paracheck.checks.shards import full
 from paracheck.checks.steps import StepRecord, compare_steps
 from paracheck.domain.adapter import Refused
@@ -80,6 +81,8 @@ class Recorder:
                         self.records[-1].grad_norm = float(logs["grad_norm"])
 
         self.records: list[StepRecord] = []
+        #: The evaluation loss before the steps and after them.
+        self.evaluated: list[float] = []
         self.callback = _Callback()
 
 
@@ -87,7 +90,8 @@ def arguments(folder: str, rows: int, steps: int, use_cpu: bool):
     """The `TrainingArguments` both runs take (`rows`: this run's device batch)."""
     from transformers import TrainingArguments
 
-    return TrainingArguments(output_dir=folder, per_device_train_batch_size=rows, gradient_accumulation_steps=MICRO,
+    return TrainingArguments(output_dir=folder, per_device_train_batch_size=rows, per_device_eval_batch_size=rows,
+                             gradient_accumulation_steps=MICRO,
                              max_steps=steps, learning_rate=LEARNING_RATE, lr_scheduler_type="constant",
                              warmup_steps=0, weight_decay=WEIGHT_DECAY, adam_epsilon=ADAM_EPSILON,
                              max_grad_norm=MAX_GRAD_NORM, optim="adamw_torch", train_sampling_strategy="sequential", logging_strategy="steps",
@@ -109,27 +113,37 @@ class Rows(torch.utils.data.Dataset):
 
 
 def batches(draw, steps: int) -> list[dict]:
-    """`steps * MICRO` global micro-batches, fresh rows each (`draw(seed)` -> one global batch)."""
-    return [draw(SEED + i) for i in range(steps * MICRO)]
+    """`MICRO` global batches to evaluate on, then `steps * MICRO` global micro-batches to train on, fresh rows each
+    (`draw(seed)` -> one global batch)."""
+    return [draw(SEED + i) for i in range((steps + 1) * MICRO)]
 
 
-def train(model, data: list[dict], rows: int, steps: int, use_cpu: bool, workdir: str, trainer_class=None) -> Recorder:
-    """`Trainer.train()` on `model` over `data`, `rows` rows per device batch; the step records."""
+def train(model, data: list[dict], rows: int, steps: int, use_cpu: bool, workdir: str, trainer_class=None,
+          stand_in: "StandIn | None" = None) -> Recorder:
+    """`Trainer.train()` on `model` over `data`, `rows` rows per device batch, with an evaluation before and after
+    (as users train: the state a first forward leaves behind meets the optimizer); the step records. With a
+    `stand_in`, the Trainer's Accelerator is built without the `ParallelismConfig` accelerate refuses, and the data
+    is laid out so that its loader gives each rank its data-parallel share (`StandIn`)."""
     from transformers import Trainer, default_data_collator
 
     recorder = Recorder()
     threads = torch.get_num_threads()  # accelerate sets its own count on a CPU world; the rank keeps its own
+    rows_of = stand_in.per_rank if stand_in else (lambda batches: batches)
     with tempfile.TemporaryDirectory(dir=workdir, prefix="steps-") as folder:
         try:
             # Trainer builds its Accelerator here, which checks the model's parallelism against the world.
-            trainer = (trainer_class or Trainer)(model=model, args=arguments(folder, rows, steps, use_cpu),
-                                                 train_dataset=Rows(data), data_collator=default_data_collator,
-                                                 callbacks=[recorder.callback])
+            with stand_in.building(model) if stand_in else contextlib.nullcontext():
+                trainer = (trainer_class or Trainer)(model=model, args=arguments(folder, rows, steps, use_cpu),
+                                                     train_dataset=Rows(rows_of(data[MICRO:])),
+                                                     eval_dataset=Rows(rows_of(data[:MICRO])),
+                                                     data_collator=default_data_collator, callbacks=[recorder.callback])
         except (ValueError, NotImplementedError) as exc:
             torch.set_num_threads(threads)
             raise TrainerRefused(f"{type(exc).__name__}: {exc}") from exc
         try:
+            recorder.evaluated.append(trainer.evaluate()["eval_loss"])
             trainer.train()
+            recorder.evaluated.append(trainer.evaluate()["eval_loss"])
         finally:
             torch.set_num_threads(threads)
             del trainer
@@ -178,11 +192,18 @@ def reference(key, path: str, data: list[dict], rows: int, steps: int, workdir: 
 
 
 def check(actual: Recorder, expected: Recorder, atol: float, rtol: float) -> CheckResult:
-    """`compare_steps` (loss, gradient norm, every parameter), with whether each reference step clipped: a step
-    that did not would leave the clipping untested."""
+    """`compare_steps` (loss, gradient norm, every parameter), with whether each reference step clipped (a step
+    that did not would leave the clipping untested), then the evaluation losses before and after the steps."""
     result = compare_steps(actual.records, expected.records, atol, rtol)
     norms = [r.grad_norm for r in expected.records]
-    result.data.update(max_grad_norm=MAX_GRAD_NORM, clipped=[n is not None and n > MAX_GRAD_NORM for n in norms])
+    result.data.update(max_grad_norm=MAX_GRAD_NORM, clipped=[n is not None and n > MAX_GRAD_NORM for n in norms],
+                       evaluated=actual.evaluated, reference_evaluated=expected.evaluated)
+    for when, mine, ref in zip(("before", "after"), actual.evaluated, expected.evaluated):
+        held = compare(CheckId.STEPS, torch.tensor(mine), torch.tensor(ref), atol, rtol,
+                       f"the evaluation loss {when} the steps")
+        if held.status == Status.FAIL and result.status == Status.PASS:
+            result.status, result.detail = Status.FAIL, f"{held.detail}: {mine:.6g} != reference {ref:.6g}"
+            result.max_abs = max(result.max_abs or 0.0, held.max_abs or 0.0)
     return result
 
 
@@ -219,11 +240,21 @@ def run(body) -> list[CheckResult]:
         expected = reference(key, body.path, data, rows, case.steps, ctx.site.workdir)
     trainer_class = body.plant.trainer_plant and body.plant.trainer_plant()
 
+    stand_in = None
+
     def parallel():
+        nonlocal stand_in
         try:
             return train(body.model, data, rows // layout.dp, case.steps, use_cpu, ctx.site.workdir, trainer_class)
         except TrainerRefused as exc:
-            return exc
+            if not (layout.tp > 1 and use_cpu):
+                return exc
+            stand_in = StandIn(str(exc), layout)
+        try:
+            return train(body.model, data, rows // layout.dp, case.steps, use_cpu, ctx.site.workdir, trainer_class,
+                         stand_in)
+        except TrainerRefused as exc:
+            return TrainerRefused(f"{stand_in.refusal}; with the stand-in too: {exc}")
 
     # A raise inside train() is this check's failure, with the rank's traceback kept (the skeleton's rule).
     actual, raised = ctx.attempt(parallel, CheckId.STEPS)
@@ -235,7 +266,71 @@ def run(body) -> list[CheckResult]:
         if body.control is not None and CheckId.STEPS in body.control.must_trip:
             raise Refused(f"{case.control}: {reason}")  # the bug it plants cannot show: a skip, not a miss
         return skip(reason)
-    return [check(actual, expected, body.tol.atol, body.tol.rtol)]
+    result = check(actual, expected, body.tol.atol, body.tol.rtol)
+    if result.status == Status.FAIL:
+        result.failure = Failure(FailureKind.CHECK, CheckId.STEPS, site=_planned_as(result, body.ref, layout))
+    if stand_in is not None:
+        result.data["stood_in"] = stand_in.describe()
+    return [result]
+
+
+class StandIn:
+    """What the kit stands in for where accelerate refuses the Trainer of a tensor-parallel model on a CPU world: the
+    `ParallelismConfig` transformers hands accelerate for it (accelerate accepts one on FSDP2, GPU-like devices and
+    DeepSpeed only). The Trainer is built with the model's TP degree hidden (`library.trainer_without_tp`), so its
+    Accelerator takes no `ParallelismConfig`; the Trainer still reads the degree from the model everywhere after
+    (its loss scale and token count divide by it). What the config's mesh does for the data, the kit does: the
+    loader shards the data over every rank, so each micro-batch is laid out rank by rank, each rank's slot holding its
+    data-parallel share (TP peers the same rows). Everything else is the library's own: `train()`'s loop, the
+    deferred gradient sync over two micro-batches, `training_step` and `compute_loss`, `_get_num_items_in_batch`,
+    `_clip_grad_norm` over mixed meshes, `create_optimizer`, `evaluate`."""
+
+    LIBRARY = ("Trainer.train loop", "gradient accumulation (deferred sync)", "training_step / compute_loss with the "
+               "TP loss scale", "_get_num_items_in_batch (gather / tp)", "_clip_grad_norm over mixed meshes",
+               "create_optimizer (AdamW)", "evaluate", "the model's TP gradient hooks")
+    KIT = ("accelerate's ParallelismConfig: the Accelerator is built without it, and each rank's loader is handed "
+           "its data-parallel share, which the config's mesh would pick",)
+
+    def __init__(self, refusal: str, layout):
+        self.refusal, self.layout = refusal, layout
+
+    def building(self, model):
+        from paracheck.adapters.transformers.library import trainer_without_tp
+
+        return trainer_without_tp(model)
+
+    def per_rank(self, batches: list[dict]) -> list[dict]:
+        """Each global batch as the world's ranks' slots, in rank order, each slot that rank's data-parallel share."""
+        from paracheck.adapters.transformers.inputs import share
+
+        layout = self.layout
+        return [{k: torch.cat([share(b, layout.dp_index(r), layout.dp)[k] for r in range(layout.world)])
+                 for k in b} for b in batches]
+
+    def describe(self) -> dict:
+        """What the report says (`results.report`'s stand-in lines): why, what the kit stood in for, what ran as the
+        library's."""
+        return {"why": f"accelerate refuses the Trainer of a TP model on a CPU world ({self.refusal})",
+                "kit": list(self.KIT), "library": list(self.LIBRARY)}
+
+
+#: A failing step's site when every parameter it names is planned alike: the plan style, e.g.
+#: "tp_plan:replicated_with_grad_allreduce" (what a known failure's `site` matches).
+PLANNED = "tp_plan:{style}"
+
+
+def _planned_as(result: CheckResult, ref, layout) -> str:
+    """The TP plan style every failing parameter of the first failing step shares (`PLANNED`), or "" where they
+    differ, one is unplanned, or the layout has no TP: a typed origin for the failure, not its text."""
+    from paracheck.adapters.transformers.structure import style_of
+
+    step = result.data.get("first_step")
+    failing = result.data["steps"][step - 1].get("failing") if step else None
+    if not failing or layout.tp == 1:
+        return ""
+    plan = dict(getattr(ref, "tp_plan", None) or {})
+    styles = {style_of(name, plan, True) for name in failing}
+    return PLANNED.format(style=styles.pop()) if len(styles) == 1 and None not in styles else ""
 
 
 def _sizes(layout) -> str:

@@ -121,6 +121,7 @@ def _plan(args, world: int) -> tuple[list[Case], dict[int, str], list[Family]]:
                     refused[len(cases)] = why
                 cases.append(Case(family.name, FACTORY, **dict(fields, control=control)))
     logging.disable(logging.NOTSET)
+    cases, refused = _generating(args, cases, refused)
     keep = list(range(len(cases)))
     if args.shard:
         keep = shard(keep, *parse_shard(args.shard), group=lambda i: cases[i].model)
@@ -129,6 +130,24 @@ def _plan(args, world: int) -> tuple[list[Case], dict[int, str], list[Family]]:
     needed = {cases[i].model for i in keep if i not in refused}
     return ([cases[i] for i in keep], {n: refused[i] for n, i in enumerate(keep) if i in refused},
             [by_family[name] for name in sorted(needed)])
+
+
+def _generating(args, cases: list[Case], refused: dict[int, str]) -> tuple[list[Case], dict[int, str]]:
+    """parity.generate turned on as the default tier turns it on (one layout of each kind per family, every one
+    with --all; `domain.tier.with_generate`), a control that only generation shows following it; the refusals
+    re-indexed to the cases kept."""
+    from dataclasses import replace
+
+    from paracheck.domain.tier import needs_generate, with_generate
+
+    why = {replace(c, generate=False): refused[i] for i, c in enumerate(cases) if i in refused}
+    chosen = []
+    for family in dict.fromkeys(c.model for c in cases):  # the kinds are covered per family
+        mine = [c for c in cases if c.model == family]
+        chosen += with_generate(mine, getattr(args, "all", False), needs=needs_generate,
+                                runs=lambda c: replace(c, generate=False) not in why)
+    return chosen, {i: why[replace(c, generate=False)] for i, c in enumerate(chosen)
+                    if replace(c, generate=False) in why}
 
 
 def _names(args, layout) -> list:

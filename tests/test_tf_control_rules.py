@@ -1,0 +1,87 @@
+"""When a transformers control cannot show on a user's model, it says so before a rank plants it (a skip naming the
+rule, never a `missed`): a router that sends every token to every expert, row-parallel biases that are all zero.
+The rules in process, with hypothesis over configs, and over every causal-LM config class transformers registers."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+transformers = pytest.importorskip("transformers")
+
+from paracheck.adapters.transformers import controls  # noqa: E402
+
+
+class Config:
+    """A config with the given attributes only (and, nested, a `text_config`), as a family's may be."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+configs = st.builds(
+    lambda experts, k, ekey, kkey, nested: (
+        Config(text_config=Config(**{ekey: experts, kkey: k})) if nested else Config(**{ekey: experts, kkey: k}),
+        experts, k),
+    st.integers(1, 16), st.integers(1, 20), st.sampled_from(controls.EXPERT_KEYS),
+    st.sampled_from(controls.TOP_K_KEYS), st.booleans())
+
+
+@settings(max_examples=200, deadline=None)
+@given(configs)
+def test_a_router_control_is_refused_exactly_where_every_token_goes_to_every_expert(drawn):
+    config, experts, k = drawn
+    why = controls.every_expert_routed(config)
+    assert (why is not None) == (k >= experts)
+    if why:
+        assert f"={k} of {experts} experts" in why and "picks the same experts" in why
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.sampled_from(controls.EXPERT_KEYS + controls.TOP_K_KEYS), st.integers(1, 8))
+def test_a_config_naming_only_one_of_the_two_counts_leaves_the_control_on(key, value):
+    assert controls.every_expert_routed(Config(**{key: value})) is None
+
+
+def test_every_registered_causal_lm_config_reads_without_raising_and_its_defaults_route_a_subset():
+    """Every config class in transformers' causal-LM mapping, at its defaults: the rule reads it, and no default MoE
+    with several experts sends every token to all of them (HunYuan-MoE's defaults hold one expert, refused rightly;
+    the sweep's fitted config holds four)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    refused = []
+    for name in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        try:
+            config = CONFIG_MAPPING[name]()
+        except Exception:  # a class whose defaults do not build (the sweep names these)
+            continue
+        if controls.every_expert_routed(config) and controls._expert_count(config) > 1:
+            refused.append(name)
+    assert refused == [], refused
+
+
+def _tiny_neox(bias: float):
+    import torch
+
+    config = transformers.GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                        intermediate_size=64)
+    model = transformers.GPTNeoXForCausalLM(config)
+    model.tp_plan  # the row-parallel modules are read from the plan
+    with torch.no_grad():
+        for module in controls._rowwise_with_bias(model):
+            module.bias.fill_(bias)
+    return model
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.floats(-1.0, 1.0).filter(lambda b: abs(b) > 1e-30))  # nonzero in float32
+def test_the_bias_control_runs_on_any_nonzero_bias_and_is_refused_on_zeros(bias):
+    assert controls._bias_shows(_tiny_neox(bias)) is None
+    why = controls._bias_shows(_tiny_neox(0.0))
+    assert why is not None and "all exactly zero" in why
+
+
+def test_a_model_without_a_row_parallel_bias_says_so():
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                      intermediate_size=64)
+    assert "no row-parallel module with a bias" in controls._bias_shows(transformers.LlamaForCausalLM(config))
