@@ -43,6 +43,17 @@ def test_names_are_read_through_checkpointing_and_compile_and_a_wrapper_is_not_r
     assert names.hooked(whole)["_orig_mod"] == "" and list(names.parameters(whole))[0] == "wte.weight"
 
 
+def test_ddp_names_are_read_through_too(one_rank_world):
+    """(FSDP1's `_fsdp_wrapped_module` is read the same way, by its class; FSDP1 needs an accelerator to wrap.)"""
+    from torch.nn.parallel import DistributedDataParallel
+
+    reference = _GPT2.build()
+    ddp = DistributedDataParallel(_GPT2.build())
+    assert next(iter(ddp.named_parameters()))[0] == "module.wte.weight"
+    assert list(names.parameters(ddp)) == list(names.parameters(reference))
+    assert names.hooked(ddp)["module"] == "" and "" not in names.hooked(ddp)
+
+
 def test_a_child_named_like_a_wrappers_attribute_is_kept_under_a_module_that_wraps_nothing():
     model = torch.nn.Module()
     model.module = torch.nn.Linear(2, 2)  # DDP keeps its module here; a user's module may too
