@@ -291,21 +291,49 @@ def test_a_killed_rank_leaks_no_semaphore(tmp_path):
     assert "leaked semaphore" not in run.out, run.out
 
 
-def test_sigterm_stops_everything(tmp_path):
-    tmpdir = tmp_path / "tmp"
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_run_reports_what_it_finished_and_resume_goes_on(tmp_path, how):
+    """Stopped by a signal once its first case finished, while the second hangs: every rank is stopped, the report
+    holds the finished case and names the other as not run; `--resume` runs only that one and carries the first."""
+    tmpdir, report = tmp_path / "tmp", tmp_path / "first.json"
     tmpdir.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "paracheck", "run", "--spec", f"{SPECS}:rank1_hangs",
-                             "--layouts", "u4", "--timeout", "600"], cwd=ROOT, env=dict(os.environ, TMPDIR=str(tmpdir)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not _workers_started(tmpdir):
-        time.sleep(0.5)
-    assert _workers_started(tmpdir), "no rank reported progress"
-    proc.send_signal(signal.SIGTERM)
+    specs = ["--spec", f"{SPECS}:flux_spec", "--spec", f"{SPECS}:rank1_hangs", "--layouts", "u4", "--no-grads"]
+    proc = subprocess.Popen([sys.executable, "-m", "paracheck", "run", *specs, "--timeout", "600", "--report-json",
+                             str(report)], cwd=ROOT, env=dict(os.environ, TMPDIR=str(tmpdir)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_default_sigint)
+    seen = []
+    for line in proc.stdout:  # the first case's progress line, then the second case is under way and hangs
+        seen.append(line)
+        if line.startswith("[1/2]"):
+            break
+    assert "flux_spec" in seen[-1] and " pass " in seen[-1], "".join(seen)
+    time.sleep(1)
+    proc.send_signal(how)
     out, _ = proc.communicate(timeout=60)
+    out = "".join(seen) + out
     assert proc.returncode == 3, out
     assert "interrupted" in out
     _assert_clean(str(tmpdir))
+    first = json.loads(report.read_text())
+    assert [(c["model"], c["status"]) for c in first["cases"]] == [("flux_spec", "pass")], first["cases"]
+    assert first["not_run"] == ["rank1_hangs-u4-auto"] and first["summary"]["not_run"] == 1
+    [event] = first["events"]
+    assert event["kind"] == "interrupted" and event["message"].startswith(f"{how.name}: 1 of 2 cases finished")
+    if how == signal.SIGINT:
+        return  # the rest reads the report alone, which the two signals write alike
+    # Resumed: the held case is carried, not run; the one not run runs (and hangs past a short timeout).
+    then = run_paracheck([*specs, "--timeout", str(HANG_TIMEOUT), "--resume", str(report)], tmp_path)
+    assert "1 of 2 cases held there, 1 to run" in then.out, then.out
+    resumed, hung = then.report["cases"]
+    assert (resumed["model"], resumed["status"], resumed["resumed"]) == ("flux_spec", "pass", True)
+    assert (hung["model"], hung["status"]) == ("rank1_hangs", "error") and "resumed" not in hung
+    assert then.report["summary"]["passed"] == 1 and then.report["summary"]["errors"] == 1 and then.code == 3
+
+
+def _default_sigint():
+    """A suite started as a background job (a shell's `cmd &`) inherits SIGINT ignored, and Python then leaves it
+    ignored: the run under test takes Ctrl-C's default, as a terminal's foreground job does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_torchrun_worker_by_path(tmp_path):

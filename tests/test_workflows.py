@@ -139,6 +139,19 @@ def test_runner_labels_are_the_documented_convention():
         assert written in docs and written in readme, f"docs/ci.md and README.md should name `{written}`"
 
 
+def test_the_release_jobs_are_tox_environments():
+    """releases.yml runs one job per environment of tox.ini's envlist, no more, no fewer, in the same order."""
+    import configparser
+
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    envs = tox["tox"]["envlist"].split()
+    data = yaml.safe_load((WORKFLOWS / "releases.yml").read_text())
+    assert data["jobs"]["cell"]["strategy"]["matrix"]["env"] == envs
+    readme = (ROOT / "README.md").read_text()
+    assert [env for env in envs if env not in readme] == [], "README.md's release matrix names every environment"
+
+
 def test_test_extra_names_the_linters():
     tomllib = pytest.importorskip("tomllib")
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]

@@ -7,6 +7,7 @@ A leaf of the command line: it imports no command module and no torch.
 from __future__ import annotations
 
 import os
+import signal
 
 from paracheck.domain.case import DTYPES
 from paracheck.domain.layout import ORDERS
@@ -96,6 +97,16 @@ def spec_names(specs: list[str]) -> list[tuple[str, str]]:
 # -- output ------------------------------------------------------------------------------------------
 
 
+class Interrupted(KeyboardInterrupt):
+    """A signal other than Ctrl-C, raised as Ctrl-C's KeyboardInterrupt: every `except KeyboardInterrupt` stops
+    the run alike, and the report can say which signal it was."""
+
+
 def raise_interrupt(signum, frame):
     """A SIGTERM handler: stop the way Ctrl-C does, so every rank is stopped on the way out."""
-    raise KeyboardInterrupt
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def signal_of(stop: KeyboardInterrupt) -> str:
+    """The signal that stopped a run: SIGINT for Ctrl-C's own KeyboardInterrupt."""
+    return stop.args[0] if isinstance(stop, Interrupted) and stop.args else "SIGINT"

@@ -17,7 +17,7 @@ from paracheck.domain import registry
 from paracheck.domain.adapter import CaseRequest
 from paracheck.domain.case import ROUTES, Case, SpecError
 from paracheck.cli.common import (UsageError, add_after_hang, add_order, add_timeout, check_choice, check_dtypes, check_order,
-                                  check_timeout, check_writable, named_models, raise_interrupt)
+                                  check_timeout, check_writable, named_models, raise_interrupt, signal_of)
 from paracheck.results.report import run_meta
 from paracheck.domain.layout import LayoutError, layouts_for, parse_layouts
 from paracheck.launch.protocol import Exit
@@ -59,8 +59,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--html", help="write the HTML report here (one self-contained file, opens offline)")
     run.add_argument("--shard", help="I/N: run the I-th of N deterministic slices of the cases (a model's cases "
                      "stay in one slice)")
-    run.add_argument("--resume", help="with --models LIBRARY:...: leave out the cases this earlier JSON "
-                     "report holds (all but errors)")
+    run.add_argument("--resume", help="REPORT.json: leave out the cases this earlier JSON report holds (all but "
+                     "errors and those an interrupted run did not finish); its cases are carried into this run's report")
     add_timeout(run)
     add_after_hang(run)
     add_all(run)
@@ -225,6 +225,7 @@ def run(args) -> int:
         return sweeper.sweep(args, backend, entries)
     cases = _sharded(args, build_cases(args, backend))
     check_libraries(cases)
+    cases, carried = _resumed(args, cases)
     check_writable(args.report_json, "--report-json")
     check_writable(args.junit, "--junit")
     check_writable(args.html, "--html")
@@ -232,7 +233,22 @@ def run(args) -> int:
         from paracheck.rank.torchrun import run_as_rank
 
         return run_as_rank(args, backend, cases, entries)
-    return _launch(args, backend, cases, entries)
+    return _launch(args, backend, cases, entries, carried)
+
+
+def _resumed(args, cases: list[Case]) -> tuple[list[Case], list[dict]]:
+    """`--resume REPORT.json`: the cases that report does not hold, and its entries for those it does."""
+    from paracheck.results import resume
+
+    if not args.resume:
+        return cases, []
+    try:
+        todo, carried = resume.left(cases, resume.held(args.resume))
+    except resume.ResumeError as exc:
+        raise UsageError(str(exc)) from exc
+    print(f"paracheck: --resume {args.resume}: {len(carried)} of {len(cases)} cases held there, {len(todo)} to run",
+          file=sys.stderr)
+    return todo, carried
 
 
 def _sweeper(models: str):
@@ -260,7 +276,7 @@ def _sharded(args, cases: list[Case]) -> list[Case]:
         raise UsageError(str(exc)) from exc
 
 
-def _launch(args, backend, cases: list[Case], entries) -> int:
+def _launch(args, backend, cases: list[Case], entries, carried: list[dict]) -> int:
     from paracheck.launch.launcher import Launcher
     from paracheck.results import known
     from paracheck.results.progress import Progress
@@ -270,22 +286,23 @@ def _launch(args, backend, cases: list[Case], entries) -> int:
                         known=known.as_data(entries))
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     started = time.time()
+    from paracheck.results.finish import finish, interrupted
+
     try:
         outcome = launcher.run(cases)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         launcher.stop()
         progress.close()
         print("paracheck: interrupted; every rank was stopped", file=sys.stderr)
-        return Exit.BROKEN
+        return interrupted(args, progress, cases, run_meta(backend, args.nproc), time.time() - started,
+                           signal_of(stop), carried=carried)
     finally:
         signal.signal(signal.SIGTERM, previous)
     progress.close()
     meta = run_meta(backend, args.nproc, outcome)
-    from paracheck.results.finish import finish
-
     verdicts = progress.judged([outcome.results[i] for i in range(len(cases))])
-    return finish(args, verdicts, outcome.events, meta,
-                  time.time() - started, f", ranks {outcome.start_method}, {outcome.references} references")
+    return finish(args, verdicts, outcome.events, meta, time.time() - started,
+                  f", ranks {outcome.start_method}, {outcome.references} references", carried)
 
 
 def topology(args) -> int:

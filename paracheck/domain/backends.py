@@ -64,7 +64,12 @@ class Backend:
 
 
 _TABLE = {
-    "gloo": Backend("gloo", "gloo", "cpu"),
+    # gloo's groups are made as "cpu:gloo", the device they serve named in the backend string: libraries read that
+    # string to choose where a collective's tensors live. diffusers' `gather_size_by_comm` gathers on the CPU only
+    # when the string says "cpu", else on `torch.accelerator.current_accelerator()`, which a CUDA build of torch
+    # names even with no GPU ("Cannot re-initialize CUDA in forked subprocess" in the uneven cases). Plain
+    # "gloo" groups (torch's own default) gather on CUDA there; the string is what every subgroup inherits.
+    "gloo": Backend("gloo", "cpu:gloo", "cpu"),
     "nccl": Backend("nccl", "nccl", "cuda"),
     "neuron": Backend("neuron", "neuron", "neuron"),
 }

@@ -6,9 +6,10 @@ from __future__ import annotations
 from paracheck.results import report
 
 
-def finish(args, verdicts, events, meta: dict, seconds: float, extra: str) -> int:
+def finish(args, verdicts, events, meta: dict, seconds: float, extra: str, carried=(), not_run=()) -> int:
     """The table, notes and reports of every case's verdict (each judged once, as it finished: `Progress`);
-    returns the exit code."""
+    returns the exit code. `carried`: the cases a `--resume` report held, written into this run's report;
+    `not_run`: the ids of the cases an interrupted run never finished."""
     base = [] if args.backend == "auto" else ["--backend", args.backend]
     base += ["--nproc", str(args.nproc)] + (["--no-grads"] if args.no_grads else [])
     replays = {v.id: report.replay_command(v, base) for v in verdicts}
@@ -18,8 +19,10 @@ def finish(args, verdicts, events, meta: dict, seconds: float, extra: str) -> in
         print("\n" + text)
     for event in events:
         print(f"\nRUN BROKE ({event.kind}): {event.message}")
-    data = report.to_json(verdicts, meta, events, replays)
+    data = report.to_json(verdicts, meta, events, replays, carried, not_run)
     print("\n" + report.counts_line(verdicts, seconds, meta.get("worlds", 1), extra))
+    if carried:
+        print(f"{len(carried)} cases carried from --resume {args.resume} (not run again; in the JSON report)")
     if args.report_json:
         report.write_report(args.report_json, data)
     if args.junit:
@@ -29,3 +32,16 @@ def finish(args, verdicts, events, meta: dict, seconds: float, extra: str) -> in
 
         report.write_report(args.html, render(data))
     return data["exit_code"]
+
+
+def interrupted(args, progress, cases, meta: dict, seconds: float, how: str, extra: str = "", carried=()) -> int:
+    """A run stopped by `how` (SIGINT, SIGTERM) before its end: the table and reports of every case that finished,
+    the others named as not run, and the command that goes on from the JSON report; exit 3."""
+    from paracheck.domain.records import RunEvent
+
+    done = [progress.verdicts[i] for i in sorted(progress.verdicts)]
+    not_run = [c.id for i, c in enumerate(cases) if i not in progress.verdicts]
+    goes_on = f"; go on with --resume {args.report_json}" if args.report_json else " (no --report-json to resume from)"
+    event = RunEvent("interrupted", None, f"{how}: {len(done)} of {len(cases)} cases finished, {len(not_run)} not "
+                                          f"run{goes_on}")
+    return finish(args, done, [event], meta, seconds, extra, carried, not_run)

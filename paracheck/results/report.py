@@ -8,11 +8,11 @@ from xml.sax.saxutils import escape, quoteattr
 
 from paracheck.launch.attribution import ranks_named, ranks_text
 from paracheck import __version__
-from paracheck.launch.protocol import write_text
+from paracheck.launch.protocol import Exit, write_text
 from paracheck.domain import registry
 from paracheck.domain.case import Case
 from paracheck.domain.records import CaseStatus, CheckId, Status
-from paracheck.results import localization
+from paracheck.results import localization, resume
 from paracheck.results.verdict import Verdict
 
 CELL = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.SKIP: "-", None: " "}
@@ -22,13 +22,14 @@ _SUMMARY = (("passed", CaseStatus.PASS), ("failed", CaseStatus.FAIL), ("errors",
             ("inconclusive", CaseStatus.INCONCLUSIVE), ("xfailed", CaseStatus.XFAIL), ("xpassed", CaseStatus.XPASS))
 
 
+_SUMMARY_KEY = {status: key for key, status in _SUMMARY}
+
+
 def summarize(verdicts: list[Verdict]) -> dict:
     return {key: sum(v.status == status for v in verdicts) for key, status in _SUMMARY}
 
 
 def exit_code(verdicts: list[Verdict], events: list) -> int:
-    from paracheck.launch.protocol import Exit
-
     if events:
         return Exit.BROKEN
     return Exit.FAILED if any(v.status.failing for v in verdicts) else Exit.OK
@@ -231,12 +232,25 @@ def counts_line(verdicts: list[Verdict], seconds: float, worlds: int, extra: str
     return f"{', '.join(parts)} in {seconds:.1f}s ({worlds} world{'s' if worlds != 1 else ''}{extra})"
 
 
-def to_json(verdicts: list[Verdict], meta: dict, events: list, replays: dict[str, str] | None = None) -> dict:
-    """The JSON report; `replays` (case id -> the command that runs it alone) adds each case's `replay`."""
-    cases = [dict(v.to_json(), **({"replay": replays[v.id]} if replays and v.id in replays else {}))
-             for v in verdicts]
-    return dict(meta, cases=cases, summary=summarize(verdicts),
-                events=[e.to_json() for e in events], exit_code=int(exit_code(verdicts, events)))
+def to_json(verdicts: list[Verdict], meta: dict, events: list, replays: dict[str, str] | None = None,
+            carried: list[dict] = (), not_run: list[str] = ()) -> dict:
+    """The JSON report; `replays` (case id -> the command that runs it alone) adds each case's `replay`.
+    `carried`: a resumed report's cases, as it wrote them (marked `resumed`), counted and judged with the rest;
+    `not_run`: the ids of the cases an interrupted run never finished (`results.resume`)."""
+    cases = [dict(c, resumed=True) for c in carried]
+    cases += [dict(v.to_json(), **({"replay": replays[v.id]} if replays and v.id in replays else {}))
+              for v in verdicts]
+    summary = summarize(verdicts)
+    for entry in carried:
+        summary[_SUMMARY_KEY[CaseStatus(entry["status"])]] += 1
+    code = exit_code(verdicts, events)
+    if code == 0 and any(CaseStatus(c["status"]).failing for c in carried):
+        code = Exit.FAILED
+    data = dict(meta, cases=cases, summary=summary, events=[e.to_json() for e in events], exit_code=int(code))
+    if not_run:
+        data[resume.NOT_RUN] = list(not_run)
+        summary[resume.NOT_RUN] = len(not_run)
+    return data
 
 
 def to_junit(verdicts: list[Verdict]) -> str:

@@ -31,7 +31,11 @@ class TransformersAdapter:
         return importlib.util.find_spec("transformers") is not None
 
     def unsupported(self) -> str | None:
-        return None if self.installed() else "transformers is not installed (pip install 'paracheck[transformers]')"
+        if not self.installed():
+            return "transformers is not installed (pip install 'paracheck[transformers]')"
+        from paracheck.adapters.transformers.requirements import missing
+
+        return missing()  # a requirement the library's loading asks for, missing: one line before any rank
 
     def claims(self, factory) -> bool:
         return False  # a transformers spec says so: `library = "transformers"`

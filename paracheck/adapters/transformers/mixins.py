@@ -44,7 +44,11 @@ class CausalLMParallelTesterMixin(ParallelTesterMixin):
 
     def _paracheck_cases(self, layouts, folder: str) -> list:
         from paracheck.adapters.transformers.mixin_cases import cases, check_variants, write_checkpoint
+        from paracheck.adapters.transformers.requirements import missing
 
+        problem = missing()
+        if problem:  # once for the class, as diffusers' mixin does, not once per layout's test
+            pytest.fail(f"paracheck: {problem}", pytrace=False)
         cls = type(self)
         if cls.paracheck_dtype != "fp32":
             raise ValueError(f"paracheck_dtype {cls.paracheck_dtype!r}: the transformers adapter runs fp32 only")

@@ -16,7 +16,6 @@ where it stopped; `scripts/support_matrix.py` merges any number of such reports 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -31,6 +30,7 @@ from paracheck.adapters.transformers.controls import applicable
 from paracheck.domain.case import Case
 from paracheck.domain.records import Failure, FailureKind, RankResult, RankStatus, Route
 from paracheck.domain.sharding import parse_shard, shard
+from paracheck.results import resume
 
 PREFIX = "transformers:"
 #: A sweep case's factory: its checkpoint is the family's, written by the launcher (`case.payload`), and a replay
@@ -125,8 +125,8 @@ def _plan(args, world: int) -> tuple[list[Case], dict[int, str], list[Family]]:
     keep = list(range(len(cases)))
     if args.shard:
         keep = shard(keep, *parse_shard(args.shard), group=lambda i: cases[i].model)
-    done = _done(args.resume) if args.resume else set()
-    keep = [i for i in keep if _key(cases[i]) not in done]
+    done = resume.held(args.resume) if args.resume else {}
+    keep = [i for i in keep if resume.case_key(cases[i]) not in done]
     needed = {cases[i].model for i in keep if i not in refused}
     return ([cases[i] for i in keep], {n: refused[i] for n, i in enumerate(keep) if i in refused},
             [by_family[name] for name in sorted(needed)])
@@ -163,18 +163,6 @@ def _placeholder_layout(world: int):
     from paracheck.adapters.transformers.layout import TfLayout
 
     return TfLayout(fsdp=world)
-
-
-def _key(case: Case) -> tuple:
-    return case.model, case.layout.name, case.variant, case.control
-
-
-def _done(path: str) -> set:
-    """The cases a report already holds, by (family, layout, variant, control); errors run again."""
-    with open(path) as handle:
-        data = json.load(handle)
-    return {(c["model"], c["layout"], c["variant"], c["control"]) for c in data.get("cases", [])
-            if c.get("status") != "error"}
 
 
 def build(family: Family, folder: str):
@@ -236,14 +224,20 @@ def run_sweep(args, backend, entries) -> int:
     """Plan, build the families this run needs (a line per family), launch the rest, report every case."""
     from paracheck.launch.launcher import Launcher
     from paracheck.results import known
-    from paracheck.results.finish import finish
+    from paracheck.cli.common import raise_interrupt, signal_of
+    from paracheck.results.finish import finish, interrupted
     from paracheck.results.progress import Progress
     from paracheck.results.verdict import judge
     from paracheck.results.report import run_meta
 
+    from paracheck.cli.common import UsageError
+    from paracheck.adapters.transformers.requirements import missing
+
     world = args.nproc or 4
     args.nproc = world
     started = time.time()
+    if missing():  # every family loads with from_pretrained: one line, before anything is built
+        raise UsageError(missing())
     cases, refused, needed = plan(args, world)
     folder = tempfile.mkdtemp(prefix="paracheck-sweep-")
     try:
@@ -261,13 +255,15 @@ def run_sweep(args, backend, entries) -> int:
         launched = [cases[i] for i in runnable]
         progress = Progress(launched, quiet=args.quiet, entries=entries)
         launcher = Launcher(backend, world, args.timeout, on_case=progress.case_done, known=known.as_data(entries))
-        previous = signal.signal(signal.SIGTERM, _interrupt)
+        previous = signal.signal(signal.SIGTERM, raise_interrupt)
         try:
             outcome = launcher.run(launched) if launched else None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             launcher.stop()
+            progress.close()
             print("paracheck: interrupted; every rank was stopped", file=sys.stderr)
-            return 3
+            return interrupted(args, progress, launched, run_meta(backend, world), time.time() - started,
+                               signal_of(stop))
         finally:
             signal.signal(signal.SIGTERM, previous)
         progress.close()
@@ -300,7 +296,3 @@ def _refusal(index: int, decided) -> list[RankResult]:
 
 def _say(line: str) -> None:
     print(line, flush=True)
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
