@@ -22,18 +22,14 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
 import os
 import sys
 
 from paracheck.adapters.torch.spec import Spec
 
-_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt2_tp_fsdp.py")
-_loader = importlib.util.spec_from_file_location("paracheck_example_gpt2_tp_fsdp", _path)
-gpt2 = sys.modules.get(_loader.name)  # registered: compile imports a checkpointed function's module by name
-if gpt2 is None:
-    gpt2 = sys.modules[_loader.name] = importlib.util.module_from_spec(_loader)
-    _loader.loader.exec_module(gpt2)
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # gpt2_tp_fsdp.py beside this file, by its name
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # (compile imports a checkpointed block's module)
+import gpt2_tp_fsdp as gpt2  # noqa: E402
 
 LAYERS = 4
 
