@@ -156,12 +156,11 @@ def turned_on(cases: list, on: dict, everything: bool = False, needs: Callable[[
 
 def training_parts(case) -> frozenset:
     """What a case's training covers when the tier picks the layouts that train: its adapter's answer
-    (`training_parts`: the torch adapter adds each pair of kinds, so a TP x FSDP plan's training is met), else its
-    layout's kinds."""
+    (`Adapter.training_parts`, declared in `domain.adapter.ADAPTER`: its layout's kinds by default; the torch adapter
+    adds each pair of kinds, so a TP x FSDP plan's training is met)."""
     from paracheck.domain import registry
 
-    own = getattr(registry.adapter(case.library), "training_parts", None)
-    return own(case) if own is not None else layout_parts(case.layout.name)
+    return registry.adapter(case.library).training_parts(case)
 
 
 def needs_training(case) -> bool:

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from paracheck.checks.compare import tolerance
 from paracheck.domain import registry
-from paracheck.domain.adapter import CaseContext, Refused, Tolerance
+from paracheck.domain.adapter import CASE_BODY, CaseContext, Refused, Tolerance
 from paracheck.domain.records import CheckId, CheckResult, Failure, FailureKind, Raised, RankResult, RankStatus, Status
 from paracheck.launch.attribution import lost_peer
 from paracheck.rank import declared
@@ -62,7 +62,7 @@ def run_case(case, backend, site) -> RankResult:
         if case.control and (off := _pass_off(case)):
             raise Refused(off)
         with adapter.case_body(ctx) as body:
-            _passes(body, ctx, raised, at)
+            _passes(CASE_BODY.bind(body, case.library), ctx, raised, at)
         _settle_raised(result, raised, case)
     except Refused as exc:
         result.status, result.reason, result.failure = exc.status, str(exc), exc.failure
@@ -130,14 +130,14 @@ def _passes(body, ctx: CaseContext, raised: list, at: At) -> None:
     # On every rank, which decide alike whether a failing pass is rerun with hooks (not where declared known failures
     # explain it whole: `rank.declared`); a rank whose pass raised does not join (its peers may be inside another
     # collective of that pass, and the fail-fast rule ends the world).
-    if hasattr(body, "localize") and not raised:
+    if body.provides("localize") and not raised:
         at.run("localize", phase("localize"), lambda: _localize(body, ctx, checks))
     # Generation changes nothing in the model, the steps and the save do: last, as localization reruns the passes
     # above on the model as they were checked. A rank whose pass raised takes none of them, as it takes no
     # localization: its peers may still be inside that pass.
-    checks += _later(body, ctx, at, "generate", CheckId.GENERATE, ctx.case.generate, raised)
-    checks += _later(body, ctx, at, "steps", CheckId.STEPS, ctx.case.steps > 0, raised)
-    checks += _later(body, ctx, at, "checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint, raised)
+    checks += _later(body.generate, ctx, at, "generate", CheckId.GENERATE, ctx.case.generate, raised)
+    checks += _later(body.steps, ctx, at, "steps", CheckId.STEPS, ctx.case.steps > 0, raised)
+    checks += _later(body.checkpoint, ctx, at, "checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint, raised)
     result.checks = checks
     result.raised_in_parallel = False
 
@@ -149,16 +149,14 @@ def _localize(body, ctx: CaseContext, checks: list) -> None:
         declared.not_rerun(checks, reasons)
 
 
-def _later(body, ctx: CaseContext, at: At, name: str, check_id: CheckId, asked: bool, raised: list) -> list:
-    """The optional `generate`, `steps` or `checkpoint` pass where the case asks for it; a body without one says
-    so."""
+def _later(run, ctx: CaseContext, at: At, name: str, check_id: CheckId, asked: bool, raised: list) -> list:
+    """The optional `generate`, `steps` or `checkpoint` pass (`run`) where the case asks for it (a body without
+    one answers with the contract's default: a skip that says so)."""
     if not asked:
         return []
     if raised:
         return [CheckResult(check_id, Status.SKIP, f"not run: an earlier pass raised on this rank ({raised[0]})")]
-    if not hasattr(body, name):
-        return [CheckResult(check_id, Status.SKIP, f"the {ctx.case.library} adapter has no {check_id.value} pass")]
-    return list(at.run(name, ctx.phase(name), getattr(body, name)))
+    return list(at.run(name, ctx.phase(name), run))
 
 
 def _pass_off(case) -> str | None:
