@@ -119,12 +119,12 @@ class TorchBody:
             self.ctx.result.findings.append(f"{self.case.control} planted in {planted}")
             self.ctx.result.planted_in = planted_in(self.case.control, planted)
 
-    def params(self) -> dict:
+    def _params(self) -> dict:
         """The parallel model's parameters by clean name (this rank's stages' on a pipeline)."""
         return self.pipe.parameters() if self.pipe else names.parameters(self.model)
 
     def structure_checks(self) -> list[CheckResult]:
-        params = self.params()
+        params = self._params()
         return [structure.check_mesh(self.mesh, self.layout, params),
                 structure.check_shards(params, self.ref_params, self.atol, self.rtol, self.held)]
 
@@ -136,7 +136,7 @@ class TorchBody:
             self.infer = _full(_call(self.model, self.mine))
 
     def training(self) -> None:
-        for param in self.params().values():
+        for param in self._params().values():
             param.grad = None
         if self.pipe:  # the schedule's step runs every microbatch's forward and backward
             self.train, self.local_loss = pipeline.run(self.pipe, self, train=True)
@@ -169,7 +169,7 @@ class TorchBody:
         (self.local_loss / share).backward()
 
     def grads_checks(self) -> list[CheckResult]:
-        checks = [grads.check(self.params(), self.ref_grads, self.layout, self.atol, self.rtol, self.held)]
+        checks = [grads.check(self._params(), self.ref_grads, self.layout, self.atol, self.rtol, self.held)]
         self.grads_failed = checks[0].status == Status.FAIL
         return checks
 
