@@ -156,11 +156,12 @@ def turned_on(cases: list, on: dict, everything: bool = False, needs: Callable[[
 
 def training_parts(case) -> frozenset:
     """What a case's training covers when the tier picks the layouts that train: its adapter's answer
-    (`Adapter.training_parts`, declared in `domain.adapter.ADAPTER`: its layout's kinds by default; the torch adapter
-    adds each pair of kinds, so a TP x FSDP plan's training is met)."""
+    (`Adapter.training_parts`, declared in `domain.adapter.ADAPTER`; the torch adapter adds each pair of kinds, so a
+    TP x FSDP plan's training is met), else its layout's kinds."""
     from paracheck.domain import registry
 
-    return registry.adapter(case.library).training_parts(case)
+    own = registry.adapter(case.library).training_parts(case)
+    return layout_parts(case.layout.name) if own is None else own
 
 
 def needs_training(case) -> bool:
