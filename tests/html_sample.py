@@ -61,9 +61,14 @@ def sample(report: dict) -> dict:
                  known_failure="ring backward rotates the wrong way [lib 1.0]",
                  replay="paracheck run --models wan --layouts r2", localization={"grads": localization()["grads"]})
     _set_check(xfail, "parity.grads", "fail", 0.5, [0, 1], "3 grads differ")
-    error = made(id="wan-u2-native", model="wan", layout="u2", status="error", checks=[],
-                 reason="rank 1: RuntimeError: planted", error_ranks=[1], secondary_ranks=[0],
+    # As the skeleton reports a raise: the pass named in the reason, and that pass's check failing with it.
+    error = made(id="wan-u2-native", model="wan", layout="u2", status="error",
+                 reason="rank 1: forward: RuntimeError: planted", error_ranks=[1], secondary_ranks=[0],
                  traceback="Traceback (most recent call last):\nRuntimeError: planted", stacks={})
+    error["checks"] = [dict(c, status="pass", failed_ranks=[], detail="") for c in error["checks"]
+                       if c["id"].startswith("structure.")]
+    error["checks"].append(dict(id="parity.forward", status="fail", failed_ranks=[1], max_abs=None, max_rel=None,
+                                atol=None, rtol=None, detail="forward raised RuntimeError: planted", data={}))
     passed = made(id="flux-u2-native", layout="u2", status="pass", reason="")
     for check in passed["checks"]:
         check.update(status="pass", failed_ranks=[], detail="")

@@ -154,6 +154,10 @@ def test_a_failing_case_opens_to_its_localization_plots(page_text):
                              + "-detail")[0]
     assert not page.inside(xfail_detail, "figure", "forward-plot") and page.inside(xfail_detail, "figure", "grads-plot")
     assert "RuntimeError: planted" in Page.text(page.find("tr", "detail")[1])
+    error = page.find("tr", "case", data_status="error")[0]  # the pass that raised, in its reason and its check
+    error_detail = Page.text(page.find("tr", "detail", id=error["attrs"]["id"] + "-detail")[0])
+    assert "forward: RuntimeError: planted" in Page.text(error) + error_detail
+    assert "forward raised RuntimeError: planted" in error_detail
     assert "expandable" not in page.find("tr", "case", data_status="pass")[0]["attrs"]["class"]
 
 

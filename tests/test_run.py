@@ -387,7 +387,7 @@ def test_a_rank_that_raises_is_blamed_within_seconds(tmp_path):
     assert "hang" not in {e["kind"] for e in run.report["events"]}, run.out
     case = run.case("raises_on_ranks_2_3", "u4")
     assert case["status"] == "error" and case["error_ranks"] == [2, 3] and case["secondary_ranks"] == [0, 1], case
-    assert case["reason"].startswith("rank 2: RuntimeError: planted") and "ranks 0-1 were waiting on them" in case["reason"]
+    assert case["reason"].startswith("rank 2: inference: RuntimeError: planted") and "ranks 0-1 were waiting on them" in case["reason"]
     assert run.case("flux_spec", "u4")["status"] == "pass"
     assert run.code == 1 and run.report["worlds"] == 2
     _assert_clean(run.tmpdir)

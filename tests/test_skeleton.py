@@ -129,6 +129,41 @@ def test_a_lost_peer_is_blamed_only_once_collectives_began(monkeypatch, world, w
     assert "RuntimeError" in result.traceback
 
 
+@pytest.mark.parametrize("where,named,check", [
+    ("reference", "reference", None), ("parallelize", "parallelize", CheckId.MESH),
+    ("inference", "inference", CheckId.INFERENCE), ("training", "forward", CheckId.FORWARD),
+    ("backward", "backward", CheckId.GRADS), ("steps", "steps", CheckId.STEPS),
+    ("checkpoint", "checkpoint", CheckId.CHECKPOINT), ("grads_checks", "gradient checks", None)])
+def test_a_raise_names_its_pass_and_fails_that_passs_check_beside_the_checks_made(monkeypatch, world, where, named,
+                                                                                  check):
+    result = _run(monkeypatch, _Toy(where, NotImplementedError("no plan for Conv1d")), world, steps=3, checkpoint=True)
+    assert result.status == RankStatus.ERROR
+    assert result.reason == f"{named}: NotImplementedError: no plan for Conv1d"
+    assert result.failure.check == check and result.failure.exception == "NotImplementedError"
+    failing = [c for c in result.checks if c.status == Status.FAIL]
+    assert [(c.id, c.detail) for c in failing] == ([(check, f"{named} raised NotImplementedError: no plan for "
+                                                     "Conv1d")] if check else [])
+    # The checks made before the raise are kept: the toy's forward check, made before the backward.
+    after = where in ("backward", "grads_checks", "steps", "checkpoint")
+    assert (CheckId.FORWARD in {c.id for c in result.checks if c.status == Status.PASS}) == after
+
+
+def test_a_raise_a_pass_caught_itself_is_named_by_the_pass_its_check_belongs_to(monkeypatch, world):
+    """A pass that runs its step through `ctx.attempt` (diffusers' forward, every adapter's steps) keeps going; the
+    case's reason names the pass all the same."""
+    class Attempting(_Toy):
+        def case_body(self, ctx):
+            class Body:
+                def __getattr__(self, name):
+                    if name == "training":
+                        return lambda: ctx.attempt(lambda: 1 / 0, CheckId.FORWARD)
+                    return lambda *args: [] if name.endswith("_checks") else None
+            return contextlib.nullcontext(Body())
+
+    result = _run(monkeypatch, Attempting(), world)
+    assert result.status == RankStatus.ERROR and result.reason == "forward: ZeroDivisionError: division by zero"
+
+
 def test_the_runs_dtype_reaches_every_adapters_cases():
     """`--dtype bf16` over every library: each adapter's cases carry it (one that runs fp32 only is then refused
     on its ranks by name, above), none silently runs fp32."""

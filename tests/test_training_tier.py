@@ -39,6 +39,28 @@ def test_the_simplest_layout_of_a_kind_is_chosen_and_everything_trains_every_cas
     assert not any(c.checkpoint for c in with_training(cases, 3, False))
 
 
+def test_an_adapter_that_counts_compositions_trains_a_tp_x_fsdp_layout_beside_each_kind_alone():
+    """The torch adapter's parts (`composed_parts`): tp4, fsdp4 and dp2xfsdp2 alone leave tp2xfsdp2 untrained (a
+    bias counted tp times under FSDP's units showed only there, and printed pass); with the pairs it trains."""
+    from paracheck.domain.tier import composed_parts
+
+    cases = [_torch(n) for n in ("tp4", "fsdp4", "tp2xfsdp2", "dp2xfsdp2")]
+    assert [c.layout.name for c in with_training(cases, 3, False) if c.steps] == ["tp4", "fsdp4", "dp2xfsdp2"]
+    composed = with_training(cases, 3, False, parts=lambda c: composed_parts(c.layout.name))
+    assert [c.layout.name for c in composed if c.steps] == ["tp4", "fsdp4", "tp2xfsdp2", "dp2xfsdp2"]
+    assert composed_parts("tp2xfsdp2") == {"tp", "fsdp", "fsdp+tp"} and composed_parts("tp4") == {"tp"}
+
+
+@given(matrices())
+def test_with_the_pairs_every_pair_of_kinds_a_layout_composes_trains_once(cases):
+    from paracheck.domain.tier import composed_parts
+
+    trained = with_training(cases, 3, False, parts=lambda c: composed_parts(c.layout.name))
+    plain = [c for c in trained if c.control is None]
+    wanted = set().union(*(composed_parts(c.layout.name) for c in plain))
+    assert wanted == set().union(*(composed_parts(c.layout.name) for c in plain if c.steps))
+
+
 def test_a_control_that_needs_training_runs_once_where_its_plain_case_trains_else_on_its_first_case():
     cases = [_case("tp2xu2"), _case("tp2xu2", "c"), _case("tp4"), _case("tp4", "c"), _case("u4"), _case("u4", "c")]
     trained = with_training(cases, 3, True, needs=lambda c: True)
@@ -53,6 +75,13 @@ def _case(layout, control=None):
     from paracheck.domain.layout import Layout
 
     return Case("m", "f:m", Layout.parse(layout), control=control, library="diffusers")
+
+
+def _torch(layout):
+    from paracheck.adapters.torch.layout import TorchLayout
+    from paracheck.domain.case import Case
+
+    return Case("m", "f.py:spec", TorchLayout.parse(layout), library="torch")
 
 
 def _record(loss, weight):

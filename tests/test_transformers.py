@@ -325,7 +325,7 @@ def test_ranks_that_raise_are_blamed_not_the_ranks_that_waited_on_them(tmp_path)
     run = run_paracheck(["--spec", f"{SPECS}:llama_raises_on_ranks_2_3", "--layouts", "tp4"], tmp_path)
     [case] = run.report["cases"]
     assert case["error_ranks"] == [2, 3] and case["secondary_ranks"] == [0, 1], case
-    assert case["reason"].startswith("rank 2: RuntimeError: planted") and "ranks 0-1 were waiting on them" in case["reason"]
+    assert case["reason"].startswith("rank 2: inference: RuntimeError: planted") and "ranks 0-1 were waiting on them" in case["reason"]
 
 
 @pytest.mark.slow

@@ -1,5 +1,8 @@
 """Specs for the torch adapter's tests: broken ones (each breaks one rule) and one whose parallelize raises."""
 
+import functools
+import sys
+
 import torch
 from torch import nn
 
@@ -82,3 +85,45 @@ def _parallelize_late_bug(model, mesh, layout):
 
 #: Localization's test: every module before layers.1.feed_forward.w2 agrees once read back, and that one is the origin.
 llama_late_bug = Spec(_LLAMA.build, _parallelize_late_bug, _LLAMA.inputs, supports=_LLAMA.supports)
+
+
+def _example(name: str):
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", name)
+    loader = importlib.util.spec_from_file_location(f"paracheck_test_specs_{name[:-3]}", path)
+    if loader.name not in sys.modules:  # registered: compile imports a checkpointed function's module by name
+        sys.modules[loader.name] = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(sys.modules[loader.name])
+    return sys.modules[loader.name]
+
+
+_GPT2 = _example("gpt2_tp_fsdp.py")
+#: The example's per-block compile on aot_eager (dynamo and AOTAutograd, as inductor's front; no C++ to build), and
+#: with activation checkpointing before it (a declared torch failure on TP layouts).
+#: (tp2 only in the suite: each compiled layout costs seconds; gpt2_ac_compile's fsdp2 holds compile under FSDP.)
+gpt2_compile = Spec(_GPT2.build, functools.partial(_GPT2.parallelize, compile="aot_eager"), _GPT2.inputs,
+                    supports=_GPT2.supports, layouts=("tp2",))
+gpt2_ac_compile = Spec(_GPT2.build, functools.partial(_GPT2.parallelize, ac=True, compile="aot_eager"), _GPT2.inputs,
+                       supports=_GPT2.supports)
+
+
+def _late_bug(parallelize):
+    """`parallelize`, then h.1's MLP down projection 1 % off on every rank, found by its name through the wrappers."""
+    def planted(model, mesh, layout):
+        from paracheck.adapters.torch import names
+
+        parallelize(model, mesh, layout)
+        weight = names.parameters(model)["h.1.mlp.c_proj.weight"]
+        with torch.no_grad():
+            (weight.to_local() if hasattr(weight, "to_local") else weight).mul_(1.01)
+        return model
+    return planted
+
+
+#: Localization through checkpoint_wrapper and through per-block compile: the origin is the module's own name.
+gpt2_ac_late_bug = Spec(_GPT2.build, _late_bug(functools.partial(_GPT2.parallelize, ac=True)), _GPT2.inputs,
+                        layouts=("tp2",))
+gpt2_compile_late_bug = Spec(_GPT2.build, _late_bug(functools.partial(_GPT2.parallelize, compile="aot_eager")),
+                             _GPT2.inputs, layouts=("tp2",))

@@ -69,20 +69,21 @@ def attach_error(by_id: dict, exc: Exception, ids=tuple(PARTS)) -> None:
             attach(by_id, check_id, {"error": f"localization raised {type(exc).__name__}: {exc}"}, merge=True)
 
 
-def record(model, run, grad: bool = False, local=None) -> tuple[list, object]:
-    """`run(model)` with forward hooks on every module (`localize.Recorder`): its calls, and what it returned."""
-    with torch.set_grad_enabled(grad), localize.Recorder(model, local=local) as recorder:
+def record(model, run, grad: bool = False, local=None, names: dict | None = None) -> tuple[list, object]:
+    """`run(model)` with forward hooks on every module (`localize.Recorder`; `names`: which, under what names):
+    its calls, and what it returned."""
+    with torch.set_grad_enabled(grad), localize.Recorder(model, local=local, names=names) as recorder:
         out = run(model)
     return recorder.calls, out
 
 
-def record_backward(model, loss, local=None) -> list:
+def record_backward(model, loss, local=None, names: dict | None = None) -> list:
     """`loss(model)` and its backward with backward hooks on every module (`localize.BackwardRecorder`): each
     call's received and passed-on gradients. The model's parameter gradients are put back as they were (a
     backward adds into `.grad` in place, and a kept reference model serves the next case)."""
     with grads_kept(model), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "full backward hook is firing ... no inputs require gradients"
-        with localize.BackwardRecorder(model, local=local) as recorder:
+        with localize.BackwardRecorder(model, local=local, names=names) as recorder:
             loss(model).backward()
     return recorder.calls
 

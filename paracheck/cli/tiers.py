@@ -27,7 +27,7 @@ def choose(args, cases: list) -> list:
     """`cases` as built (the full matrix), or their quick tier; then parity.steps and checkpoint.roundtrip turned on
     on one layout of each kind (`domain.tier.with_training`), and parity.generate likewise on the cases whose model
     generates (`with_generate`), on every case with --all."""
-    from paracheck.domain.tier import needs_generate, needs_training, with_generate, with_training
+    from paracheck.domain.tier import needs_generate, needs_training, training_parts, with_generate, with_training
 
     whole = getattr(args, "all", False)
     everything = whole or args.variants is not None
@@ -39,7 +39,7 @@ def choose(args, cases: list) -> list:
     checkpoint = not getattr(args, "no_checkpoint", False)
     # Naming the variants asks for those inputs everywhere, not for training everywhere: that is --all's.
     trained = with_training(cases if everything else _quick(args, cases), steps, checkpoint, whole,
-                            needs=needs_training, runs=runs)
+                            needs=needs_training, runs=runs, parts=training_parts)
     return with_generate(trained, whole, needs=needs_generate, runs=runs, generates=generates)
 
 

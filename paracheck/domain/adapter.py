@@ -224,6 +224,9 @@ def _no_pass(check_id: CheckId):
 ADAPTER = Spec("adapter", declared(Adapter, (
     #: (case) -> [options] | None: how a replay names the model where `--models NAME` or `--spec FACTORY` would not.
     optional("models_option", ("case",), lambda who, case: None),
+    #: (case) -> frozenset | None: what the case's training covers when the default tier picks the layouts that
+    #: train (`domain.tier`; None: its layout's kinds); the torch adapter adds each pair of kinds they compose.
+    optional("training_parts", ("case",), lambda who, case: None),
     #: (case) -> bool: False for a case the adapter knows, before any rank starts, will be a skip.
     optional("will_run", ("case",), lambda who, case: True),
     #: (case) -> the model's class name, known before any rank starts ("" when it is not).

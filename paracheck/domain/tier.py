@@ -110,10 +110,12 @@ def layout_parts(name: str) -> frozenset[str]:
 
 def with_training(cases: list, steps: int, checkpoint: bool, everything: bool = False,
                   needs: Callable[[object], bool] = lambda case: False,
-                  runs: Callable[[object], bool] = lambda case: True) -> list:
+                  runs: Callable[[object], bool] = lambda case: True,
+                  parts: Callable[[object], frozenset] = lambda case: layout_parts(case.layout.name)) -> list:
     """`cases` with `parity.steps` (`steps` optimizer steps) and `checkpoint.roundtrip` turned on where they run
-    (`turned_on`)."""
-    return turned_on(cases, dict(steps=steps, checkpoint=checkpoint), everything, needs, runs)
+    (`turned_on`; `parts`: what a case's training covers, its layout's kinds by default, and an adapter may add
+    their compositions)."""
+    return turned_on(cases, dict(steps=steps, checkpoint=checkpoint), everything, needs, runs, parts=parts)
 
 
 def with_generate(cases: list, everything: bool = False, needs: Callable[[object], bool] = lambda case: False,
@@ -125,14 +127,16 @@ def with_generate(cases: list, everything: bool = False, needs: Callable[[object
 
 def turned_on(cases: list, on: dict, everything: bool = False, needs: Callable[[object], bool] = lambda case: False,
               runs: Callable[[object], bool] = lambda case: True,
-              eligible: Callable[[object], bool] = lambda case: True) -> list:
+              eligible: Callable[[object], bool] = lambda case: True,
+              parts: Callable[[object], frozenset] = lambda case: layout_parts(case.layout.name)) -> list:
     """`cases` with the fields `on` set (a later pass: the steps, the save, generation) where they run: every plain
-    case that is `eligible` with `everything`, else one per kind of parallelism per library (the first case, in the
-    matrix's order, of the simplest layout holding a kind no chosen case holds yet: tp4 before tp2xfsdp2). A control
-    case follows its plain case. A control that `needs` the pass (its bug shows there only) runs where its plain
-    case has it, else once, on its first case, with its plain case turned on too."""
+    case that is `eligible` with `everything`, else one per part of parallelism per library (the first case, in the
+    matrix's order, of the simplest layout holding a part no chosen case holds yet: tp4 before tp2xfsdp2; `parts`
+    names a case's parts, its layout's kinds by default). A control case follows its plain case. A control that
+    `needs` the pass (its bug shows there only) runs where its plain case has it, else once, on its first case,
+    with its plain case turned on too."""
     plain = [c for c in cases if c.control is None and eligible(c)]
-    chosen = {c.plain for c in plain} if everything else _kind_cover(plain, runs)
+    chosen = {c.plain for c in plain} if everything else _kind_cover(plain, runs, parts)
     kept, orphans = [], {}
     for c in cases:
         if c.control is not None and needs(c) and c.plain not in chosen:
@@ -150,6 +154,16 @@ def turned_on(cases: list, on: dict, everything: bool = False, needs: Callable[[
             for c in _in_order(cases, kept)]
 
 
+def training_parts(case) -> frozenset:
+    """What a case's training covers when the tier picks the layouts that train: its adapter's answer
+    (`Adapter.training_parts`, declared in `domain.adapter.ADAPTER`; the torch adapter adds each pair of kinds, so a
+    TP x FSDP plan's training is met), else its layout's kinds."""
+    from paracheck.domain import registry
+
+    own = registry.adapter(case.library).training_parts(case)
+    return layout_parts(case.layout.name) if own is None else own
+
+
 def needs_training(case) -> bool:
     """A control case whose bug only the steps or a save show (`Control.shows_in_training`)."""
     from paracheck.domain import registry
@@ -164,17 +178,24 @@ def needs_generate(case) -> bool:
     return bool(case.control) and registry.get_control(case.control).shows_in_generate
 
 
-def _kind_cover(plain: list, runs) -> set:
+def _kind_cover(plain: list, runs, parts) -> set:
     covered: set = set()
     chosen = set()
     order = sorted(range(len(plain)), key=lambda i: (len(layout_parts(plain[i].layout.name)), i))
     for i in order:
         c = plain[i]
-        parts = {(c.library, part) for part in layout_parts(c.layout.name)}
-        if runs(c) and parts - covered:
-            covered |= parts
+        held = {(c.library, part) for part in parts(c)}
+        if runs(c) and held - covered:
+            covered |= held
             chosen.add(c.plain)
     return chosen
+
+
+def composed_parts(name: str) -> frozenset:
+    """A layout's kinds and each pair of them it composes (pure): tp2xfsdp2 -> {tp, fsdp, fsdp+tp}. Training
+    covered by these meets what only a composition shows (TP's and FSDP's reductions of one gradient)."""
+    kinds = sorted(layout_parts(name))
+    return frozenset(kinds) | {f"{a}+{b}" for i, a in enumerate(kinds) for b in kinds[i + 1:]}
 
 
 def _in_order(cases: list, kept: list) -> list:

@@ -185,7 +185,7 @@ def _results(test, backend, world: int) -> dict:
 def _launch(test, backend, world: int) -> dict:
     from paracheck.results import known
     from paracheck.launch.launcher import Launcher
-    from paracheck.domain.tier import needs_generate, needs_training, with_generate, with_training
+    from paracheck.domain.tier import needs_generate, needs_training, training_parts, with_generate, with_training
     from paracheck.results.verdict import judge
 
     cls = type(test)
@@ -193,7 +193,7 @@ def _launch(test, backend, world: int) -> dict:
     folder = tempfile.mkdtemp(prefix="paracheck-mixin-")
     try:
         cases = with_training(test._paracheck_cases(layouts, folder), cls.paracheck_steps, cls.paracheck_checkpoint,
-                              needs=needs_training)
+                              needs=needs_training, parts=training_parts)
         if cls.paracheck_generate:
             cases = with_generate(cases, everything=True, needs=needs_generate)
         entries = known.load(cls.paracheck_known_failures or known.SHIPPED)

@@ -26,6 +26,14 @@ from paracheck.rank import declared
 from paracheck.world import meshes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: The passes a raise is named by (a case's reason reads "forward: RuntimeError: ..."), and the check a raise in
+#: each fails: the one that pass feeds (a parallelize that raised left no parallel structure to check). The
+#: reference raising is the spec's own model failing on one device: no check of the parallel model fails.
+PASS_CHECKS = {"reference": None, "parallelize": CheckId.MESH, "inference": CheckId.INFERENCE,
+               "forward": CheckId.FORWARD, "backward": CheckId.GRADS, "generate": CheckId.GENERATE,
+               "steps": CheckId.STEPS, "checkpoint": CheckId.CHECKPOINT}
+#: The pass a check's step belongs to (`ctx.attempt`'s raises, named in the case's reason).
+PASS_OF = {check: name for name, check in PASS_CHECKS.items() if check is not None}
 #: What a pass may raise that is the case's failure, not the rank's end: every Exception, and DCP's
 #: CheckpointException, which derives from BaseException only (uncaught, it would end the rank).
 RAISES = (Exception, CheckpointException)
@@ -44,6 +52,7 @@ def run_case(case, backend, site) -> RankResult:
     result = RankResult(site.index, dist.get_rank(), RankStatus.OK)
     groups = meshes.group_names()
     raised: list[Raised] = []
+    at = At()
     ctx = CaseContext(case, backend, site, result, case_tolerance(case, backend.device_type),
                       lambda name: Phase(result, name), lambda step, check_id: _attempt(step, check_id, result, raised))
     try:
@@ -53,15 +62,13 @@ def run_case(case, backend, site) -> RankResult:
         if case.control and (off := _pass_off(case)):
             raise Refused(off)
         with adapter.case_body(ctx) as body:
-            _passes(CASE_BODY.bind(body, case.library), ctx, raised)
+            _passes(CASE_BODY.bind(body, case.library), ctx, raised, at)
         _settle_raised(result, raised, case)
     except Refused as exc:
         result.status, result.reason, result.failure = exc.status, str(exc), exc.failure
         result.raised_in_parallel = False
     except RAISES as exc:
-        result.status, result.reason = RankStatus.ERROR, f"{type(exc).__name__}: {exc}"
-        # Typed where it happened, so explore names the bug by exception and frame, not by the rank's exit.
-        result.traceback, result.failure = traceback.format_exc(), Failure.raised(exc)
+        _raised_in(result, at, exc)
     # A rank whose collective broke because a peer went away did not cause the failure: it says so, and the
     # launcher blames the peer.
     result.secondary = result.raised_in_parallel and lost_peer(result.traceback + result.reason)
@@ -79,58 +86,77 @@ def bare() -> bool:
     return os.environ.get("PARACHECK_BARE") == "1"
 
 
-def _passes(body, ctx: CaseContext, raised: list) -> None:
+class At:
+    """Where a case is: the pass running now, and the checks made so far (what a raise is reported with)."""
+
+    def __init__(self):
+        self.now, self.checks = "reference", []
+
+    def run(self, name: str, phase, step):
+        """`step()` as the pass `name`, timed as `phase`."""
+        self.now = name
+        with phase:
+            return step()
+
+
+def _raised_in(result: RankResult, at: At, exc: BaseException) -> None:
+    """A pass raised: the case is an error naming the pass, and that pass's check fails with the raise (typed where
+    it happened, so explore names the bug by exception and frame, not by the rank's exit)."""
+    check = PASS_CHECKS.get(at.now)
+    result.status, result.reason = RankStatus.ERROR, f"{at.now}: {type(exc).__name__}: {exc}"
+    result.traceback, result.failure = traceback.format_exc(), Failure.raised(exc, check)
+    result.checks = at.checks + ([CheckResult(check, Status.FAIL, f"{at.now} raised {type(exc).__name__}: {exc}",
+                                              failure=result.failure)] if check else [])
+
+
+def _passes(body, ctx: CaseContext, raised: list, at: At) -> None:
     """The order every adapter's case runs in (see `domain.adapter`)."""
     result, phase, checking = ctx.result, ctx.phase, not bare()
-    with phase("reference"):
-        body.reference()
+    at.run("reference", phase("reference"), body.reference)
     result.raised_in_parallel = True  # from here on a raise may leave peers inside a collective
-    with phase("parallel"):
-        body.parallelize()
-    with phase("checks"):
-        checks = list(body.structure_checks()) if checking else []
-    with phase("parallel"):
-        body.inference()  # first, as a pipeline calls the model; the training forward's graph is the backward's
-    with phase("parallel"):
-        body.training()
-    with phase("checks"):
-        checks += body.forward_checks() if checking else []
+    at.run("parallelize", phase("parallel"), body.parallelize)
+    checks = at.checks
+    checks += at.run("structure checks", phase("checks"), body.structure_checks) if checking else []
+    # Inference first, as a pipeline calls the model; the training forward's graph is the backward's.
+    at.run("inference", phase("parallel"), body.inference)
+    at.run("forward", phase("parallel"), body.training)
+    checks += at.run("forward checks", phase("checks"), body.forward_checks) if checking else []
     if body.backward_skip() is None:
-        with phase("parallel"):
-            body.backward()
+        at.run("backward", phase("parallel"), body.backward)
     if not checking:
         result.raised_in_parallel = False
         return
-    with phase("checks"):
-        checks += body.grads_checks()
+    checks += at.run("gradient checks", phase("checks"), body.grads_checks)
     # On every rank, which decide alike whether a failing pass is rerun with hooks (not where declared known failures
     # explain it whole: `rank.declared`); a rank whose pass raised does not join (its peers may be inside another
     # collective of that pass, and the fail-fast rule ends the world).
     if body.provides("localize") and not raised:
-        with phase("localize"):
-            if (reasons := declared.explained(ctx.case, result, checks)) is None:
-                body.localize(checks)
-            else:
-                declared.not_rerun(checks, reasons)
+        at.run("localize", phase("localize"), lambda: _localize(body, ctx, checks))
     # Generation changes nothing in the model, the steps and the save do: last, as localization reruns the passes
     # above on the model as they were checked. A rank whose pass raised takes none of them, as it takes no
     # localization: its peers may still be inside that pass.
-    checks += _later(body.generate, ctx, "generate", CheckId.GENERATE, ctx.case.generate, raised)
-    checks += _later(body.steps, ctx, "steps", CheckId.STEPS, ctx.case.steps > 0, raised)
-    checks += _later(body.checkpoint, ctx, "checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint, raised)
+    checks += _later(body.generate, ctx, at, "generate", CheckId.GENERATE, ctx.case.generate, raised)
+    checks += _later(body.steps, ctx, at, "steps", CheckId.STEPS, ctx.case.steps > 0, raised)
+    checks += _later(body.checkpoint, ctx, at, "checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint, raised)
     result.checks = checks
     result.raised_in_parallel = False
 
 
-def _later(run, ctx: CaseContext, name: str, check_id: CheckId, asked: bool, raised: list) -> list:
+def _localize(body, ctx: CaseContext, checks: list) -> None:
+    if (reasons := declared.explained(ctx.case, ctx.result, checks)) is None:
+        body.localize(checks)
+    else:
+        declared.not_rerun(checks, reasons)
+
+
+def _later(run, ctx: CaseContext, at: At, name: str, check_id: CheckId, asked: bool, raised: list) -> list:
     """The optional `generate`, `steps` or `checkpoint` pass (`run`) where the case asks for it (a body without
     one answers with the contract's default: a skip that says so)."""
     if not asked:
         return []
     if raised:
         return [CheckResult(check_id, Status.SKIP, f"not run: an earlier pass raised on this rank ({raised[0]})")]
-    with ctx.phase(name):
-        return list(run())
+    return list(at.run(name, ctx.phase(name), run))
 
 
 def _pass_off(case) -> str | None:
@@ -159,7 +185,8 @@ def _settle_raised(result: RankResult, raised: list[Raised], case) -> None:
     result.failure = failing and (failing.failure or Failure(FailureKind.CHECK, failing.id))
     result.raised_in_parallel = bool(raised)
     if raised and not case.control:
-        result.status, result.reason = RankStatus.ERROR, str(raised[0])
+        named = PASS_OF.get(raised[0].failure.check)
+        result.status, result.reason = RankStatus.ERROR, f"{named}: {raised[0]}" if named else str(raised[0])
 
 
 def _attempt(step, check_id: CheckId, result: RankResult, raised: list):

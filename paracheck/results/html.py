@@ -262,9 +262,26 @@ def _localization(case: dict, loc: dict, anchor: str, with_plots: bool) -> str:
     if "grads" in found:
         check = _check(case, "parity.grads")
         parts.append(_grads_part(found["grads"], check, anchor, with_plots))
+    if "steps" in found:
+        parts.append(_steps_part(found["steps"], _check(case, "parity.steps"), anchor, with_plots))
     if isinstance(loc.get(localization.NOT_RUN), str):
         parts.append(f'<p class="not-run">{_e(loc[localization.NOT_RUN])}</p>')
     return "\n".join(parts) + "</div>"
+
+
+def _steps_part(steps: dict, check: dict, anchor: str, with_plots: bool) -> str:
+    """A failing parity.steps' first parting step, rerun: where it parts, then that step's forward (where it is
+    the forward) and gradients (where they part), drawn as the case's own are."""
+    count = {k: "?" if steps[k] is None else str(int(steps[k])) for k in ("step", "of")}
+    step = f"step {count['step']} of {count['of']}"
+    parts = [f'<h3>Training, {_e(step)}, rerun from where it began{_e(_from_ranks(steps))}</h3>'
+             f'<p class="where steps">{_e(steps["line"] or "")}</p>']
+    if steps["where"] == "forward" and steps["forward"]:
+        parts.append(_forward_part(steps["forward"], f"Step {count['step']} forward",
+                                   f"{anchor}-steps-forward", with_plots))
+    if steps["grads"]:
+        parts.append(_grads_part(steps["grads"], check, f"{anchor}-steps", with_plots))
+    return "\n".join(parts)
 
 
 def _from_ranks(part: dict) -> str:

@@ -2,8 +2,9 @@
 
 Torch-free. A rank's check carries its finding in `data["localization"]` (`checks.localize` builds it); the
 case's JSON gets `localization: {"forward": ..., "grads": ...}` (and `"inference"` when the no-grad pass failed
-as well as the training one): the finding of the first rank that failed the check, with `ranks` (the ranks
-that found the same) and `other_ranks` (rank -> what it found instead), so no rank's answer is dropped.
+as well as the training one, `"steps"` where a failing parity.steps was rerun at its first parting step): the
+finding of the first rank that failed the check, with `ranks` (the ranks that found the same) and `other_ranks`
+(rank -> what it found instead), so no rank's answer is dropped.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def merge(per_check: dict) -> dict:
         found["forward"] = found.pop("inference")  # the no-grad pass is the forward that failed
     if "forward" not in found and "pipeline" in found:
         found["forward"] = found.pop("pipeline")  # a pipeline's transformer call at the first step that failed
+    steps = _one(per_check.get(CheckId.STEPS, []), "steps")
+    if steps is not None:
+        found["steps"] = steps
     not_run = [c.data[KEY][NOT_RUN] for held in per_check.values() for _, c in held
                if NOT_RUN in (c.data or {}).get(KEY, {})]
     if not_run:
@@ -57,6 +61,8 @@ def _identity(found: dict, part: str):
     """What two ranks must agree on to have found the same thing."""
     if part == "grads":
         return found.get("pattern")
+    if part == "steps":
+        return {"step": found.get("step"), "where": found.get("where"), "origin": found.get("origin")}
     first = found.get("first") or {}
     same = {"first": first.get("module"), "origin": found.get("origin")}
     return dict(same, decode_step=found.get("decode_step")) if part == GENERATE else same
@@ -102,6 +108,23 @@ def note(localization: dict) -> list[str]:
     if localization.get(NOT_RUN):
         lines.append(localization[NOT_RUN])
     return lines
+
+
+def steps_line(found: dict, failing: list | None = None) -> str:
+    """Where a failing parity.steps' rerun of its first parting step found the parting (its `where`: the
+    forward, the gradients, or the update); `failing`: the parameters that step's records name."""
+    if found.get("error"):
+        return f"step {found.get('step')}: {found['error']}"
+    step = f"step {found['step']} rerun from where it began"
+    if found["where"] == "forward":
+        first = found["forward"]["first"]
+        return (f"{step}: the forward first leaves the reference at {first['module']} (max_abs "
+                f"{_num(first['max_abs'])}), arising in {found['origin']}")
+    if found["where"] == "gradients":
+        return f"{step}: the forward agrees; the gradients part, origin {found['origin']} ({found['grads']['pattern']})"
+    named = f", first in {failing[0]}" if failing else ""
+    return (f"{step}: the forward and every gradient agree with the reference's, so the update parts them (the clip, "
+            f"the optimizer, or what runs after them){named}")
 
 
 #: How many parameters the text report lists (the JSON has all).

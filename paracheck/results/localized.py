@@ -15,7 +15,7 @@ FORWARD_PARTS = (("forward", "Forward"), ("inference", "No-grad forward"), ("gen
 
 
 def read(localization) -> dict:
-    """{"forward": ..., "inference": ..., "grads": ...}, each part only where the report has it."""
+    """{"forward": ..., "inference": ..., "grads": ..., "steps": ...}, each part only where the report has it."""
     if not isinstance(localization, dict):
         return {}
     out = {}
@@ -24,7 +24,24 @@ def read(localization) -> dict:
             out[part] = forward(localization[part])
     if isinstance(localization.get("grads"), dict):
         out["grads"] = grads(localization["grads"])
+    if isinstance(localization.get("steps"), dict) and not localization["steps"].get("error"):
+        out["steps"] = steps(localization["steps"])
     return out
+
+
+def steps(part: dict) -> dict:
+    """A failing parity.steps' rerun of its first parting step: its words, and its forward and gradients read as
+    those parts are."""
+    from paracheck.results.localization import steps_line
+
+    try:
+        words = steps_line(part)
+    except (KeyError, TypeError):  # a report from elsewhere, short of what the line names
+        words = None
+    return {"step": number(part.get("step")), "of": number(part.get("of")), "where": text(part.get("where")),
+            "line": words, "ranks": ints(part.get("ranks")),
+            "forward": forward(part["forward"]) if isinstance(part.get("forward"), dict) else None,
+            "grads": grads(part["grads"]) if isinstance(part.get("grads"), dict) else None}
 
 
 def forward(part: dict) -> dict:

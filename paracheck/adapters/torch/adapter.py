@@ -46,6 +46,13 @@ class TorchAdapter:
     def case_options(self, case) -> list[str]:
         return []
 
+    def training_parts(self, case) -> frozenset:
+        """The default tier trains each spec (every spec is a plan of its own) on one layout per kind and per pair
+        of kinds: a user's TP x FSDP plan reduces one gradient both ways, which neither tp4 nor fsdp4 shows."""
+        from paracheck.domain.tier import composed_parts
+
+        return frozenset(f"{case.factory}: {part}" for part in composed_parts(case.layout.name))
+
     def controls(self) -> dict:
         from paracheck.adapters.torch.controls import CONTROLS
 

@@ -25,11 +25,10 @@ import torch.distributed as dist
 
 from paracheck.adapters.torch import spec as specs
 from paracheck.adapters.torch.batches import call as _call, each_tensor, full as _full, shard as _shard, to as _to
-from paracheck.adapters.torch import localize, structure
+from paracheck.adapters.torch import context, grads, localize, names, pipeline, structure
 from paracheck.adapters.torch import steps as training
 from paracheck.adapters.torch.controls import CONTROLS, PLANTS, planted_in, step_hooks
 from paracheck.checks.compare import compare
-from paracheck.checks.grads import compare_grads
 from paracheck.domain.adapter import Refused
 from paracheck.domain.records import CheckId, CheckResult, Route, Status
 from paracheck.world import meshes
@@ -66,6 +65,8 @@ class TorchBody:
         self.device = local_device(ctx.backend)
         self.infer = self.train = self.local_loss = None
         self.grads_failed = False
+        #: On a layout with pp: the spec's stages and schedule (`pipeline`), and the names any rank's stages hold.
+        self.pipe, self.held = None, None
 
     # -- reference ------------------------------------------------------------------------------------
     def reference(self) -> None:
@@ -89,7 +90,7 @@ class TorchBody:
         self.ctx.result.model_class = type(model).__name__
         self.copy = copy.deepcopy(model)  # the same weights, before any gradient exists
         self.twin = copy.deepcopy(model) if case.steps else None  # parity.steps' single-device run
-        self.ref_params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.ref_params = {n: p.detach().clone() for n, p in names.parameters(model).items()}
         self.ref_model = model  # localization reruns it on this rank's shard
         with torch.no_grad():
             self.ref_infer = _detached(_call(model, self.batch))
@@ -98,31 +99,48 @@ class TorchBody:
         loss.backward()
         self.ref_train, self.ref_loss = _detached(out), loss.detach()
         self.ref_grads = {n: (p.grad.detach().clone() if p.grad is not None else None)
-                          for n, p in model.named_parameters()}
+                          for n, p in names.parameters(model).items()}
 
     # -- the parallel model ---------------------------------------------------------------------------
     def parallelize(self) -> None:
         layout = self.layout
         self.ctx.result.route = Route.NATIVE
         self.mesh = meshes.for_world().mesh(MeshKey(self.device.type, layout.mesh_shape, layout.mesh_dims))
-        returned = self.spec.parallelize(self.copy, self.mesh, layout)
-        self.model = returned if isinstance(returned, torch.nn.Module) else self.copy
+        if layout.cp > 1 and self.spec.context_parallel and (why := context.problem(self.mesh, self.device)):
+            raise Refused(why)  # decided alike on every rank, before the spec's parallelize
+        if layout.pp > 1:
+            self.pipe, self.model = pipeline.build(self), None
+            self.held = pipeline.elsewhere(self.pipe.parameters())
+        else:
+            returned = self.spec.parallelize(self.copy, self.mesh, layout)
+            self.model = returned if isinstance(returned, torch.nn.Module) else self.copy
         if self.case.control:
-            planted = PLANTS[self.case.control](self.model, self.mesh, layout, self.spec)
+            planted = PLANTS[self.case.control](self.pipe or self.model, self.mesh, layout, self.spec)
             self.ctx.result.findings.append(f"{self.case.control} planted in {planted}")
             self.ctx.result.planted_in = planted_in(self.case.control, planted)
 
+    def _params(self) -> dict:
+        """The parallel model's parameters by clean name (this rank's stages' on a pipeline)."""
+        return self.pipe.parameters() if self.pipe else names.parameters(self.model)
+
     def structure_checks(self) -> list[CheckResult]:
-        return [structure.check_mesh(self.mesh, self.layout, self.model),
-                structure.check_shards(self.model, self.ref_params, self.atol, self.rtol)]
+        params = self._params()
+        return [structure.check_mesh(self.mesh, self.layout, params),
+                structure.check_shards(params, self.ref_params, self.atol, self.rtol, self.held)]
 
     def inference(self) -> None:
+        if self.pipe:
+            self.infer, _ = pipeline.run(self.pipe, self, train=False)
+            return
         with torch.no_grad():
             self.infer = _full(_call(self.model, self.mine))
 
     def training(self) -> None:
-        for param in self.model.parameters():
+        for param in self._params().values():
             param.grad = None
+        if self.pipe:  # the schedule's step runs every microbatch's forward and backward
+            self.train, self.local_loss = pipeline.run(self.pipe, self, train=True)
+            return
         out = _call(self.model, self.mine)
         self.train = _full(out)
         self.local_loss = self.loss_fn(out, self.mine)
@@ -144,22 +162,25 @@ class TorchBody:
         return None if self.local_loss is not None else "the training forward did not run"
 
     def backward(self) -> None:
+        if self.pipe:
+            return  # the schedule's step took it
         # A plan that sums over the data-parallel ranks is handed each rank's share of the global mean.
         share = self.layout.dp_degree if self.spec.grad_reduction == "sum" else 1
         (self.local_loss / share).backward()
 
     def grads_checks(self) -> list[CheckResult]:
-        pairs = ((name, _full(p.grad), self.ref_grads.get(name)) for name, p in self.model.named_parameters())
-        layout = self.layout
-        degrees = {"tp": layout.tp, "dp": layout.dp, "fsdp": layout.fsdp, "cp": layout.cp, "world": layout.world}
-        checks = [compare_grads(pairs, self.atol, self.rtol, degrees)]
+        checks = [grads.check(self._params(), self.ref_grads, self.layout, self.atol, self.rtol, self.held)]
         self.grads_failed = checks[0].status == Status.FAIL
         return checks
 
     def localize(self, checks: list[CheckResult]) -> None:
-        localize.after_checks(self, checks)
+        if not self.pipe:  # a pipeline's stages are not rerun with hooks; its gradient table is the check's own
+            localize.after_checks(self, checks)
 
     def steps(self) -> list[CheckResult]:
+        if self.pipe:
+            return [CheckResult(CheckId.STEPS, Status.SKIP, "parity.steps does not drive a pipeline schedule (the "
+                                                             "loss and every gradient of one step are checked)")]
         return training.run(self, step_hooks(self.case.control))
 
     # -- helpers --------------------------------------------------------------------------------------

@@ -48,11 +48,12 @@ def expand(request) -> list[Case]:
 
 def layouts_of(path: str, spec, request) -> list:
     """`--layouts` read by the torch grammar; `all` is the spec's own layouts of this world, else every layout of
-    the world (cp ones only where the spec declares them)."""
+    the world (cp ones only where the spec declares them, pp ones only where it has a pipeline)."""
     try:
         if request.layouts.strip() == "all":
             own = specs.declared(spec, request.nproc)
-            layouts = own if own is not None else [l for l in parse_layouts("all", request.nproc) if l.cp == 1]
+            layouts = own if own is not None else [l for l in parse_layouts("all", request.nproc)
+                                                   if l.cp == 1 and (l.pp == 1 or spec.pipeline is not None)]
         else:
             layouts = parse_layouts(request.layouts, request.nproc)
     except TorchLayoutError as exc:

@@ -12,19 +12,37 @@ from paracheck.domain.control import PLANTED, Control, applicable_to
 from paracheck.domain.records import CheckId
 
 
+def _in_a_model(applies):
+    """`applies`, on a layout whose ranks hold a model: a pipeline's ranks hold stages and a schedule, whose own
+    control is `torch-pp-unscaled`."""
+    def check(layout) -> str | None:
+        if layout.pp > 1:
+            return f"layout {layout} pipelines: its ranks hold stages, not a model to plant in"
+        return applies(layout)
+    return check
+
+
+@_in_a_model
 def _needs_tp(layout) -> str | None:
     return None if layout.tp > 1 else f"layout {layout} has no tensor parallelism"
 
 
+@_in_a_model
 def _needs_dp(layout) -> str | None:
     return None if layout.dp_degree > 1 else f"layout {layout} has no data parallelism"
+
+
+def _needs_pp(layout) -> str | None:
+    return None if layout.pp > 1 else f"layout {layout} has no pipeline"
 
 
 def _tp_sharded(model, mesh):
     """The first parameter (in `named_parameters` order, the same on every rank) sharded on the `tp` dimension."""
     from torch.distributed.tensor import DTensor
 
-    for name, param in model.named_parameters():
+    from paracheck.adapters.torch import names
+
+    for name, param in names.parameters(model).items():  # by the name the checks and localization give it
         if isinstance(param, DTensor) and "tp" in (param.device_mesh.mesh_dim_names or ()):
             index = param.device_mesh.mesh_dim_names.index("tp")
             if param.placements[index].is_shard():
@@ -80,13 +98,22 @@ def _sum_not_mean(model, mesh, layout, spec) -> str:
     return type(modules[-1]).__name__
 
 
+@_in_a_model
 def _has_shards(layout) -> str | None:
     return None if layout.tp > 1 or layout.dp_degree > 1 else f"layout {layout} shards no gradient"
 
 
+@_in_a_model
 def _no_dp(layout) -> str | None:
     return None if layout.dp_degree == 1 else (f"layout {layout} shards every parameter over its data-parallel ranks "
                                                "(fully_shard), so none is replicated on every rank")
+
+
+def _unscaled(pipe, mesh, layout, spec) -> str:
+    """The schedule's gradients left unscaled: each microbatch's loss is a mean over it, so the sum over the
+    microbatches the backward accumulates is n_microbatches times the batch mean's gradient."""
+    pipe.schedule.scale_grads = False
+    return type(pipe.schedule).__name__
 
 
 def _in_the_loop(model, mesh, layout, spec) -> str:
@@ -122,6 +149,9 @@ _ENTRIES = (
     (Control("torch-decay-twice", "AdamW's weight decay applied a second time, after each step, to every parameter "
              "replicated on every rank (a plain tensor, or a DTensor replicated on every mesh dimension); every "
              "pass before the steps exact", (CheckId.STEPS,), _no_dp), _in_the_loop),
+    (Control("torch-pp-unscaled", "the pipeline schedule's gradients left unscaled (scale_grads=False): every "
+             "gradient is the sum of the microbatches' mean-loss gradients, n_microbatches times the batch mean's; "
+             "the outputs and the loss exact", (CheckId.GRADS,), _needs_pp, plants_in="<root>"), _unscaled),
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}

@@ -1,10 +1,11 @@
 """torch-adapter layouts: `tp2xfsdp2`-style names -> the named device mesh a spec's parallelize function is handed.
 
-Torch-free. Tokens: `dp` (replicated data parallelism, HSDP's replicas), `fsdp` (sharded data parallelism),
-`cp` (context parallelism), `tp` (tensor parallelism). A name may list them in any order; the canonical name
-writes them tp, cp, dp, fsdp (`tp2xfsdp2`, as the transformers adapter names its layouts), and the mesh lays
-them out dp, fsdp, cp, tp, slowest-varying first, as torchtitan does (tp fastest, so a TP group is
-neighbouring ranks). The mesh has one dimension per token of degree > 1, named by the token.
+Torch-free. Tokens: `pp` (pipeline parallelism: stages), `dp` (replicated data parallelism, HSDP's replicas),
+`fsdp` (sharded data parallelism), `cp` (context parallelism), `tp` (tensor parallelism). A name may list them in
+any order; the canonical name writes them pp, tp, cp, dp, fsdp (`tp2xfsdp2`, `pp2xtp2`, as the transformers
+adapter names its layouts), and the mesh lays them out pp, dp, fsdp, cp, tp, slowest-varying first, as torchtitan
+does (tp fastest, so a TP group is neighbouring ranks). The mesh has one dimension per token of degree > 1, named
+by the token.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from dataclasses import dataclass
 from paracheck.domain.layout import DegreeLayout, factorizations
 
 #: Tokens in mesh order, slowest-varying first.
-TOKENS = ("dp", "fsdp", "cp", "tp")
+TOKENS = ("pp", "dp", "fsdp", "cp", "tp")
 #: The order a canonical name writes them in.
-NAMED = ("tp", "cp", "dp", "fsdp")
-_PART = re.compile(r"^(dp|fsdp|cp|tp)([0-9]+)$")
+NAMED = ("pp", "tp", "cp", "dp", "fsdp")
+_PART = re.compile(r"^(pp|dp|fsdp|cp|tp)([0-9]+)$")
 
 
 class TorchLayoutError(ValueError):
@@ -27,6 +28,7 @@ class TorchLayoutError(ValueError):
 
 @dataclass(frozen=True)
 class TorchLayout(DegreeLayout):
+    pp: int = 1
     dp: int = 1
     fsdp: int = 1
     cp: int = 1

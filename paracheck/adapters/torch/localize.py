@@ -21,7 +21,9 @@ from __future__ import annotations
 import functools
 import inspect
 from collections import Counter
+from contextlib import contextmanager
 
+from paracheck.adapters.torch import names
 from paracheck.adapters.torch.batches import call
 from paracheck.checks import localize, rerun
 from paracheck.checks.shards import full
@@ -42,13 +44,14 @@ def after_checks(body, checks: list) -> None:
         def run(model):
             return call(model, body.mine)
 
-        ref_calls, _ = rerun.record(body.ref_model, run)
-        declared = placements(body.model)
-        tp = groups(body.mesh, body.layout, declared)
-        for check_id, grad in failed.passes:
-            calls, _ = rerun.record(body.model, run, grad, local=full)
-            rerun.attach(by_id, check_id, rerun.traced(calls, ref_calls, tp, WHOLE, body.atol, body.rtol,
-                                                       rerun.pass_name(grad), declared=declared))
+        with eager():
+            ref_calls, _ = rerun.record(body.ref_model, run, names=names.hooked(body.ref_model))
+            declared = placements(body.model)
+            tp = groups(body.mesh, body.layout, declared)
+            for check_id, grad in failed.passes:
+                calls, _ = rerun.record(body.model, run, grad, local=full, names=names.hooked(body.model))
+                rerun.attach(by_id, check_id, rerun.traced(calls, ref_calls, tp, WHOLE, body.atol, body.rtol,
+                                                           rerun.pass_name(grad), declared=declared))
     except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
         rerun.attach_error(by_id, exc, (CheckId.FORWARD, CheckId.INFERENCE))
 
@@ -69,6 +72,17 @@ def preferred(declared: dict, label: str) -> tuple:
     return tuple(dim for dim, _ in counts.most_common())
 
 
+@contextmanager
+def eager():
+    """Compiled modules run as their eager code while the block runs (`torch.compiler.set_stance`): the hooks
+    localization records with fire on every module inside a compiled block, as dynamo would trace them away. A
+    compiled model's rerun is then its eager code: a difference that only compiling makes reads as none."""
+    import torch
+
+    with torch.compiler.set_stance("force_eager"):
+        yield
+
+
 # -- what the spec's plan declares -----------------------------------------------------------------
 
 
@@ -77,12 +91,13 @@ def placements(model) -> dict:
     local tensors a TP style leaves a module's inputs or outputs as (`gather_trace`'s `declared`). Only a style
     that hands on local tensors declares; one that hands on DTensors needs none (they are taken whole)."""
     out = {}
-    for name, module in model.named_modules():
+    recorded = names.hooked(model)
+    for raw, module in model.named_modules():
         for side, hooks in (("in", module._forward_pre_hooks), ("out", module._forward_hooks)):
             for hook in hooks.values():
                 found = declared_by(hook, side)
-                if found is not None:
-                    out[(name or "<root>", side)] = found
+                if found is not None and raw in recorded:
+                    out[(recorded[raw] or "<root>", side)] = found
     return out
 
 

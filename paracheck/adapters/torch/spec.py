@@ -15,6 +15,12 @@ rank starts, and every error is one line naming the spec, what is wrong and the 
     grad_reduction = "mean"        -> optional: "sum" where the plan sums gradients over the data-parallel
                                       ranks (torchtitan's FSDP); the kit then divides each rank's loss by
                                       dp x fsdp before its backward, as torchtitan's global token count does
+    pipeline(model, mesh, layout, loss_fn) -> optional: (stages, schedule) on a layout with pp: this rank's
+                                      `PipelineStage`s and a `torch.distributed.pipelining` schedule built on
+                                      them with `loss_fn` (the kit's loss of an output and a target); the kit
+                                      drives the schedule (see `pipeline`)
+    context_parallel = False       -> optional: True where the model enters torch's `context_parallel` itself;
+                                      cp layouts are then skipped, naming why, on a device where it cannot run
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ class Spec:
     #: How the spec's data-parallel gradient reduction combines the ranks: "mean" (fully_shard's default) or
     #: "sum" (torchtitan's: a divide factor of 1, the loss scaled by the global token count instead).
     grad_reduction: str = "mean"
+    #: pipeline(model, mesh, layout, loss_fn) -> (stages, schedule), on layouts with pp.
+    pipeline: Callable | None = None
+    #: The model's forward enters torch's context_parallel (a cp layout is skipped where it cannot run).
+    context_parallel: bool = False
 
     #: Which adapter runs it (`domain.registry.library_of` reads this).
     library = "torch"
@@ -78,10 +88,14 @@ def validate(path: str, obj) -> Spec:
         spec = Spec(**{name: getattr(obj, name) for name in REQUIRED},
                     loss=getattr(obj, "loss", None), layouts=getattr(obj, "layouts", None),
                     supports=getattr(obj, "supports", None), variants=tuple(getattr(obj, "variants", ("base",))),
-                    grad_reduction=getattr(obj, "grad_reduction", "mean"))
+                    grad_reduction=getattr(obj, "grad_reduction", "mean"), pipeline=getattr(obj, "pipeline", None),
+                    context_parallel=bool(getattr(obj, "context_parallel", False)))
     for name in REQUIRED:
         if not callable(getattr(spec, name)):
             raise SpecError(f"--spec {path!r}: {REQUIRED[name]} is not callable ({SHAPE})")
+    if spec.pipeline is not None and not callable(spec.pipeline):
+        raise SpecError(f"--spec {path!r}: pipeline must be a function pipeline(model, mesh, layout, loss_fn), got "
+                        f"{type(spec.pipeline).__name__}")
     if spec.loss is not None and not callable(spec.loss):
         raise SpecError(f"--spec {path!r}: loss must be a function loss(output, inputs), got {type(spec.loss).__name__}")
     if spec.layouts is not None:
@@ -121,6 +135,9 @@ def refusal(spec: Spec, layout: TorchLayout) -> str | None:
     if layout.cp > 1 and names is None:
         return ("cp: context parallelism runs inside the model's forward (torch's context_parallel); a spec that "
                 "does it lists its cp layouts in `layouts`")
+    if layout.pp > 1 and spec.pipeline is None:
+        return ("pp: pipeline stages are the spec's to cut; a spec that pipelines names pipeline(model, mesh, layout, "
+                "loss_fn) returning its stages and schedule")
     if spec.supports is not None:
         reason = spec.supports(layout)
         if reason is not None:

@@ -17,8 +17,10 @@ import torch.distributed as dist
 
 from paracheck.adapters.torch import spec as specs
 from paracheck.adapters.torch.batches import call, full, shard, to
+from paracheck.adapters.torch import names, steps_localize
 from paracheck.checks import trainloop
 from paracheck.checks.steps import compare_steps
+from paracheck.checks.wholes import wholes
 from paracheck.domain.records import CheckId, CheckResult, Status
 
 #: Step `i`'s batch is the spec's inputs under seed STEP_SEED + i.
@@ -64,16 +66,24 @@ def parallel_loss(body, steps: list):
     return loss
 
 
+def whole_params(model) -> dict:
+    """Every parameter by its name read through wrappers (`names`), whole, detached, on the CPU (a collective
+    per mesh and dtype: `checks.wholes`)."""
+    return {name: whole.clone() for name, whole in wholes(names.parameters(model)).items()}
+
+
 def run(body, hooks: trainloop.Hooks = trainloop.PLAIN) -> list[CheckResult]:
     reason = trainloop.agreed(not_trained(body), body.device)
     if reason:
         return [CheckResult(CheckId.STEPS, Status.SKIP, reason)]
     steps = batches(body)
-    expected = trainloop.train(body.twin, reference_loss(body, steps), body.case.steps)
+    expected = trainloop.train(body.twin, reference_loss(body, steps), body.case.steps, gather=whole_params)
     actual, raised = body.ctx.attempt(lambda: trainloop.train(body.model, parallel_loss(body, steps), body.case.steps,
-                                                              expected.settings, hooks), CheckId.STEPS)
+                                                              expected.settings, hooks, gather=whole_params),
+                                      CheckId.STEPS)
     if raised:
         return [trainloop.raised_result(raised)]
     result = compare_steps(actual.records, expected.records, body.atol, body.rtol)
     result.data.update(trainloop.figures(actual, expected))
+    steps_localize.attach(body, result, steps, expected, (reference_loss(body, steps), parallel_loss(body, steps)))
     return [result]

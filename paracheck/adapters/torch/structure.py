@@ -5,27 +5,27 @@ lives on that mesh (or a slice of it, sizes matching), and a layout with TP (or 
 sharded on that dimension: a parallelize that did nothing computes the right numbers, redundantly.
 `structure.tp_shards`: every DTensor parameter's local shard is the slice of the reference parameter that its
 placements and this rank's mesh coordinate name (torch's own slicing, `distribute_tensor(..., src_data_rank=None)`,
-which moves nothing); a parameter that is no DTensor equals the reference's.
+which moves nothing); a parameter that is no DTensor equals the reference's; one named on one side only is named
+as that. Names are read through the wrappers torch puts around modules (`names`).
 """
 
 from __future__ import annotations
-
-import torch
 
 from paracheck.checks.compare import problems_text
 from paracheck.domain.records import CheckId, CheckResult, Status
 
 
-def check_mesh(mesh, layout, model) -> CheckResult:
+def check_mesh(mesh, layout, params: dict) -> CheckResult:
+    """`params`: the parallel model's by clean name (`names.parameters`)."""
     from torch.distributed.tensor import DTensor
 
     problems = []
-    names, shape = tuple(mesh.mesh_dim_names or ()), tuple(mesh.mesh.shape)
-    if names != layout.mesh_dims or shape != layout.mesh_shape:
-        problems.append(f"mesh {dict(zip(names, shape))} != layout {layout.name}'s {dict(zip(layout.mesh_dims, layout.mesh_shape))}")
+    dims, shape = tuple(mesh.mesh_dim_names or ()), tuple(mesh.mesh.shape)
+    if dims != layout.mesh_dims or shape != layout.mesh_shape:
+        problems.append(f"mesh {dict(zip(dims, shape))} != layout {layout.name}'s {dict(zip(layout.mesh_dims, layout.mesh_shape))}")
     sizes = dict(zip(layout.mesh_dims, layout.mesh_shape))
     sharded: set[str] = set()
-    for name, param in model.named_parameters():
+    for name, param in params.items():
         if not isinstance(param, DTensor):
             continue
         dims, shape = tuple(param.device_mesh.mesh_dim_names or ()), tuple(param.device_mesh.mesh.shape)
@@ -45,18 +45,18 @@ def _flattened(names: set[str], token: str) -> bool:
     return any(token in d.split("_") or d in token.split("_") for d in names)
 
 
-def check_shards(model, reference: dict, atol: float, rtol: float) -> CheckResult:
-    """Every parameter's local values against the slice of the reference its placements name."""
+def check_shards(params: dict, reference: dict, atol: float, rtol: float, held: set | None = None) -> CheckResult:
+    """Every parameter's local values against the slice of the reference its placements name (`params` by clean
+    name; `held`: the names some rank holds, where each holds a part: a pipeline's stages)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     problems, worst, count = [], 0.0, 0
-    params = dict(model.named_parameters())
-    for name in sorted(set(reference) - set(params)):
-        problems.append(f"{name}: missing from the parallel model")
+    problems += [f"{name}: in the reference only" for name in reference if name not in params
+                 and name not in (held or ())]
+    problems += [f"{name}: in the parallel model only" for name in params if name not in reference]
     for name, param in params.items():
         want = reference.get(name)
         if want is None:
-            problems.append(f"{name}: not in the reference model")
             continue
         if isinstance(param, DTensor):
             count += 1
