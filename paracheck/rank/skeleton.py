@@ -8,6 +8,7 @@ training, training before the backward; a raise after collectives began may be a
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
@@ -40,10 +41,19 @@ def case_tolerance(case, device_type: str) -> Tolerance:
 def run_case(case, backend, site) -> RankResult:
     """The case's passes through its adapter's `case_body`; never raises. Afterwards the case's objects are
     collected and every process group no mesh holds is destroyed (`Meshes.settle`)."""
+    result, checks, raised = run_passes(case, backend, site, OnThisRank(dist.get_rank()))
+    settle(result, checks.get(result.rank, []), raised, case)
+    return result
+
+
+def run_passes(case, backend, site, way) -> tuple[RankResult, dict, list]:
+    """The case's passes, where `way` runs them (`OnThisRank`, or every rank of a local world): the result they
+    filled, each rank's checks `{rank: [CheckResult]}` and what the passes raised. Never raises."""
     started = time.time()
     result = RankResult(site.index, dist.get_rank(), RankStatus.OK)
     groups = meshes.group_names()
     raised: list[Raised] = []
+    checks: dict = {}
     ctx = CaseContext(case, backend, site, result, case_tolerance(case, backend.device_type),
                       lambda name: Phase(result, name), lambda step, check_id: _attempt(step, check_id, result, raised))
     try:
@@ -53,8 +63,8 @@ def run_case(case, backend, site) -> RankResult:
         if case.control and (off := _pass_off(case)):
             raise Refused(off)
         with adapter.case_body(ctx) as body:
-            _passes(body, ctx, raised)
-        _settle_raised(result, raised, case)
+            _passes(body, ctx, raised, way, checks)
+        result.raised_in_parallel = bool(raised)
     except Refused as exc:
         result.status, result.reason, result.failure = exc.status, str(exc), exc.failure
         result.raised_in_parallel = False
@@ -69,7 +79,25 @@ def run_case(case, backend, site) -> RankResult:
     gc.collect()  # the case's model first (its hooks make cycles): a group it still held would outlive destruction
     meshes.for_world().settle(groups)
     result.seconds = round(time.time() - started, 3)
-    return result
+    return result, checks, raised
+
+
+class OnThisRank:
+    """Where a rank of a real world runs a case: every pass and every check here, for this rank alone."""
+
+    localizes = True
+    #: The optional passes this way cannot take, and why (none).
+    later_off: str | None = None
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def spmd(self):
+        return contextlib.nullcontext()
+
+    def each(self, checks) -> dict:
+        """`{rank: checks()}` for every rank this way runs."""
+        return {self.rank: list(checks())}
 
 
 def bare() -> bool:
@@ -79,54 +107,65 @@ def bare() -> bool:
     return os.environ.get("PARACHECK_BARE") == "1"
 
 
-def _passes(body, ctx: CaseContext, raised: list) -> None:
-    """The order every adapter's case runs in (see `domain.adapter`)."""
+def _passes(body, ctx: CaseContext, raised: list, way, checks: dict) -> None:
+    """The order every adapter's case runs in (see `domain.adapter`): the passes where `way` runs its world's SPMD
+    code, the checks once per rank it answers for (`checks` gathers them by rank)."""
     result, phase, checking = ctx.result, ctx.phase, not bare()
+
+    def check(run) -> None:
+        with phase("checks"):
+            for rank, found in way.each(run).items():
+                checks.setdefault(rank, []).extend(found)
+
+    def spmd(step) -> None:
+        with phase("parallel"), way.spmd():
+            step()
+
     with phase("reference"):
         body.reference()
     result.raised_in_parallel = True  # from here on a raise may leave peers inside a collective
-    with phase("parallel"):
-        body.parallelize()
-    with phase("checks"):
-        checks = list(body.structure_checks()) if checking else []
-    with phase("parallel"):
-        body.inference()  # first, as a pipeline calls the model; the training forward's graph is the backward's
-    with phase("parallel"):
-        body.training()
-    with phase("checks"):
-        checks += body.forward_checks() if checking else []
+    spmd(body.parallelize)
+    if checking:
+        check(body.structure_checks)
+    spmd(body.inference)  # first, as a pipeline calls the model; the training forward's graph is the backward's
+    spmd(body.training)
+    if checking:
+        check(body.forward_checks)
     if body.backward_skip() is None:
-        with phase("parallel"):
-            body.backward()
+        spmd(body.backward)
     if not checking:
         result.raised_in_parallel = False
         return
-    with phase("checks"):
-        checks += body.grads_checks()
+    check(body.grads_checks)
     # On every rank, which decide alike whether a failing pass is rerun with hooks (not where declared known failures
     # explain it whole: `rank.declared`); a rank whose pass raised does not join (its peers may be inside another
     # collective of that pass, and the fail-fast rule ends the world).
-    if hasattr(body, "localize") and not raised:
+    mine = checks.setdefault(result.rank, [])
+    if hasattr(body, "localize") and not raised and way.localizes:
         with phase("localize"):
-            if (reasons := declared.explained(ctx.case, result, checks)) is None:
-                body.localize(checks)
+            if (reasons := declared.explained(ctx.case, result, mine)) is None:
+                body.localize(mine)
             else:
-                declared.not_rerun(checks, reasons)
+                declared.not_rerun(mine, reasons)
     # Generation changes nothing in the model, the steps and the save do: last, as localization reruns the passes
     # above on the model as they were checked. A rank whose pass raised takes none of them, as it takes no
     # localization: its peers may still be inside that pass.
-    checks += _later(body, ctx, "generate", CheckId.GENERATE, ctx.case.generate, raised)
-    checks += _later(body, ctx, "steps", CheckId.STEPS, ctx.case.steps > 0, raised)
-    checks += _later(body, ctx, "checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint, raised)
-    result.checks = checks
+    for name, check_id, asked in (("generate", CheckId.GENERATE, ctx.case.generate),
+                                  ("steps", CheckId.STEPS, ctx.case.steps > 0),
+                                  ("checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint)):
+        later = _later(body, ctx, name, check_id, asked, raised, way.later_off)
+        for found in checks.values() if way.later_off else [mine]:
+            found.extend(later)
     result.raised_in_parallel = False
 
 
-def _later(body, ctx: CaseContext, name: str, check_id: CheckId, asked: bool, raised: list) -> list:
-    """The optional `generate`, `steps` or `checkpoint` pass where the case asks for it; a body without one says
-    so."""
+def _later(body, ctx: CaseContext, name: str, check_id: CheckId, asked: bool, raised: list, off: str | None) -> list:
+    """The optional `generate`, `steps` or `checkpoint` pass where the case asks for it; a body without one, or a
+    way that cannot take it (`off`), says so."""
     if not asked:
         return []
+    if off:
+        return [CheckResult(check_id, Status.SKIP, f"not run: {off}")]
     if raised:
         return [CheckResult(check_id, Status.SKIP, f"not run: an earlier pass raised on this rank ({raised[0]})")]
     if not hasattr(body, name):
@@ -154,12 +193,15 @@ def _pass_off(case) -> str | None:
     return None
 
 
-def _settle_raised(result: RankResult, raised: list[Raised], case) -> None:
-    """After the passes: the first failing check types the case's failure; a pass that raised makes the case an
-    error (a control may raise once its bug is planted: its checks still decide detection)."""
+def settle(result: RankResult, checks: list, raised: list[Raised], case) -> None:
+    """After the passes, a rank's result takes its checks; where the passes ran to their end the first failing check
+    types the case's failure, and a pass that raised makes the case an error (a control may raise once its bug is
+    planted: its checks still decide detection)."""
+    if result.status != RankStatus.OK:
+        return
+    result.checks = checks
     failing = next((c for c in result.checks if c.status == Status.FAIL), None)
     result.failure = failing and (failing.failure or Failure(FailureKind.CHECK, failing.id))
-    result.raised_in_parallel = bool(raised)
     if raised and not case.control:
         result.status, result.reason = RankStatus.ERROR, str(raised[0])
 
