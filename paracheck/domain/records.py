@@ -104,6 +104,11 @@ class FailureKind(str, enum.Enum):
     DISAGREE = "disagree"
 
 
+#: Exceptions, by class name, that are a local world's limit rather than the case's failure (`--local-world`:
+#: Python that needs one value of a per-rank one, an operation torch's LocalTensorMode has no rule for).
+LOCAL_WORLD_LIMITS = ("RankDependent", "NoLocalRule")
+
+
 @dataclass(frozen=True)
 class Failure:
     """A failure's identity, filled where it happens and carried as is: explore de-duplicates by it and the
