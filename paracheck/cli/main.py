@@ -323,10 +323,6 @@ def _launch(args, backend, cases: list[Case], entries, carried: list[dict]) -> i
     progress.close()
     meta = run_meta(backend, args.nproc, outcome)
     verdicts = progress.judged([outcome.results[i] for i in range(len(cases))])
-    if getattr(args, "local_world", None):
-        from paracheck.results.report import local_share
-
-        meta["local_world"] = local_share(verdicts, args.local_world)
     return finish(args, verdicts, outcome.events, meta, time.time() - started,
                   f", ranks {outcome.start_method}, {outcome.references} references", carried)
 

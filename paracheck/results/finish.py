@@ -12,6 +12,8 @@ def finish(args, verdicts, events, meta: dict, seconds: float, extra: str, carri
     `not_run`: the ids of the cases an interrupted run never finished."""
     base = [] if args.backend == "auto" else ["--backend", args.backend]
     local = getattr(args, "local_world", None)
+    if local:  # also for an interrupted run: the share of what it finished
+        meta = dict(meta, local_world=report.local_share(verdicts, local))
     base += (["--local-world", str(local)] if local else ["--nproc", str(args.nproc)]) + (
         ["--no-grads"] if args.no_grads else [])
     replays = {v.id: report.replay_command(v, base) for v in verdicts}
