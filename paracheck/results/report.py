@@ -11,7 +11,7 @@ from paracheck import __version__
 from paracheck.launch.protocol import Exit, write_text
 from paracheck.domain import registry
 from paracheck.domain.case import Case
-from paracheck.domain.records import LOCAL_WORLD_LIMITS, CaseStatus, CheckId, Status
+from paracheck.domain.records import LOCAL_WORLD_LIMITS, LOCAL_WORLD_STOOD_IN, CaseStatus, CheckId, Status
 from paracheck.results import localization, resume
 from paracheck.results.verdict import Verdict
 
@@ -238,7 +238,8 @@ def local_share(verdicts: list[Verdict], ranks: int) -> dict:
         by_site[key] = by_site.get(key, 0) + 1
     ran = len(verdicts) - len(limited) - other_skips
     return {"ranks": ranks, "cases": len(verdicts), "ran": ran, "one_process_limits": len(limited),
-            "other_skips": other_skips, "limits": by_site}
+            "other_skips": other_skips, "limits": by_site,
+            "stood_in": [{"rule": rule, "why": why, "report": path} for rule, why, path in LOCAL_WORLD_STOOD_IN]}
 
 
 def local_line(share: dict) -> str:
@@ -246,7 +247,8 @@ def local_line(share: dict) -> str:
     limits = "; ".join(f"{n} {why}" for why, n in sorted(share["limits"].items()))
     return (f"local world of {share['ranks']} ranks in one process: {share['ran']} of {share['cases']} cases ran; "
             f"{share['one_process_limits']} could not run as every rank in one process"
-            + (f" ({limits})" if limits else "") + f"; {share['other_skips']} skipped for other reasons")
+            + (f" ({limits})" if limits else "") + f"; {share['other_skips']} skipped for other reasons"
+            + "".join(f"\nstand-in: torch's {s['rule']}: {s['why']} ({s['report']})" for s in share["stood_in"]))
 
 
 def counts_line(verdicts: list[Verdict], seconds: float, worlds: int, extra: str = "") -> str:
