@@ -83,9 +83,9 @@ def one_process_limit(failure: Failure | None) -> bool:
     return failure is not None and limit(failure.exception)
 
 
-def run_local_world(rundir: RunDir, todo, backend, size: int) -> int:
-    """The cases `todo` yields as (index, case), each for every rank of one local world of `size` ranks."""
-    from paracheck.rank.worker import measure
+def run_local_world(rundir: RunDir, todo, backend, size: int, measure) -> int:
+    """The cases `todo` yields as (index, case), each for every rank of one local world of `size` ranks;
+    `measure(result)` fills the process's memory and CPU after each (the worker's, as for a rank)."""
     from paracheck.world.localworld import LocalWorld
 
     with LocalWorld(size) as world:

@@ -252,7 +252,7 @@ def _local(rundir: RunDir, run: dict, backend) -> int:
     todo = Todo.from_json(read_json(os.path.join(rundir.path, os.environ[ENV_TODO])))
     cases = [Case.from_json(c, parse_layout) for c in run["cases"]]
     return int(_profiled(lambda: run_local_world(rundir, ((i, cases[i]) for i in todo.indices), backend,
-                                                 int(run["local_world"])), 0))
+                                                 int(run["local_world"]), measure), 0))
 
 
 def _profiled(run, rank: int):
