@@ -220,6 +220,18 @@ def each_rank(fn, ranks: list[int], carry_modes: bool = True) -> dict:
     return results
 
 
+def once_per_rank(fn) -> None:
+    """`fn()` once per rank of the enabled `LocalTensorMode`'s world, each acting as its rank (`each_rank`);
+    outside a local world, `fn()` once: rank-dependent code of the kit's own, run as each rank would."""
+    from torch.distributed._local_tensor import enabled_local_tensor_mode
+
+    mode = enabled_local_tensor_mode()
+    if mode is None:
+        fn()
+    else:
+        each_rank(lambda rank: fn(), sorted(mode.ranks), carry_modes=False)
+
+
 class _nothing:
     def __enter__(self):
         return None

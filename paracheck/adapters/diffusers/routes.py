@@ -60,7 +60,11 @@ def apply(route: Route, model, layout: Layout, backend, control, reference, work
     else:
         raise ValueError(f"route {route!r}: must be one of native, composed, sharded-load")
     if control:
-        control.plant(model, applied, reference.state_dict())
+        from paracheck.world.regions import once_per_rank
+
+        state = reference.state_dict()
+        plant = lambda: control.plant(model, applied, state)  # noqa: E731
+        once_per_rank(plant) if control.per_rank else plant()
     return model, applied
 
 
