@@ -77,7 +77,8 @@ def test_every_transformers_control_is_localized_where_it_plants(tmp_path):
                          "0", "--no-checkpoint"], tmp_path)  # the forward and gradient controls: no training
     assert run.code == 0, run.out
     cases = _planted_cases(run)
-    assert {c["control"] for c in cases} == {"tf-norm-replicate", "tf-skip-dp-reduce", "tf-grad-divide"}
+    assert {c["control"] for c in cases} == {"tf-norm-replicate", "tf-skip-dp-reduce", "tf-grad-divide",
+                                             "tf-cache-all-heads", "tf-position-stuck"}  # the last two: generate
     localized, total, missed = _share(cases)
     assert localized == total, missed
     norms = next(c for c in cases if c["control"] == "tf-norm-replicate")["localization"]["grads"]

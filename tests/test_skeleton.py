@@ -157,29 +157,6 @@ def test_a_transformers_case_honours_a_zero_tolerance(tmp_path):
     assert logits.status == Status.FAIL and 0 < logits.max_abs < 1e-5
 
 
-def test_an_adapter_outside_paracheck_is_found_by_its_entry_point(tmp_path, monkeypatch):
-    """The seam: a package of its own declares an adapter in the `paracheck.adapters` group and the host finds it,
-    with nothing in paracheck naming it."""
-    (tmp_path / "toy_adapter.py").write_text("class Toy:\n    name = 'toy'\n    dtypes = ('fp32',)\n"
-                                             "    def fixtures(self):\n        return {'toy1': 'toy_adapter:make'}\n"
-                                             "    def installed(self):\n        return True\n"
-                                             "    def controls(self):\n        return {}\n"
-                                             "    def mixins(self):\n        return {}\nADAPTER = Toy()\n")
-    info = tmp_path / "toy_adapter-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-adapter\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[paracheck.adapters]\ntoy = toy_adapter:ADAPTER\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    registry.adapters.cache_clear()
-    try:
-        assert "toy" in registry.adapters() and {"diffusers", "transformers", "torch"} <= set(registry.adapters())
-        assert registry.select("toy") == [("toy1", "toy_adapter:make")]
-        assert registry.library_of("toy_adapter:make") == "toy"
-    finally:
-        monkeypatch.undo()
-        registry.adapters.cache_clear()
-
-
 def test_a_spec_that_is_no_callable_is_still_claimed_by_its_adapter(tmp_path):
     """A torch spec may be any object with build/parallelize/inputs (docs/torch.md), a namespace included: the
     registry loads it as an object, and only a factory must be callable."""

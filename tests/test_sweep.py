@@ -95,7 +95,19 @@ def test_a_family_runs_on_real_ranks_through_the_sweep(tmp_path, family, layouts
     assert plain and all(c["status"] in ("pass", "xfail") for c in plain), run.out
     assert run.code == 0, run.out
     for control in controls:
-        assert {c["status"] for c in run.report["cases"] if c["control"] == control} == {"detected"}, control
+        assert {c["status"] for c in run.report["cases"] if c["control"] == control} == {_expected(family, control)}, \
+            control
+
+
+def _expected(family: str, control: str) -> str:
+    """Detected; but the packed control is a named skip where this transformers gives the family no
+    packed_colwise rule to bend (5.25 gives none to any model: its MoE experts are planned for EP only)."""
+    if control != "tf-packed-as-colwise":
+        return "detected"
+    from transformers import AutoConfig
+
+    plan = AutoConfig.for_model(family).base_model_tp_plan or {}
+    return "detected" if "packed_colwise" in plan.values() else "skip"
 
 
 def test_a_sweep_case_replays_by_its_family_name():

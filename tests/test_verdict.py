@@ -223,11 +223,12 @@ def test_xfails_group_by_their_known_failure_its_reason_once():
 
 
 def test_covered_names_a_route_only_where_one_model_runs_a_layout_by_several():
-    from paracheck.results import report
+    from paracheck.results.grouping import Row, covered
 
     tp4 = Layout.parse("tp4")
     native, loaded = merge(_case(layout=tp4), _ranks({CheckId.GRADS: [0]})), merge(_case(layout=tp4), _ranks({}))
     loaded.route = Route.SHARDED_LOAD
     uneven = merge(Case("flux", "paracheck.fixtures:flux", U4, variant="uneven", dtype="bf16", library="diffusers"), _ranks({}))
     wan = merge(_case(model="wan", layout=U4), _ranks({}))
-    assert report.covered([native, loaded, uneven, wan]) == "flux: tp4 native, tp4 sharded-load; flux uneven bf16, wan: u4"
+    rows = [Row.of_verdict(i, v) for i, v in enumerate([native, loaded, uneven, wan])]
+    assert covered(rows) == "flux: tp4 native, tp4 sharded-load; flux uneven bf16, wan: u4"

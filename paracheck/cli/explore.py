@@ -133,7 +133,7 @@ def _target(args, name: str, factory: str, library: str, layouts_text: str, dtyp
         raise
     except ValueError as exc:  # a layout name its grammar refuses, or one of another world size
         raise UsageError(str(exc)) from exc
-    return Target(name, factory, space, tuple(layouts), library, getattr(adapter, "draw_options", None))
+    return Target(name, factory, space, tuple(layouts), library, adapter.draw_options)
 
 
 def _explore(args, backend, entries, targets, dtypes) -> int:

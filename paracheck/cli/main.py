@@ -90,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _simulators() -> list:
     """The adapters that simulate a world (`topology --simulate`): those with a `topology_simulate`."""
-    return [a for a in registry.adapters().values() if hasattr(a, "topology_simulate")]
+    return [a for a in registry.adapters().values() if a.provides("topology_simulate")]
 
 
 def main(argv=None) -> int:
@@ -282,7 +282,7 @@ def _sweeper(models: str):
         adapter = registry.adapter(library)
     except ValueError as exc:
         raise UsageError(f"--models {models}: {exc}") from exc
-    if not hasattr(adapter, "sweep"):
+    if not adapter.provides("sweep"):
         raise UsageError(f"--models {models}: the {library} adapter has no sweep of its library's families")
     return adapter
 

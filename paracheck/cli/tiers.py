@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from paracheck.domain import registry
+
 
 def add_all(parser) -> None:
     parser.add_argument("--all", action="store_true", help="the whole matrix: every variant of every model on every "
@@ -48,7 +50,7 @@ def _quick(args, cases: list) -> list:
     entries = known.load(known.SHIPPED if args.known_failures is None else args.known_failures)
 
     def meets(entry, case) -> bool:  # a case that will be a skip meets no known failure either
-        return runs(case) and entry.may_meet(case, _ask(case, "class_name", ""))
+        return runs(case) and entry.may_meet(case, registry.adapter(case.library).class_name(case))
 
     # Each entry once: a case that declares an entry another case already shows says nothing new, and is left to
     # --all (Helios's uneven cases re-declared the ring and Ulysses "anything" backward every model declares).
@@ -70,18 +72,9 @@ def _alone(entry, entries: list, cases: list, meets):
 
 def runs(case) -> bool:
     """False for a case its adapter knows, before any rank starts, will be a skip (`Adapter.will_run`)."""
-    return _ask(case, "will_run", True)
+    return registry.adapter(case.library).will_run(case)
 
 
 def generates(case) -> bool:
     """Whether the case's model generates text, so parity.generate can run on it (`Adapter.generates`)."""
-    return _ask(case, "generates", False)
-
-
-def _ask(case, what: str, default):
-    """An adapter's optional answer about a case: `will_run(case)`, `class_name(case)`, `generates(case)`;
-    `default` without one."""
-    from paracheck.domain import registry
-
-    method = getattr(registry.adapter(case.library), what, None)
-    return default if method is None else method(case)
+    return registry.adapter(case.library).generates(case)

@@ -4,6 +4,10 @@ A library plugs in by implementing `Adapter` in its own package and naming the o
 `paracheck.adapters` (`paracheck.registry` finds it; the host never names an adapter). Every method the launcher
 side calls is torch-free at import; the rank side (`case_body`) may import the library.
 
+What an adapter and a case body may provide is declared at the end of this module (`ADAPTER`, `CASE_BODY`, in
+`domain.contract`'s terms): the protocols' members, required, and the optional ones with the host's defaults. The
+registry refuses an adapter that breaks them when it loads; the skeleton binds each case body the same way.
+
 One case on one rank is run by the kit's skeleton (`rank.skeleton.run_case`), never by an adapter: the skeleton
 builds the `RankResult`, the tolerance (from the case's dtype and the rank's device, with the case's own
 overrides), times each phase, types a raise, blames a lost peer, and frees the world's unused groups. The
@@ -32,7 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Protocol, runtime_checkable
 
-from paracheck.domain.records import CheckId, CheckResult, Failure, RankStatus
+from paracheck.domain.contract import Member, Spec, declared, optional
+from paracheck.domain.records import CheckId, CheckResult, Failure, RankStatus, Status
 
 
 class Refused(Exception):
@@ -157,9 +162,7 @@ class Adapter(Protocol):
         """Negative controls by name (`domain.control.Control`)."""
 
     def case_options(self, case) -> list[str]:
-        """The `paracheck run` options beyond the generic ones that pick `case` out again (replay commands).
-        An adapter may also offer `models_option(case) -> [options] | None`: how a replay names the model where
-        `--models NAME` or `--spec FACTORY` would not find it again."""
+        """The `paracheck run` options beyond the generic ones that pick `case` out again (replay commands)."""
 
     def case_body(self, ctx: CaseContext) -> ContextManager[CaseBody]:
         """Rank side: a `with` block (the library's scopes for one case) yielding the case's `CaseBody`."""
@@ -168,9 +171,7 @@ class Adapter(Protocol):
         """What the fork server imports once, before any rank forks (the library, the adapter's rank side)."""
 
     def explore_target(self, factory: str, layouts_text: str, world: int, order: str = "cp-fastest") -> tuple:
-        """(space, layouts) `paracheck explore` draws for the model `factory` builds; errors name the rule.
-        An adapter may also offer `draw_options(draw, layout, uneven) -> [(name, value)]`: library options a
-        draw adds."""
+        """(space, layouts) `paracheck explore` draws for the model `factory` builds; errors name the rule."""
 
     def explore_case(self, name: str, factory: str, space, layout, shape, dtype: str, extras: dict | None = None
                      ) -> Any:
@@ -180,3 +181,59 @@ class Adapter(Protocol):
     def mixins(self) -> dict[str, str]:
         """Names `paracheck.testing` offers for this adapter's models -> "module:attribute" of each mixin."""
 
+
+
+class _Nothing:
+    """A `with` block that does nothing (contextlib's nullcontext, without importing it here)."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _absent(what: str):
+    def default(who: str, *args):
+        raise NotImplementedError(f"the {who} adapter has no {what}")
+    return default
+
+
+def _no_pass(check_id: CheckId):
+    return lambda who: [CheckResult(check_id, Status.SKIP, f"the {who} adapter has no {check_id.value} pass")]
+
+
+#: Every member an adapter may provide: `Adapter`'s, required, then these, each with the host's default.
+ADAPTER = Spec("adapter", declared(Adapter, (
+    #: (case) -> [options] | None: how a replay names the model where `--models NAME` or `--spec FACTORY` would not.
+    optional("models_option", ("case",), lambda who, case: None),
+    #: (case) -> bool: False for a case the adapter knows, before any rank starts, will be a skip.
+    optional("will_run", ("case",), lambda who, case: True),
+    #: (case) -> the model's class name, known before any rank starts ("" when it is not).
+    optional("class_name", ("case",), lambda who, case: ""),
+    #: (case) -> bool: whether the case's model generates, so parity.generate may run on it.
+    optional("generates", ("case",), lambda who, case: False),
+    #: (draw, layout, uneven) -> [(name, value)]: the library options an explore draw adds.
+    optional("draw_options", ("draw", "layout", "uneven"), lambda who, draw, layout, uneven: []),
+    #: (args, backend, entries) -> exit code: `--models LIBRARY:NAMES`, a sweep over the library's own families.
+    optional("sweep", ("args", "backend", "entries"), _absent("sweep of its library's families")),
+    #: `topology --simulate`: the adapter's options on the parser, its refusals without --simulate, the simulation.
+    optional("topology_arguments", ("parser",), lambda who, parser: None),
+    optional("topology_reject", ("args",), lambda who, args: None),
+    optional("topology_simulate", ("args",), _absent("topology simulation")),
+    #: () -> a `with` block: in a local world (`--local-world`), the library's rank-dependent functions run per
+    #: rank inside it (`world.regions`); the default changes nothing.
+    optional("local_scope", (), lambda who: _Nothing()),
+)))
+
+#: Every member a case body may provide: `CaseBody`'s, required, then the optional passes.
+CASE_BODY = Spec("case body", declared(CaseBody, (
+    #: (checks): where a parity check failed on any rank, rerun that pass with hooks and attach the localization.
+    optional("localize", ("checks",), lambda who, checks: None),
+    optional("generate", (), _no_pass(CheckId.GENERATE)),
+    optional("steps", (), _no_pass(CheckId.STEPS)),
+    optional("checkpoint", (), _no_pass(CheckId.CHECKPOINT)),
+)), state=True)
+
+__all__ = ["ADAPTER", "CASE_BODY", "Adapter", "CaseBody", "CaseContext", "CaseRequest", "Member", "Refused",
+           "Tolerance"]

@@ -1,6 +1,8 @@
 """The adapters this installation has: found through the entry-point group `paracheck.adapters`, never named.
 
-Each entry names an object implementing `domain.adapter.Adapter`. Loading one imports its adapter module only
+Each entry names an object implementing `domain.adapter.Adapter`; it is checked against the contract
+(`domain.adapter.ADAPTER`) as it loads, and the host sees it bound: every declared member there, the host's
+default for an optional one it lacks, nothing else. Loading one imports its adapter module only
 (torch-free by the protocol's rule), so help, usage errors and `topology` stay quick. Everything the host asks of a
 library goes through here: which adapter a case, a fixture or a `--spec` belongs to, its layout grammar, its
 controls, its mixins.
@@ -21,9 +23,16 @@ class AdapterError(ValueError):
 @lru_cache(maxsize=1)
 def adapters() -> dict:
     """name -> adapter, in the order the entry points are declared (stable across runs)."""
+    from paracheck.domain.adapter import ADAPTER
+    from paracheck.domain.contract import ContractError
+
     found = {}
     for entry in entry_points(group=GROUP):
-        adapter = entry.load()
+        loaded = entry.load()
+        try:
+            adapter = ADAPTER.bind(loaded, entry.name)
+        except ContractError as exc:
+            raise AdapterError(f"entry point {entry.name!r} in {GROUP} ({entry.value}): {exc}") from None
         if adapter.name != entry.name:
             raise AdapterError(f"entry point {entry.name!r} in {GROUP}: its adapter calls itself {adapter.name!r}")
         found[entry.name] = adapter

@@ -44,7 +44,7 @@ class Target:
     layouts: tuple[Layout, ...]
     library: str
     #: (draw, layout, uneven) -> [(name, value)]: the library options a draw adds (its adapter's `draw_options`).
-    draw_options: Callable | None = None
+    draw_options: Callable = lambda draw, layout, uneven: []
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def draws(targets: list[Target], dtypes: list[str]) -> st.SearchStrategy:
             padded = tuple(d(st.lists(st.integers(0, 8), min_size=batch, max_size=batch)))
         shared = batch > 1 and space.timesteps and d(st.booleans())
         uneven = d(sometimes(3))
-        options = target.draw_options(d, layout, uneven) if target.draw_options else []
+        options = target.draw_options(d, layout, uneven)
         shape = Shape(batch, tuple(lengths.items()), padded=padded, shared_timestep=shared)
         return Draw(target, layout, shape, uneven, tuple(sorted(options)), d(st.sampled_from(dtypes)))
 

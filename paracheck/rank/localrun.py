@@ -56,11 +56,8 @@ def run_local_case(index: int, case, backend, world, refs_dir: str, workdir: str
                 for rank in world.ranks]
     os.makedirs(workdir, exist_ok=True)
     adapter = registry.adapter(case.library)
-    scope = getattr(adapter, "local_scope", None)
     site = CaseSite(index, workdir, refs_dir, lambda key: True)
-    from contextlib import nullcontext
-
-    with scope() if scope else nullcontext():
+    with adapter.local_scope():
         result, checks, raised = run_passes(case, backend, site, InLocalWorld(world))
     results = []
     for rank in world.ranks:

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from paracheck.checks.compare import tolerance
 from paracheck.domain import registry
-from paracheck.domain.adapter import CaseContext, Refused, Tolerance
+from paracheck.domain.adapter import CASE_BODY, CaseContext, Refused, Tolerance
 from paracheck.domain.records import CheckId, CheckResult, Failure, FailureKind, Raised, RankResult, RankStatus, Status
 from paracheck.launch.attribution import lost_peer
 from paracheck.rank import declared
@@ -63,7 +63,7 @@ def run_passes(case, backend, site, way) -> tuple[RankResult, dict, list]:
         if case.control and (off := _pass_off(case)):
             raise Refused(off)
         with adapter.case_body(ctx) as body:
-            _passes(body, ctx, raised, way, checks)
+            _passes(CASE_BODY.bind(body, case.library), ctx, raised, way, checks)
         result.raised_in_parallel = bool(raised)
     except Refused as exc:
         result.status, result.reason, result.failure = exc.status, str(exc), exc.failure
@@ -141,7 +141,7 @@ def _passes(body, ctx: CaseContext, raised: list, way, checks: dict) -> None:
     # explain it whole: `rank.declared`); a rank whose pass raised does not join (its peers may be inside another
     # collective of that pass, and the fail-fast rule ends the world).
     mine = checks.setdefault(result.rank, [])
-    if hasattr(body, "localize") and not raised and way.localizes:
+    if body.provides("localize") and not raised and way.localizes:
         with phase("localize"):
             if (reasons := declared.explained(ctx.case, result, mine)) is None:
                 body.localize(mine)
@@ -150,28 +150,26 @@ def _passes(body, ctx: CaseContext, raised: list, way, checks: dict) -> None:
     # Generation changes nothing in the model, the steps and the save do: last, as localization reruns the passes
     # above on the model as they were checked. A rank whose pass raised takes none of them, as it takes no
     # localization: its peers may still be inside that pass.
-    for name, check_id, asked in (("generate", CheckId.GENERATE, ctx.case.generate),
-                                  ("steps", CheckId.STEPS, ctx.case.steps > 0),
-                                  ("checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint)):
-        later = _later(body, ctx, name, check_id, asked, raised, way.later_off)
+    for run, name, check_id, asked in ((body.generate, "generate", CheckId.GENERATE, ctx.case.generate),
+                                       (body.steps, "steps", CheckId.STEPS, ctx.case.steps > 0),
+                                       (body.checkpoint, "checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint)):
+        later = _later(run, ctx, name, check_id, asked, raised, way.later_off)
         for found in checks.values() if way.later_off else [mine]:
             found.extend(later)
     result.raised_in_parallel = False
 
 
-def _later(body, ctx: CaseContext, name: str, check_id: CheckId, asked: bool, raised: list, off: str | None) -> list:
-    """The optional `generate`, `steps` or `checkpoint` pass where the case asks for it; a body without one, or a
-    way that cannot take it (`off`), says so."""
+def _later(run, ctx: CaseContext, name: str, check_id: CheckId, asked: bool, raised: list, off: str | None) -> list:
+    """The optional `generate`, `steps` or `checkpoint` pass (`run`) where the case asks for it (a body without
+    one answers with the contract's default: a skip that says so), unless the way cannot take it (`off`)."""
     if not asked:
         return []
     if off:
         return [CheckResult(check_id, Status.SKIP, f"not run: {off}")]
     if raised:
         return [CheckResult(check_id, Status.SKIP, f"not run: an earlier pass raised on this rank ({raised[0]})")]
-    if not hasattr(body, name):
-        return [CheckResult(check_id, Status.SKIP, f"the {ctx.case.library} adapter has no {check_id.value} pass")]
     with ctx.phase(name):
-        return list(getattr(body, name)())
+        return list(run())
 
 
 def _pass_off(case) -> str | None:

@@ -17,7 +17,7 @@ from html import escape
 from paracheck.launch.attribution import ranks_text
 from paracheck.results import localization, localized, plots
 from paracheck.results.plots import ints, items
-from paracheck.results.report import models_by_layouts, who
+from paracheck.results.grouping import Row, groups
 
 #: Status order in the summary and the table: what needs a look first.
 ORDER = ("fail", "error", "missed", "xpass", "xfail", "inconclusive", "pass", "detected", "skip")
@@ -52,7 +52,9 @@ def render(data: dict, title: str = "paracheck report", with_plots: bool | None 
     check_report(data)
     cases = _ordered(data["cases"])
     with_plots = plots.available() if with_plots is None else with_plots
-    body = [_header(data, cases, title), _events(data), _cases(cases, with_plots), _known(cases), _skips(cases),
+    found = groups([Row.of_json(i, c) for i, c in enumerate(cases)])
+    body = [_header(data, cases, title), _events(data), _cases(cases, with_plots), _known(cases, found),
+            _skips(cases, found),
             f'<footer>paracheck {_e(data.get("paracheck", ""))} · one self-contained file: nothing here is fetched'
             "</footer>"]
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
@@ -317,63 +319,39 @@ def _plot(draw, kind: str, with_plots: bool, items: list) -> str:
 # -- known failures and skips -------------------------------------------------------------------------
 
 
-def covered(cases: list[dict]) -> str:
-    """Cases as model x layouts, as the terminal notes write them (`report.models_by_layouts`)."""
-    return models_by_layouts([(who(c.get("model"), c.get("variant"), c.get("dtype")), str(c.get("layout")))
-                              for c in cases])
-
-
-def _known(cases: list[dict]) -> str:
-    groups: dict[str, list[tuple[int, dict]]] = {}
-    for i, c in enumerate(cases):
-        if c["status"] in ("xfail", "xpass"):
-            key = ("passed: " if c["status"] == "xpass" else "") + str(c.get("known_failure") or c.get("reason"))
-            groups.setdefault(key, []).append((i, c))
-    if not groups:
+def _known(cases: list[dict], found) -> str:
+    """The known failures (`grouping.groups`): each entry's reason, the cases it covers, a replay, the links."""
+    known = [g for g in found if g.kind in ("xfail", "xpass")]
+    if not known:
         return ""
     entries = []
-    for key, members in groups.items():
-        links = ", ".join(f'<a href="#{_anchor(c, i)}">{_e(c.get("id"))}</a>' for i, c in members)
-        replay = next((c.get("replay") for _, c in members if c.get("replay")), None)
-        xpass = key.startswith("passed: ")
+    for g in known:
+        links = ", ".join(f'<a href="#{_anchor(cases[r.index], r.index)}">{_e(r.id)}</a>' for r in g.rows)
+        replay = next((cases[r.index].get("replay") for r in g.rows if cases[r.index].get("replay")), None)
+        xpass = g.kind == "xpass"
         entries.append(
             f'<li class="known{" xpass" if xpass else ""}"><p class="known-reason">'
             + ("<b>declared but passed, remove the entry:</b> " if xpass else "")
-            + f'{_e(key.removeprefix("passed: "))}</p><p>covers <span class="num">{len(members)}</span> '
-            f'{"case" if len(members) == 1 else "cases"}: {_e(covered([c for _, c in members]))}</p>'
+            + f'{_e(g.title)}</p><p>covers <span class="num">{len(g.rows)}</span> '
+            f'{"case" if len(g.rows) == 1 else "cases"}: {_e(g.covers)}</p>'
             + (f'<p>reproduce: <code class="replay">{_e(replay)}</code></p>' if replay else "")
             + f'<details><summary>the cases</summary><p class="links">{links}</p></details></li>')
     return f'<section id="known"><h2>Known failures</h2><ul class="known-list">{"".join(entries)}</ul></section>'
 
 
-def _skips(cases: list[dict]) -> str:
-    """The skips, as the terminal groups them: a model that lacks a plan (the typed `failure.missing_plan`)
-    once for every layout it cannot take, models alike together; any other skip grouped by its reason."""
-    skipped = [c for c in cases if c["status"] == "skip"]
+def _skips(cases: list[dict], found) -> str:
+    """The skips, grouped as the terminal groups them (`grouping.groups`)."""
+    skipped = sum(c["status"] == "skip" for c in cases)
     if not skipped:
         return ""
-    never: dict[str, dict[str, list[str]]] = {}
-    reasons: dict[str, list[dict]] = {}
-    for c in skipped:
-        failure = c.get("failure") if isinstance(c.get("failure"), dict) else {}
-        if failure.get("missing_plan"):
-            layouts = never.setdefault(str(failure["missing_plan"]), {}).setdefault(_key(c, "model"), [])
-            if _key(c, "layout") not in layouts:
-                layouts.append(_key(c, "layout"))
-        else:
-            reasons.setdefault(str(c.get("reason")), []).append(c)
-    lines = [f"<li>{_e(never_line)}</li>" for plan, by_model in never.items() for never_line in _never(plan, by_model)]
-    lines += [f'<li>{_e(reason)}<br><span class="covers">{_e(covered(members))}</span></li>'
-              for reason, members in reasons.items()]
-    return (f'<section id="skips"><details><summary><h2>Skipped: {_n(len(skipped), "case")}</h2></summary>'
+    lines = [f"<li>{_e(g.never_line)}</li>" for g in found if g.kind == "never"]
+    lines += [f'<li>{_e(g.title)}<br><span class="covers">{_e(g.covers)}</span></li>'
+              for g in found if g.kind == "skip"]
+    lines += [f'<li>{_e(g.title)}<br><span class="covers">'
+              + _e("; ".join(f"{c} on {', '.join(ms)}" for c, ms in g.controls)) + "</span></li>"
+              for g in found if g.kind == "skip-controls"]
+    return (f'<section id="skips"><details><summary><h2>Skipped: {_n(skipped, "case")}</h2></summary>'
             f'<ul>{"".join(lines)}</ul></details></section>')
-
-
-def _never(plan: str, by_model: dict[str, list[str]]) -> list[str]:
-    models: dict[tuple[str, ...], list[str]] = {}
-    for model, layouts in by_model.items():
-        models.setdefault(tuple(layouts), []).append(model)
-    return [f"{', '.join(ms)}: no {plan}, so {', '.join(layouts)} cannot run" for layouts, ms in models.items()]
 
 
 CSS = """

@@ -13,6 +13,7 @@ from paracheck.domain import registry
 from paracheck.domain.case import Case
 from paracheck.domain.records import LOCAL_WORLD_LIMITS, LOCAL_WORLD_STOOD_IN, CaseStatus, CheckId, Status
 from paracheck.results import localization, resume
+from paracheck.results.grouping import Row, covered, groups
 from paracheck.results.verdict import Verdict
 
 CELL = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.SKIP: "-", None: " "}
@@ -40,7 +41,7 @@ def replay_command(v: Verdict, argv_extra: list[str]) -> str:
     args = ["paracheck", "run", "--layouts", c.layout.name, "--route", v.route.value, *argv_extra]
     bundled = registry.fixtures().get(c.model, (None, None))[1] == c.factory
     # An adapter may name the models its own way (a family of transformers' sweep is `--models transformers:NAME`).
-    named = getattr(registry.adapter(c.library), "models_option", lambda case: None)(c)
+    named = registry.adapter(c.library).models_option(c)
     args += named or (["--models", c.model] if bundled else ["--spec", c.factory])
     return " ".join(shlex.quote(a) for a in args + case_options(c))
 
@@ -98,10 +99,19 @@ def notes(verdicts: list[Verdict], replays: dict[str, str]) -> str:
     out = []
     for v in verdicts:
         out.extend(_case_notes(v, replays.get(v.id, "")))
-    out.extend(_xfail_groups(verdicts))
+    found = groups([Row.of_verdict(i, v) for i, v in enumerate(verdicts)])
+    out.extend(f"xfail {g.title}\n      {g.covers}" for g in found if g.kind == "xfail")
     out.extend(_stand_in_groups(verdicts))
-    out.extend(_skip_groups(verdicts))
+    out.extend(_skip_lines(found))
     return "\n".join(out)
+
+
+def _skip_lines(found) -> list[str]:
+    """The skip groups as the terminal writes them (`grouping.groups`)."""
+    out = [f"skip  {g.title}\n      {', '.join(r.label for r in g.rows)}" for g in found if g.kind == "skip"]
+    out += [f"skip  {g.title}\n      " + "; ".join(f"{c} on {', '.join(ms)}" for c, ms in g.controls)
+            for g in found if g.kind == "skip-controls"]
+    return out + [f"never {g.never_line}" for g in found if g.kind == "never"]
 
 
 def _case_notes(v: Verdict, replay: str) -> list[str]:
@@ -124,96 +134,20 @@ def _case_notes(v: Verdict, replay: str) -> list[str]:
     return out
 
 
-def _xfail_groups(verdicts: list[Verdict]) -> list[str]:
-    """One line per known failure (the entries that explain a case, their reasons once), then the cases it
-    covers, model by model (`covered`)."""
-    groups: dict[str, list[Verdict]] = {}
-    for v in verdicts:
-        if v.status == CaseStatus.XFAIL:
-            groups.setdefault(v.known or v.reason, []).append(v)
-    return [f"xfail {known}\n      {covered(cases)}" for known, cases in groups.items()]
-
-
 def _stand_in_groups(verdicts: list[Verdict]) -> list[str]:
     """One line per library component the kit stood in for where the library's cannot run (a check's
     `data["stood_in"]`: why, what the kit did, what still ran as the library's), then the cases."""
-    groups: dict[tuple, list[Verdict]] = {}
-    for v in verdicts:
+    stood: dict[tuple, list[Row]] = {}
+    for i, v in enumerate(verdicts):
         for m in v.checks:
             for held in (m.data.get("per_rank") or {}).values():
                 found = held.get("stood_in")
                 if found:
                     key = (m.id.value, found["why"], tuple(found["kit"]), tuple(found["library"]))
-                    if v not in groups.setdefault(key, []):
-                        groups[key].append(v)
+                    if all(r.index != i for r in stood.setdefault(key, [])):
+                        stood[key].append(Row.of_verdict(i, v))
     return [f"stand-in {check}: {why}; the kit stood in for {'; '.join(kit)}; the library's own: {', '.join(lib)}"
-            f"\n      {covered(cases)}" for (check, why, kit, lib), cases in groups.items()]
-
-
-def covered(verdicts: list[Verdict]) -> str:
-    """Cases compactly, model (with its variant or dtype where not the default) x layouts (`models_by_layouts`).
-    A layout one model runs by several routes is named with each route."""
-    by_model: dict[str, list[Verdict]] = {}
-    for v in verdicts:
-        c = v.case
-        by_model.setdefault(who(c.model, c.variant, c.dtype), []).append(v)
-    pairs = []
-    for model, cases in by_model.items():
-        names = [v.case.layout.name for v in cases]
-        if len(set(names)) < len(names):
-            names = [f"{v.case.layout.name} {v.route.value}" for v in cases]
-        pairs += [(model, name) for name in names]
-    return models_by_layouts(pairs)
-
-
-def who(model: str, variant: str | None, dtype: str | None) -> str:
-    """A model with its variant and dtype where they are not the defaults: `qwenimage masked bf16`."""
-    return " ".join([str(model)] + [str(x) for x in (variant if variant not in (None, "base") else "",
-                                                     dtype if dtype not in (None, "fp32") else "") if x])
-
-
-def models_by_layouts(pairs) -> str:
-    """(model, layout) pairs as `flux, wan: r4, tp2xr2; qwenimage masked: r4`: each model's layouts once, in
-    order, and models with the same layouts together."""
-    layouts: dict[str, list[str]] = {}
-    for model, layout in pairs:
-        if layout not in layouts.setdefault(model, []):
-            layouts[model].append(layout)
-    models: dict[tuple[str, ...], list[str]] = {}
-    for model, names in layouts.items():
-        models.setdefault(tuple(names), []).append(model)
-    return "; ".join(f"{', '.join(ms)}: {', '.join(names)}" for names, ms in models.items())
-
-
-def _skip_groups(verdicts: list[Verdict]) -> list[str]:
-    """One line per skip reason. Controls of a skipped case fold into it; a control skipped on its own is
-    listed by control and model; models that can never take a kind of layout are summarized once."""
-    plain_skipped = {v.case for v in verdicts if not v.case.control and v.status == CaseStatus.SKIP}
-    never: dict[tuple[str, str], list[str]] = {}
-    cases: dict[str, list[str]] = {}
-    controls: dict[str, dict[str, list[str]]] = {}
-    for v in verdicts:
-        if v.status != CaseStatus.SKIP or (v.case.control and v.case.plain in plain_skipped):
-            continue
-        if v.never:
-            layouts = never.setdefault((v.case.model, v.failure.missing_plan), [])
-            if v.case.layout.name not in layouts:  # once, whatever the variants
-                layouts.append(v.case.layout.name)
-        elif v.case.control:
-            models = controls.setdefault(v.reason, {}).setdefault(v.case.control, [])
-            if v.case.model not in models:
-                models.append(v.case.model)
-        else:
-            cases.setdefault(v.reason, []).append(_label(v))
-    out = [f"skip  {reason}\n      {', '.join(where)}" for reason, where in cases.items()]
-    out += [f"skip  {reason}\n      " + "; ".join(f"{c} on {', '.join(ms)}" for c, ms in by.items())
-            for reason, by in controls.items()]
-    models: dict[tuple[str, tuple], list[str]] = {}
-    for (model, plan), layouts in never.items():
-        models.setdefault((plan, tuple(layouts)), []).append(model)
-    out += [f"never {', '.join(ms)}: no {plan}, so {', '.join(layouts)} cannot run"
-            for (plan, layouts), ms in models.items()]
-    return out
+            f"\n      {covered(rows)}" for (check, why, kit, lib), rows in stood.items()]
 
 
 def _num(value) -> str:

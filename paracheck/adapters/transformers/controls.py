@@ -156,7 +156,7 @@ def _topk_on_shard(model, layout) -> None:
 
     shards, experts = max(layout.tp, layout.ep), _expert_count(model.config)
     index = dist.get_rank() % shards
-    linear, topk, tensor_topk = F.linear, torch.topk, torch.Tensor.topk
+    linear, topk = F.linear, torch.topk
 
     def local(scores, dim=-1):
         count = scores.shape[dim]  # a pool the router picks from (routed experts and any others it scores alike)
@@ -417,7 +417,6 @@ def _next_token_from_first_stage(model, layout) -> str:
     stage's copy of the previous step's logits (the last position of the prompt's, after the prompt's forward).
     Planted by wrapping transformers' own `broadcast_from_last` of the stage; a forward of more than one token (a
     prompt, every pass without a cache) runs as it was. Returns where it plants (the model's own call)."""
-    import torch
     import torch.distributed as dist
 
     stage, kept = model._pp_stage, {}
