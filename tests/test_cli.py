@@ -37,6 +37,9 @@ from tests.support import SPECS
     (["run", "--models", "llama,flux", "--layouts", "dpr4,zz4"], "'zz4' is no layout of any library in this run "
                                                                  "(transformers: layout 'zz4'"),
     (["run", "--models", "llama,flux", "--layouts", "dpr4"], "none is a diffusers layout, for flux"),
+    (["run", "--local-world", "0"], "--local-world 0: must be >= 1"),
+    (["run", "--local-world", "8", "--nproc", "4"], "--local-world 8 --nproc 4: a local world's ranks are its N"),
+    (["run", "--local-world", "8", "--layouts", "tp4"], "--layouts tp4: its world size is 4"),
 ])
 def test_usage_errors_exit_2(argv, fragment, capsys):
     assert main(argv) == 2

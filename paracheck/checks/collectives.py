@@ -139,6 +139,19 @@ class Counts:
             "unknown": dict(self.unknown),
         }
 
+    def seen_by(self, rank: int, move) -> "Counts":
+        """These counts as rank `rank` has them, where they were counted once for every rank of a local world (as
+        its rank `self.rank`): every group moved to its counterpart holding `rank` (`move(group) -> group`)."""
+        def moved(ops: Ops) -> Ops:
+            out: Ops = Counter()
+            for (kind, group), n in ops.items():
+                out[(kind, move(group) if group is not None else None)] += n
+            return out
+        attention = Counter()
+        for shape, calls in self.attention.items():
+            attention[CallShape.of(shape.parallel, moved(shape.counter))] += calls
+        return Counts(rank, moved(self.outside), attention, Counter(self.unknown))
+
     @classmethod
     def from_json(cls, data: dict) -> "Counts":
         attention = Counter({CallShape.of(a["parallel"], _ops_from_json(a["per_call"])): a["calls"]

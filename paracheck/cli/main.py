@@ -34,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
                      "Neuron devices, else gloo)")
     run.add_argument("--nproc", type=int, default=None, help="ranks in the world (default 4; under torchrun "
                      "its WORLD_SIZE)")
+    run.add_argument("--local-world", type=int, default=None, metavar="N",
+                     help="run every rank of an N-rank world in this one process (torch's LocalTensorMode): the same "
+                     "checks and report, layouts of N ranks (docs/local-world.md)")
     run.add_argument("--models", default="all", help="fixture names, comma separated; all (every installed adapter's "
                      "fixtures) or an adapter's name (its fixtures); see docs/cli.md")
     run.add_argument("--layouts", default="all", help="layout names in each model's grammar (docs/layouts.md), "
@@ -111,7 +114,26 @@ def main(argv=None) -> int:
         return Exit.USAGE
 
 
+def _check_local_world(args, backend) -> None:
+    """`--local-world N`: the world's size is N (so `--nproc`, if given, must say N), on the CPU, not under torchrun."""
+    n = getattr(args, "local_world", None)
+    if n is None:
+        return
+    if n < 1:
+        raise UsageError(f"--local-world {n}: must be >= 1")
+    if args.nproc not in (None, n):
+        raise UsageError(f"--local-world {n} --nproc {args.nproc}: a local world's ranks are its N; drop --nproc")
+    if backend.device_type != "cpu":
+        raise UsageError(f"--local-world {n} --backend {backend.name}: a local world runs on the CPU, under torch's "
+                         "fake process group (use --backend gloo or auto)")
+    if "RANK" in os.environ:
+        raise UsageError(f"--local-world {n}: under torchrun this process is one rank of torchrun's world; run it "
+                         "without torchrun")
+    args.nproc = n
+
+
 def _check_options(args, backend) -> None:
+    _check_local_world(args, backend)
     world = os.environ.get("WORLD_SIZE") if "RANK" in os.environ else None
     if world is not None and args.nproc not in (None, int(world)):
         raise UsageError(f"--nproc {args.nproc}: under torchrun the world is WORLD_SIZE={world}; drop --nproc")
@@ -311,7 +333,7 @@ def _launch(args, backend, cases: list[Case], entries, carried: list[dict], swep
     todo = [cases[i] for i in launched]
     progress = Progress(todo, quiet=args.quiet, entries=entries)
     launcher = Launcher(backend, args.nproc, args.timeout, on_case=progress.case_done, after_hang=args.after_hang,
-                        known=known.as_data(entries))
+                        known=known.as_data(entries), local_world=bool(getattr(args, "local_world", None)))
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     started = time.time()
     try:

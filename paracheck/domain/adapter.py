@@ -210,6 +210,16 @@ class Adapter(Protocol):
 
 
 
+class _Nothing:
+    """A `with` block that does nothing (contextlib's nullcontext, without importing it here)."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
 def _absent(what: str):
     def default(who: str, *args):
         raise NotImplementedError(f"the {who} adapter has no {what}")
@@ -244,6 +254,9 @@ ADAPTER = Spec("adapter", declared(Adapter, (
     optional("topology_arguments", ("parser",), lambda who, parser: None),
     optional("topology_reject", ("args",), lambda who, args: None),
     optional("topology_simulate", ("args",), _absent("topology simulation")),
+    #: () -> a `with` block: in a local world (`--local-world`), the library's rank-dependent functions run per
+    #: rank inside it (`world.regions`); the default changes nothing.
+    optional("local_scope", (), lambda who: _Nothing()),
 )))
 
 #: Every member a case body may provide: `CaseBody`'s, required, then the optional passes.

@@ -44,6 +44,9 @@ class Control:
     #: case knows it (a user's own module): the place its planter reported (`RankResult.planted_in`). None: it
     #: breaks neither.
     plants_in: str | None = None
+    #: Its planter is rank-dependent Python (it picks this rank's wrong shard by its rank): in a local world
+    #: (`--local-world`) it runs once per rank, acting as that rank, not once for all of them.
+    per_rank: bool = False
 
     @property
     def shows_in_training(self) -> bool:

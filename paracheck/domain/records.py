@@ -106,6 +106,19 @@ class FailureKind(str, enum.Enum):
     DISAGREE = "disagree"
 
 
+#: Exceptions, by class name, that are a local world's limit rather than the case's failure (`--local-world`:
+#: Python that needs one value of a per-rank one, an operation torch's LocalTensorMode has no rule for).
+LOCAL_WORLD_LIMITS = ("RankDependent", "NoLocalRule")
+
+#: torch's own rules a local world stands a corrected one in for while it lives, each with its upstream report:
+#: every `--local-world` report lists them (`local_world.stood_in`), so the stand-in stays visible.
+LOCAL_WORLD_STOOD_IN = (
+    ("torch.distributed._local_tensor._c10d._local_all_gather_",
+     "dist.all_gather (list form) over a subgroup hands every rank the last group's tensors (torch 2.13)",
+     "docs/upstream/localtensor_all_gather.md"),
+)
+
+
 @dataclass(frozen=True)
 class Failure:
     """A failure's identity, filled where it happens and carried as is: explore de-duplicates by it and the

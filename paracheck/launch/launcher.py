@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from paracheck.launch.attribution import attribute
@@ -41,7 +41,7 @@ AFTER_HANG = ("skip", "run")
 class Launcher:
     def __init__(self, backend, nproc: int, timeout: float, startup_timeout: float = 300.0, keep: bool = False,
                  on_case: Callable[[int, list[RankResult]], None] | None = None, after_hang: str = "skip",
-                 known: list[dict] = (), switches: dict | None = None):
+                 known: list[dict] = (), switches: dict | None = None, local_world: bool = False):
         if after_hang not in AFTER_HANG:
             raise ValueError(f"after_hang {after_hang!r}: must be one of {', '.join(AFTER_HANG)}")
         self.backend, self.nproc, self.timeout = backend, nproc, timeout
@@ -54,13 +54,17 @@ class Launcher:
         self.switches = dict(run_switches(), **(switches or {}))
         self.supervisor: Supervisor | None = None
         self.cases: list[Case] = []
+        #: One process runs every rank of the world (`rank.localrun`), writing a result per rank.
+        self.local_world = local_world
 
     def run(self, cases: list[Case]) -> Outcome:
         self.cases = cases
         rundir = RunDir(tempfile.mkdtemp(prefix="paracheck-")).make()
         write_json(rundir.run, {"backend": self.backend.name, "timeout": self.timeout, "switches": self.switches,
-                                "known": self.known, "cases": [c.to_json() for c in cases]})
-        self.supervisor = Supervisor(rundir, self.backend.name, self.nproc, self.timeout, self.startup_timeout)
+                                "known": self.known, "cases": [c.to_json() for c in cases],
+                                "local_world": self.nproc if self.local_world else None})
+        self.supervisor = Supervisor(rundir, self.backend.name, 1 if self.local_world else self.nproc, self.timeout,
+                                     self.startup_timeout)
         outcome = Outcome(start_method=self.supervisor.method)
         try:
             self._loop(rundir, list(range(len(cases))), outcome)
@@ -93,6 +97,8 @@ class Launcher:
                 return
             written = {r: res for r in range(self.nproc) if (res := _read_result(rundir, current, r)) is not None}
             ranks, events = attribute(current, end, written, self.timeout)
+            if self.local_world:  # the one process stood for every rank: each is what it was
+                ranks = [replace(ranks[0], rank=r) for r in range(self.nproc)]
             outcome.events.extend(events)
             self._finish(current, ranks, remaining, outcome)
             if end.kind == EndKind.HANG and self.after_hang == "skip":

@@ -8,6 +8,7 @@ training, training before the backward; a raise after collectives began may be a
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
@@ -48,10 +49,19 @@ def case_tolerance(case, device_type: str) -> Tolerance:
 def run_case(case, backend, site) -> RankResult:
     """The case's passes through its adapter's `case_body`; never raises. Afterwards the case's objects are
     collected and every process group no mesh holds is destroyed (`Meshes.settle`)."""
+    result, checks, raised = run_passes(case, backend, site, OnThisRank(dist.get_rank()))
+    settle(result, checks.get(result.rank, []), raised, case)
+    return result
+
+
+def run_passes(case, backend, site, way) -> tuple[RankResult, dict, list]:
+    """The case's passes, where `way` runs them (`OnThisRank`, or every rank of a local world): the result they
+    filled, each rank's checks `{rank: [CheckResult]}` and what the passes raised. Never raises."""
     started = time.time()
     result = RankResult(site.index, dist.get_rank(), RankStatus.OK)
     groups = meshes.group_names()
     raised: list[Raised] = []
+    checks: dict = {}
     at = At()
     ctx = CaseContext(case, backend, site, result, case_tolerance(case, backend.device_type),
                       lambda name: Phase(result, name), lambda step, check_id: _attempt(step, check_id, result, raised))
@@ -62,13 +72,13 @@ def run_case(case, backend, site) -> RankResult:
         if case.control and (off := _pass_off(case)):
             raise Refused(off)
         with adapter.case_body(ctx) as body:
-            _passes(CASE_BODY.bind(body, case.library), ctx, raised, at)
-        _settle_raised(result, raised, case)
+            _passes(CASE_BODY.bind(body, case.library), ctx, raised, way, checks, at)
+        result.raised_in_parallel = bool(raised)
     except Refused as exc:
         result.status, result.reason, result.failure = exc.status, str(exc), exc.failure
         result.raised_in_parallel = False
     except RAISES as exc:
-        _raised_in(result, at, exc)
+        _raised_in(result, at, exc, checks)
     # A rank whose collective broke because a peer went away did not cause the failure: it says so, and the
     # launcher blames the peer.
     result.secondary = result.raised_in_parallel and lost_peer(result.traceback + result.reason)
@@ -76,7 +86,25 @@ def run_case(case, backend, site) -> RankResult:
     gc.collect()  # the case's model first (its hooks make cycles): a group it still held would outlive destruction
     meshes.for_world().settle(groups)
     result.seconds = round(time.time() - started, 3)
-    return result
+    return result, checks, raised
+
+
+class OnThisRank:
+    """Where a rank of a real world runs a case: every pass and every check here, for this rank alone."""
+
+    localizes = True
+    #: The optional passes this way cannot take, and why (none).
+    later_off: str | None = None
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def spmd(self):
+        return contextlib.nullcontext()
+
+    def each(self, checks) -> dict:
+        """`{rank: checks()}` for every rank this way runs."""
+        return {self.rank: list(checks())}
 
 
 def bare() -> bool:
@@ -87,76 +115,89 @@ def bare() -> bool:
 
 
 class At:
-    """Where a case is: the pass running now, and the checks made so far (what a raise is reported with)."""
-
-    def __init__(self):
-        self.now, self.checks = "reference", []
-
-    def run(self, name: str, phase, step):
-        """`step()` as the pass `name`, timed as `phase`."""
-        self.now = name
-        with phase:
-            return step()
+    """The pass a case is in now: what a raise is reported as."""
+    now = "reference"
 
 
-def _raised_in(result: RankResult, at: At, exc: BaseException) -> None:
+def _raised_in(result: RankResult, at: At, exc: BaseException, checks: dict) -> None:
     """A pass raised: the case is an error naming the pass, and that pass's check fails with the raise (typed where
-    it happened, so explore names the bug by exception and frame, not by the rank's exit)."""
+    it happened, so explore names the bug by exception and frame, not by the rank's exit); the checks made before
+    it are kept."""
     check = PASS_CHECKS.get(at.now)
     result.status, result.reason = RankStatus.ERROR, f"{at.now}: {type(exc).__name__}: {exc}"
     result.traceback, result.failure = traceback.format_exc(), Failure.raised(exc, check)
-    result.checks = at.checks + ([CheckResult(check, Status.FAIL, f"{at.now} raised {type(exc).__name__}: {exc}",
-                                              failure=result.failure)] if check else [])
+    result.checks = checks.get(result.rank, []) + ([CheckResult(
+        check, Status.FAIL, f"{at.now} raised {type(exc).__name__}: {exc}", failure=result.failure)] if check else [])
 
 
-def _passes(body, ctx: CaseContext, raised: list, at: At) -> None:
-    """The order every adapter's case runs in (see `domain.adapter`)."""
+def _passes(body, ctx: CaseContext, raised: list, way, checks: dict, at: At) -> None:
+    """The order every adapter's case runs in (see `domain.adapter`): the passes where `way` runs its world's SPMD
+    code, the checks once per rank it answers for (`checks` gathers them by rank); `at` names the pass running."""
     result, phase, checking = ctx.result, ctx.phase, not bare()
-    at.run("reference", phase("reference"), body.reference)
+
+    def check(name: str, run) -> None:
+        at.now = name
+        with phase("checks"):
+            for rank, found in way.each(run).items():
+                checks.setdefault(rank, []).extend(found)
+
+    def spmd(name: str, step) -> None:
+        at.now = name
+        with phase("parallel"), way.spmd():
+            step()
+
+    with phase("reference"):
+        body.reference()
     result.raised_in_parallel = True  # from here on a raise may leave peers inside a collective
-    at.run("parallelize", phase("parallel"), body.parallelize)
-    checks = at.checks
-    checks += at.run("structure checks", phase("checks"), body.structure_checks) if checking else []
+    spmd("parallelize", body.parallelize)
+    if checking:
+        check("structure checks", body.structure_checks)
     # Inference first, as a pipeline calls the model; the training forward's graph is the backward's.
-    at.run("inference", phase("parallel"), body.inference)
-    at.run("forward", phase("parallel"), body.training)
-    checks += at.run("forward checks", phase("checks"), body.forward_checks) if checking else []
+    spmd("inference", body.inference)
+    spmd("forward", body.training)
+    if checking:
+        check("forward checks", body.forward_checks)
     if body.backward_skip() is None:
-        at.run("backward", phase("parallel"), body.backward)
+        spmd("backward", body.backward)
     if not checking:
         result.raised_in_parallel = False
         return
-    checks += at.run("gradient checks", phase("checks"), body.grads_checks)
+    check("gradient checks", body.grads_checks)
     # On every rank, which decide alike whether a failing pass is rerun with hooks (not where declared known failures
     # explain it whole: `rank.declared`); a rank whose pass raised does not join (its peers may be inside another
     # collective of that pass, and the fail-fast rule ends the world).
-    if body.provides("localize") and not raised:
-        at.run("localize", phase("localize"), lambda: _localize(body, ctx, checks))
+    mine = checks.setdefault(result.rank, [])
+    if body.provides("localize") and not raised and way.localizes:
+        at.now = "localize"
+        with phase("localize"):
+            if (reasons := declared.explained(ctx.case, result, mine)) is None:
+                body.localize(mine)
+            else:
+                declared.not_rerun(mine, reasons)
     # Generation changes nothing in the model, the steps and the save do: last, as localization reruns the passes
     # above on the model as they were checked. A rank whose pass raised takes none of them, as it takes no
     # localization: its peers may still be inside that pass.
-    checks += _later(body.generate, ctx, at, "generate", CheckId.GENERATE, ctx.case.generate, raised)
-    checks += _later(body.steps, ctx, at, "steps", CheckId.STEPS, ctx.case.steps > 0, raised)
-    checks += _later(body.checkpoint, ctx, at, "checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint, raised)
-    result.checks = checks
+    for run, name, check_id, asked in ((body.generate, "generate", CheckId.GENERATE, ctx.case.generate),
+                                       (body.steps, "steps", CheckId.STEPS, ctx.case.steps > 0),
+                                       (body.checkpoint, "checkpoint", CheckId.CHECKPOINT, ctx.case.checkpoint)):
+        at.now = name
+        later = _later(run, ctx, name, check_id, asked, raised, way.later_off)
+        for found in checks.values() if way.later_off else [mine]:
+            found.extend(later)
     result.raised_in_parallel = False
 
 
-def _localize(body, ctx: CaseContext, checks: list) -> None:
-    if (reasons := declared.explained(ctx.case, ctx.result, checks)) is None:
-        body.localize(checks)
-    else:
-        declared.not_rerun(checks, reasons)
-
-
-def _later(run, ctx: CaseContext, at: At, name: str, check_id: CheckId, asked: bool, raised: list) -> list:
+def _later(run, ctx: CaseContext, name: str, check_id: CheckId, asked: bool, raised: list, off: str | None) -> list:
     """The optional `generate`, `steps` or `checkpoint` pass (`run`) where the case asks for it (a body without
-    one answers with the contract's default: a skip that says so)."""
+    one answers with the contract's default: a skip that says so), unless the way cannot take it (`off`)."""
     if not asked:
         return []
+    if off:
+        return [CheckResult(check_id, Status.SKIP, f"not run: {off}")]
     if raised:
         return [CheckResult(check_id, Status.SKIP, f"not run: an earlier pass raised on this rank ({raised[0]})")]
-    return list(at.run(name, ctx.phase(name), run))
+    with ctx.phase(name):
+        return list(run())
 
 
 def _pass_off(case) -> str | None:
@@ -178,12 +219,15 @@ def _pass_off(case) -> str | None:
     return None
 
 
-def _settle_raised(result: RankResult, raised: list[Raised], case) -> None:
-    """After the passes: the first failing check types the case's failure; a pass that raised makes the case an
-    error (a control may raise once its bug is planted: its checks still decide detection)."""
+def settle(result: RankResult, checks: list, raised: list[Raised], case) -> None:
+    """After the passes, a rank's result takes its checks; where the passes ran to their end the first failing check
+    types the case's failure, and a pass that raised makes the case an error (a control may raise once its bug is
+    planted: its checks still decide detection)."""
+    if result.status != RankStatus.OK:
+        return
+    result.checks = checks
     failing = next((c for c in result.checks if c.status == Status.FAIL), None)
     result.failure = failing and (failing.failure or Failure(FailureKind.CHECK, failing.id))
-    result.raised_in_parallel = bool(raised)
     if raised and not case.control:
         named = PASS_OF.get(raised[0].failure.check)
         result.status, result.reason = RankStatus.ERROR, f"{named}: {raised[0]}" if named else str(raised[0])

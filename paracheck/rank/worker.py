@@ -56,7 +56,7 @@ def join(backend, store_path: str | None = None):
     return dist.distributed_c10d._get_default_store()
 
 
-def _measure(result: RankResult) -> None:
+def measure(result: RankResult) -> None:
     """This rank's memory and CPU when the case is over (its model freed; the last reference is kept)."""
     _release_memory()
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -160,7 +160,7 @@ def plan_and_run(index: int, case: Case, backend, computes, refs_dir: str, workd
     `computes(key)` says this rank does), then measure what the rank holds after it."""
     os.makedirs(workdir, exist_ok=True)
     result = run_case(case, backend, CaseSite(index, workdir, refs_dir, computes))
-    _measure(result)
+    measure(result)
     return result
 
 
@@ -217,6 +217,8 @@ def main(rundir_path: str) -> int:
     declared.use(run.get("known", []))
     thread_lock_for_progress_bars()
     backend = get_backend(run["backend"])
+    if run.get("local_world"):
+        return _local(rundir, run, backend)
     rank = int(os.environ["RANK"])
     stacks = open(rundir.stacks(rank), "w")
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
@@ -237,6 +239,20 @@ def main(rundir_path: str) -> int:
         dist.barrier()
         dist.destroy_process_group()
     return int(code)
+
+
+def _local(rundir: RunDir, run: dict, backend) -> int:
+    """This process is every rank of a local world (`rank.localrun`): the launcher started it alone."""
+    from paracheck.rank.localrun import run_local_world
+
+    stacks = open(rundir.stacks(0), "w")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    gc.freeze()
+    started_at(_rss_mb())
+    todo = Todo.from_json(read_json(os.path.join(rundir.path, os.environ[ENV_TODO])))
+    cases = [Case.from_json(c, parse_layout) for c in run["cases"]]
+    return int(_profiled(lambda: run_local_world(rundir, ((i, cases[i]) for i in todo.indices), backend,
+                                                 int(run["local_world"]), measure), 0))
 
 
 def _profiled(run, rank: int):

@@ -11,7 +11,11 @@ def finish(args, verdicts, events, meta: dict, seconds: float, extra: str, carri
     returns the exit code. `carried`: the cases a `--resume` report held, written into this run's report;
     `not_run`: the ids of the cases an interrupted run never finished."""
     base = [] if args.backend == "auto" else ["--backend", args.backend]
-    base += ["--nproc", str(args.nproc)] + (["--no-grads"] if args.no_grads else [])
+    local = getattr(args, "local_world", None)
+    if local:  # also for an interrupted run: the share of what it finished
+        meta = dict(meta, local_world=report.local_share(verdicts, local))
+    base += (["--local-world", str(local)] if local else ["--nproc", str(args.nproc)]) + (
+        ["--no-grads"] if args.no_grads else [])
     replays = {v.id: report.replay_command(v, base) for v in verdicts}
     print(report.table(verdicts))
     text = report.notes(verdicts, replays)
@@ -21,6 +25,8 @@ def finish(args, verdicts, events, meta: dict, seconds: float, extra: str, carri
         print(f"\nRUN BROKE ({event.kind}): {event.message}")
     data = report.to_json(verdicts, meta, events, replays, carried, not_run)
     print("\n" + report.counts_line(verdicts, seconds, meta.get("worlds", 1), extra))
+    if "local_world" in meta:
+        print(report.local_line(meta["local_world"]))
     if carried:
         print(f"{len(carried)} cases carried from --resume {args.resume} (not run again; in the JSON report)")
     if args.report_json:

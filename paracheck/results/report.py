@@ -11,7 +11,7 @@ from paracheck import __version__
 from paracheck.launch.protocol import Exit, write_text
 from paracheck.domain import registry
 from paracheck.domain.case import Case
-from paracheck.domain.records import CaseStatus, CheckId, Status
+from paracheck.domain.records import LOCAL_WORLD_LIMITS, LOCAL_WORLD_STOOD_IN, CaseStatus, CheckId, Status
 from paracheck.results import localization, resume
 from paracheck.results.grouping import Row, covered, groups
 from paracheck.results.verdict import Verdict
@@ -158,6 +158,31 @@ def progress_line(v: Verdict, done: int, total: int) -> str:
     fwd = v.check(CheckId.FORWARD)
     figure = f" max_abs {fwd.max_abs:.1e}" if fwd and fwd.max_abs is not None else ""
     return f"[{done}/{total}] {v.status.value:12} {_label(v)}{figure} ({v.seconds:.1f}s)"
+
+
+def local_share(verdicts: list[Verdict], ranks: int) -> dict:
+    """What a local world ran (`--local-world`): of its cases, how many ran as every rank in one process, how many it
+    could not run that way (a skip typed as a local world's limit, `records.LOCAL_WORLD_LIMITS`), by their failure."""
+    limited = [v for v in verdicts if v.status == CaseStatus.SKIP and v.failure is not None
+               and v.failure.exception in LOCAL_WORLD_LIMITS]
+    other_skips = sum(v.status == CaseStatus.SKIP for v in verdicts) - len(limited)
+    by_site: dict[str, int] = {}
+    for v in limited:
+        key = f"{v.failure.exception} at {v.failure.site}" if v.failure.site else v.failure.exception
+        by_site[key] = by_site.get(key, 0) + 1
+    ran = len(verdicts) - len(limited) - other_skips
+    return {"ranks": ranks, "cases": len(verdicts), "ran": ran, "one_process_limits": len(limited),
+            "other_skips": other_skips, "limits": by_site,
+            "stood_in": [{"rule": rule, "why": why, "report": path} for rule, why, path in LOCAL_WORLD_STOOD_IN]}
+
+
+def local_line(share: dict) -> str:
+    """One line of what a local world ran, for the end of the run."""
+    limits = "; ".join(f"{n} {why}" for why, n in sorted(share["limits"].items()))
+    return (f"local world of {share['ranks']} ranks in one process: {share['ran']} of {share['cases']} cases ran; "
+            f"{share['one_process_limits']} could not run as every rank in one process"
+            + (f" ({limits})" if limits else "") + f"; {share['other_skips']} skipped for other reasons"
+            + "".join(f"\nstand-in: torch's {s['rule']}: {s['why']} ({s['report']})" for s in share["stood_in"]))
 
 
 def counts_line(verdicts: list[Verdict], seconds: float, worlds: int, extra: str = "") -> str:

@@ -88,6 +88,12 @@ class DiffusersAdapter:
 
         return case_body(ctx)
 
+    def local_scope(self):
+        """In a local world (`--local-world`): diffusers' per-rank functions run per rank (`library.PER_RANK`)."""
+        from paracheck.adapters.diffusers.library import per_rank_regions
+
+        return per_rank_regions()
+
     def preload(self) -> None:
         from paracheck.adapters.diffusers import preload  # noqa: F401
 

@@ -241,7 +241,7 @@ def check_collectives(ctx: CheckContext) -> CheckResult:
                                "are incomplete")
         if counts is None:
             return CheckResult(CheckId.COLLECTIVES, Status.SKIP, f"{label}the forward's collectives were not counted")
-        results.append((label, collectives.check_counts(counts, ctx.layout)))
+        results.append((label, collectives.check_counts(_as_this_rank(counts), ctx.layout)))
     (_, training), (label, inference) = results
     if inference.status == Status.FAIL and training.status == Status.PASS:
         training.status, training.detail = Status.FAIL, label + inference.detail
@@ -249,6 +249,17 @@ def check_collectives(ctx: CheckContext) -> CheckResult:
         training.detail += f"; {label}{inference.detail}"
     training.data["no_grad"] = inference.data
     return training
+
+
+def _as_this_rank(counts):
+    """The counts as this rank holds them: in a local world they were counted once, as rank 0, for every rank."""
+    rank = dist.get_rank()
+    if counts.rank == rank:
+        return counts
+    from paracheck.world.localworld import same_shape_group
+
+    world = dist.get_world_size()
+    return counts.seen_by(rank, lambda group: same_shape_group(group, rank, world))
 
 
 # -- numbers -----------------------------------------------------------------------------------

@@ -159,7 +159,7 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
             (CheckId.CP_HOOKS, CheckId.FORWARD), _needs_cp, _skip_output_gather, plants_in=GATHER_POINT),
     Control("global-rank-shard-index", "TP shards picked by global rank (mod tp) instead of TP-mesh coordinate",
             (CheckId.TP_SHARDS, CheckId.FORWARD), _global_index_differs, _global_rank_shard_index,
-            plants_in=FIRST_TP_MODULE),
+            plants_in=FIRST_TP_MODULE, per_rank=True),
     Control("tp-processor-config", "TP alone, yet processors handed the parallel config",
             (CheckId.PROCESSOR_CONFIG,), _needs_tp_alone, _tp_processor_config),
     Control("backward-only", "the model output's gradient scaled by 1.5 on the way back; forward bit-identical",

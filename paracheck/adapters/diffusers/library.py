@@ -513,3 +513,63 @@ def first_block_cache_hooks(transformer) -> tuple:
     if head is None or tail is None:
         raise ValueError(f"{type(transformer).__name__} carries no first-block cache ({HookRegistry.__name__})")
     return head, tail[0], tail[1]
+
+
+# -- a local world (`--local-world`) --------------------------------------------------------------------------------
+
+#: diffusers' functions whose Python differs between ranks, each run per rank in a local world (`world.regions`):
+#: (module, attribute path, kind, why). Everything else of the library runs once for every rank under torch's
+#: LocalTensorMode, where a per-rank value needed as one Python value raises (`world.localworld.RankDependent`).
+PER_RANK = (
+    ("diffusers.hooks.tensor_parallel", "_local_shard", "function",
+     "slices a weight by this rank's TP coordinate (tp_mesh.get_local_rank())"),
+    ("diffusers.hooks.tensor_parallel_neuron", "_local_shard", "function", "the same function, imported by name"),
+    ("diffusers.hooks.context_parallel", "EquipartitionSharder.shard", "classmethod",
+     "picks this rank's chunk: tensor.chunk(n)[dist.get_rank(group)]"),
+    ("diffusers.hooks.context_parallel", "PartitionAnythingSharder.shard_anything", "classmethod",
+     "picks this rank's split: tensor.tensor_split(n)[dist.get_rank(group)]"),
+    ("diffusers.hooks.context_parallel", "AllGatherFunction", "apply",
+     "its backward keeps this rank's chunk of the gradient (ctx.rank)"),
+    ("diffusers.hooks.context_parallel", "AllGatherAnythingFunction", "apply",
+     "its backward keeps this rank's split of the gradient (ctx.rank)"),
+    ("diffusers.models.attention_dispatch", "TemplatedRingAttention", "apply",
+     "indexes the gathered KV chunks by the ring rank; its backward rotates gradients with permute_tensor, "
+     "whose split sizes compare ranks in Python"),
+    ("diffusers.models.attention_dispatch", "TemplatedRingAnythingAttention", "apply",
+     "the same for uneven lengths"),
+)
+
+
+@contextlib.contextmanager
+def per_rank_regions():
+    """Inside: the functions of `PER_RANK` run per rank under an enabled LocalTensorMode (elsewhere they are
+    themselves); restored on exit, also on error."""
+    import importlib
+
+    from paracheck.world.regions import per_rank
+
+    undo = []
+    try:
+        for module_name, path, kind, _ in PER_RANK:
+            owner = importlib.import_module(module_name)
+            *parents, name = path.split(".")
+            for parent in parents:
+                owner = getattr(owner, parent)
+            original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)
+            if kind == "function":
+                setattr(owner, name, per_rank(original))
+            elif kind == "classmethod":
+                setattr(owner, name, classmethod(per_rank(original.__func__)))
+            else:  # an autograd Function: its apply, forward and backward per rank
+                original = getattr(owner, name)
+                undo.append((original, "apply", original.__dict__.get("apply")))
+                original.apply = staticmethod(per_rank(original.apply))
+                continue
+            undo.append((owner, name, original))
+        yield
+    finally:
+        for owner, name, original in reversed(undo):
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)

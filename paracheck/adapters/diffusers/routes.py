@@ -60,7 +60,11 @@ def apply(route: Route, model, layout: Layout, backend, control, reference, work
     else:
         raise ValueError(f"route {route!r}: must be one of native, composed, sharded-load")
     if control:
-        control.plant(model, applied, reference.state_dict())
+        from paracheck.world.regions import once_per_rank
+
+        state = reference.state_dict()
+        plant = lambda: control.plant(model, applied, state)  # noqa: E731
+        once_per_rank(plant) if control.per_rank else plant()
     return model, applied
 
 
@@ -85,7 +89,9 @@ def _library_config(layout: Layout, backend, cp_options: tuple):
 
 def _composed(model, layout: Layout, backend, rank: int, order: str, cp_options: tuple) -> Applied:
     mesh = for_world().shared(layout, backend.device_type, order)
-    device = torch.device(backend.device_for(int(os.environ.get("LOCAL_RANK", rank))))
+    # On the CPU every rank's device is the same one, so the rank is not read (in a local world it differs).
+    device = torch.device("cpu" if backend.device_type == "cpu" else backend.device_for(
+        int(os.environ.get("LOCAL_RANK", rank))))
     config = library.composed_config(layout, mesh, rank, dist.get_world_size(), device, cp_options)
     library.attach(model, config)
     if config.context_parallel_config is not None:

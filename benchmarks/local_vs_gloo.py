@@ -1,0 +1,58 @@
+"""Compare a `--local-world N` report with a gloo `--nproc N` report of the same cases (docs/local-world.md).
+
+    paracheck run --local-world 4 --models flux --variants base --controls --report-json local.json
+    paracheck run --nproc 4 --models flux --variants base --controls --report-json gloo.json
+    python benchmarks/local_vs_gloo.py local.json gloo.json
+
+Prints, per case both ran: a status that differs, a check whose status or failing ranks differ, and the largest
+max_abs difference over the checks both ran (a local world takes no steps, save or generation: those checks and
+the controls that show only there are left out, and counted). Exit 1 on any disagreement.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+LATER = {"parity.steps", "checkpoint.roundtrip", "parity.generate"}
+
+
+def _cases(path: str) -> dict:
+    return {c["id"]: c for c in json.load(open(path))["cases"]}
+
+
+def compare(local: dict, gloo: dict) -> tuple[list[str], float, int, int]:
+    """(disagreements, the largest max_abs difference, cases compared, cases left out)."""
+    found, worst, compared, left_out = [], 0.0, 0, 0
+    for case_id, ours in sorted(local.items()):
+        theirs = gloo.get(case_id)
+        if theirs is None or "local world (--local-world) takes no" in ours.get("reason", ""):
+            left_out += 1
+            continue
+        compared += 1
+        if ours["status"] != theirs["status"]:
+            found.append(f"{case_id}: {ours['status']} here, {theirs['status']} on gloo ({ours['reason'][:120]})")
+        other = {c["id"]: c for c in theirs["checks"]}
+        for check in ours["checks"]:
+            peer = other.get(check["id"])
+            if peer is None or check["id"] in LATER or check["status"] == "skip" or peer["status"] == "skip":
+                continue
+            if (check["status"], check["failed_ranks"]) != (peer["status"], peer["failed_ranks"]):
+                found.append(f"{case_id} {check['id']}: {check['status']} {check['failed_ranks']} here, "
+                             f"{peer['status']} {peer['failed_ranks']} on gloo")
+            if check["max_abs"] is not None and peer["max_abs"] is not None:
+                worst = max(worst, abs(check["max_abs"] - peer["max_abs"]))
+    return found, worst, compared, left_out
+
+
+def main(argv: list[str]) -> int:
+    found, worst, compared, left_out = compare(_cases(argv[0]), _cases(argv[1]))
+    for line in found:
+        print(line)
+    print(f"{compared} cases compared, {left_out} left out, {len(found)} disagreements, "
+          f"largest max_abs difference {worst:.1e}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,328 @@
+"""One process as every rank of an N-rank world: torch's fake process group, `LocalTensorMode`, and "as rank R".
+
+Under torch's `LocalTensorMode` a tensor holds every rank's value and collectives compute exactly on them, so a
+model whose Python is the same on every rank (SPMD) runs once for the whole world. Python that is not the same on
+every rank cannot: under the fake group `dist.get_rank()` is 0, so code that picks "my chunk" with it would
+silently compute rank 0's everywhere. This module makes such code loud or exact:
+
+- `rank_as(r)`: inside it (per thread), this process is rank `r`: `dist.get_rank`, `dist.get_process_group_ranks`
+  (the group of the same shape that holds `r`), the device mesh's coordinates, and every per-rank integer torch
+  hands out under the mode (`LocalIntNode`) answer as rank `r`.
+- Outside `rank_as`, while the mode is on, `dist.get_rank()` is the per-rank integer torch's meshes give
+  (`DeviceMesh.get_rank` under the mode), and a per-rank integer that differs between ranks raises
+  `RankDependent` where Python needs one value of it (an index, a branch), naming the line. What raises there is
+  run per rank (`regions`) or reported as a skip; nothing takes rank 0's value for every rank.
+
+One of torch's own rules is stood in for: `dist.all_gather` (the list form) over a subgroup, whose torch 2.13 rule
+hands every rank the last group's tensors (`_all_gather_list`, docs/upstream/localtensor_all_gather.md).
+
+The patches are installed for the life of a `LocalWorld` and removed on exit, also on error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import threading
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from paracheck.domain.records import LOCAL_WORLD_LIMITS
+
+
+class RankDependent(RuntimeError):
+    """Python needed one value of something that differs between ranks, outside a per-rank region."""
+
+
+class NoLocalRule(RuntimeError):
+    """`LocalTensorMode` has no rule for an operation (a collective or op kind it does not simulate)."""
+
+
+def limit(exception: str) -> bool:
+    """Whether an exception (by class name, as `records.Failure` keeps it) is a local world's limit, not the case's."""
+    return exception in LOCAL_WORLD_LIMITS
+
+
+_state = threading.local()
+
+
+def current_rank() -> int | None:
+    """The rank this thread acts as (`rank_as`), or None."""
+    return getattr(_state, "rank", None)
+
+
+@contextlib.contextmanager
+def rank_as(rank: int):
+    """This thread acts as `rank` inside the block (see the module docstring)."""
+    before = current_rank()
+    _state.rank = rank
+    try:
+        yield
+    finally:
+        _state.rank = before
+
+
+def mesh_coordinate(mesh, rank: int) -> list[int] | None:
+    """`rank`'s coordinate on `mesh` (built by this process as rank 0): the submesh of the same dimensions that
+    holds `rank`, as torch's own meshes answer under `LocalTensorMode`; None when no such submesh holds it."""
+    grid = mesh._layout.remap_to_tensor(mesh._rank_map.clone())
+    found = (grid == rank).nonzero().tolist()
+    return found[0][1:] if len(found) == 1 else None
+
+
+def group_members(group, rank: int) -> list[int]:
+    """The ranks of the process group shaped like `group` (this process's, rank 0's) that holds `rank`, in order."""
+    with rank_as(None):  # the group's ranks as this process (rank 0) holds them
+        members = dist.get_process_group_ranks(group)
+    return list(same_shape_group(members, rank, dist.get_world_size()))
+
+
+def same_shape_group(members, rank: int, world: int) -> tuple[int, ...]:
+    """The group of the same shape as `members` (a regular grid of ranks, as a mesh dimension makes) that holds
+    `rank`, out of a world of `world` ranks: the arithmetic `LocalTensorMode` computes every group's collective with."""
+    from torch.distributed._local_tensor._c10d import _indices_to_layout
+    from torch.distributed._mesh_layout import _FlatLayout
+
+    ordered = sorted(members)
+    relative = [m - ordered[0] for m in ordered]
+    offsets = _FlatLayout(*_indices_to_layout(relative)).complement(world).all_ranks_from_zero()
+    for offset in offsets:
+        group = tuple(offset + r for r in relative)
+        if rank in group:
+            return group
+    raise RankDependent(f"rank {rank} is in no group shaped like {tuple(ordered)} in a world of {world}")
+
+
+def _caller() -> str:
+    """The first frame outside torch and this module: where a per-rank value was needed as one."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if "/torch/" not in frame.filename and frame.filename != __file__:
+            return f"{frame.filename}:{frame.lineno} ({frame.name})"
+    return "?"
+
+
+def _one(node, name: str):
+    """The value of per-rank integer `node` for the rank this thread acts as; outside `rank_as` the value all
+    ranks share, else `RankDependent`."""
+    values = node._local_ints
+    rank = current_rank()
+    if rank is not None:
+        return values[rank]
+    if len(set(values.values())) == 1:
+        return next(iter(values.values()))
+    raise RankDependent(f"{name} of a value that differs between ranks ({_short(values)}) at {_caller()}: "
+                        "Python that is not the same on every rank cannot run once for all of them")
+
+
+def _short(values: dict) -> str:
+    items = sorted(values.items())
+    text = ", ".join(f"rank {r}: {v}" for r, v in items[:4])
+    return text + (", ..." if len(items) > 4 else "")
+
+
+def _compare(op):
+    def method(self, other):
+        from torch.distributed._local_tensor import _int_on_rank
+
+        rank = current_rank()
+        if rank is not None:
+            return torch._C._get_constant_bool_symnode(op(self._local_ints[rank], _int_on_rank(other, rank)))
+        results = {op(v, _int_on_rank(other, r)) for r, v in self._local_ints.items()}
+        if len(results) != 1:
+            raise RankDependent(f"a comparison whose answer differs between ranks ({_short(self._local_ints)}) at "
+                                f"{_caller()}")
+        return torch._C._get_constant_bool_symnode(results.pop())
+    return method
+
+
+def _all_gather_list(output_tensors, input_tensors, process_group_so, async_op=True, timeout=-1):
+    """`dist.all_gather` (the list form) under `LocalTensorMode`, each group's gather written to that group's ranks
+    only. torch 2.13's own (`_local_tensor._c10d._local_all_gather_`) copies each group's pieces into every rank's
+    outputs, so over a subgroup every rank ends with the last group's (docs/upstream/localtensor_all_gather.md)."""
+    from torch._C._distributed_c10d import FakeWork
+    from torch.distributed._local_tensor import LocalTensor, _c10d
+    from torch.distributed.distributed_c10d import Work
+
+    (outputs,), (source,) = output_tensors, input_tensors
+    ranks, offsets, _ = _c10d._prepare_collective_groups(process_group_so)
+    for offset in offsets:
+        members = [offset + r for r in ranks]
+        for i, sender in enumerate(members):
+            piece = source._local_tensors[sender] if isinstance(source, LocalTensor) else source
+            for receiver in members:
+                outputs[i]._local_tensors[receiver].copy_(piece)
+    return ([outputs], Work.boxed(FakeWork()))
+
+
+class _Patches:
+    """What a local world changes in torch while it lives, restored in reverse on `close`."""
+
+    def __init__(self):
+        self._undo: list = []
+
+    def set(self, owner, name: str, value) -> None:
+        self._undo.append((owner, name, owner.__dict__.get(name, _MISSING) if isinstance(owner, type)
+                           else getattr(owner, name, _MISSING)))
+        setattr(owner, name, value)
+
+    def close(self) -> None:
+        while self._undo:
+            owner, name, value = self._undo.pop()
+            if value is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+_MISSING = object()
+
+
+def _install(patches: _Patches) -> None:
+    from torch.distributed import DeviceMesh
+    from torch.distributed._local_tensor import LocalIntNode, LocalTensorMode, enabled_local_tensor_mode
+    import operator
+
+    dispatch = LocalTensorMode.__dict__["__torch_dispatch__"]
+
+    @functools.wraps(dispatch)
+    def typed_dispatch(self, func, types, args=(), kwargs=None):
+        try:
+            return dispatch(self, func, types, args, kwargs)
+        except NotImplementedError as exc:
+            raise NoLocalRule(f"LocalTensorMode has no rule for {func}: {exc}") from exc
+    patches.set(LocalTensorMode, "__torch_dispatch__", typed_dispatch)
+    from torch.distributed._local_tensor import _c10d
+
+    patches.set(_c10d, "_local_all_gather_", _all_gather_list)
+
+    def mesh_method(name, as_rank):
+        original = DeviceMesh.__dict__[name]
+
+        @functools.wraps(original)
+        def method(self, *args, **kwargs):
+            rank = current_rank()
+            return original(self, *args, **kwargs) if rank is None else as_rank(self, rank, *args, **kwargs)
+        patches.set(DeviceMesh, name, method)
+
+    def local_rank(mesh, rank, mesh_dim=None):
+        index = mesh._mesh_dim_names.index(mesh_dim) if isinstance(mesh_dim, str) else (mesh_dim or 0)
+        return mesh_coordinate(mesh, rank)[index]
+
+    # Beneath LocalTensorMode's own patches of the same methods: the mode's win while it is enabled, these
+    # answer while a per-rank region has it disabled.
+    mesh_method("get_coordinate", mesh_coordinate)
+    mesh_method("get_local_rank", local_rank)
+    mesh_method("get_rank", lambda mesh, rank: rank)
+    mesh_method("_is_current_rank_part_of_mesh", lambda mesh, rank: mesh_coordinate(mesh, rank) is not None)
+    mesh_method("_sym_get_coordinate", lambda mesh, rank, index: mesh_coordinate(mesh, rank)[index])
+
+    real_rank, real_members = dist.get_rank, dist.get_process_group_ranks
+
+    def get_rank(group=None):
+        rank = current_rank()
+        if rank is not None:
+            return rank if group is None or group is dist.group.WORLD else group_members(group, rank).index(rank)
+        mode = enabled_local_tensor_mode()
+        if mode is None:
+            return real_rank(group)
+        world = sorted(mode.ranks)
+        return torch.SymInt(LocalIntNode({r: r if group is None or group is dist.group.WORLD
+                                          else group_members(group, r).index(r) for r in world}))
+
+    def get_process_group_ranks(group):
+        rank = current_rank()
+        if rank is None or group is None or group is dist.group.WORLD:
+            return real_members(group)
+        return group_members(group, rank)
+
+    for module in (dist, dist.distributed_c10d):
+        patches.set(module, "get_rank", get_rank)
+        patches.set(module, "get_process_group_ranks", get_process_group_ranks)
+
+    patches.set(LocalIntNode, "int_", lambda self: _one(self, "an int"))
+    patches.set(LocalIntNode, "guard_int", lambda self, file=None, line=None: _one(self, "an int"))
+    patches.set(LocalIntNode, "maybe_as_int", lambda self: _maybe_one(self))
+    patches.set(LocalIntNode, "statically_known_true", lambda self: False)
+    for name, op in (("eq", operator.eq), ("ne", operator.ne), ("ge", operator.ge), ("le", operator.le),
+                     ("gt", operator.gt), ("lt", operator.lt)):
+        patches.set(LocalIntNode, name, _compare(op))
+    patches.set(LocalIntNode, "_str", lambda self: str(_one_or_text(self)))
+
+
+def _maybe_one(node):
+    rank = current_rank()
+    return node._local_ints[rank] if rank is not None else None
+
+
+def _one_or_text(node):
+    rank = current_rank()
+    return node._local_ints[rank] if rank is not None else f"LocalIntNode({node._local_ints})"
+
+
+class LocalWorld:
+    """An N-rank world in this process: torch's fake process group (this process is its rank 0), the patches
+    above, and `mode`, the `LocalTensorMode` of every rank (entered by whoever runs the world's SPMD code)."""
+
+    def __init__(self, size: int):
+        if size < 1:
+            raise ValueError(f"--local-world {size}: a world needs at least one rank")
+        self.size = size
+        self.mode = None
+        self._patches = _Patches()
+        self._hook = None
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(range(self.size))
+
+    def __enter__(self) -> "LocalWorld":
+        from torch.distributed._local_tensor import LocalTensorMode
+        from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+        if dist.is_initialized():
+            raise RuntimeError("a process group is already initialized; a local world needs the process to itself")
+        self._hook = sys.excepthook  # init_process_group wraps it with a "[rank0]" prefix
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=self.size)
+        try:
+            _install(self._patches)
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+        self.mode = LocalTensorMode(self.size)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._patches.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        sys.excepthook = self._hook or sys.excepthook
+        _forget_sharding_caches()
+
+    def replicate(self, value):
+        """`value` with every tensor in it held by every rank (the same input on each, as a gloo run feeds)."""
+        from torch.distributed._local_tensor import LocalTensor
+
+        def one(x):
+            if isinstance(x, torch.Tensor) and not isinstance(x, LocalTensor):
+                return LocalTensor({r: x.detach().clone() for r in self.ranks})
+            return x
+        return torch.utils._pytree.tree_map(one, value)
+
+
+def local_value(value, rank: int):
+    """Rank `rank`'s value of `value`: its tensor of a `LocalTensor`, its integer of a per-rank integer, else
+    `value` (leaves of lists, tuples and dicts too)."""
+    from torch.distributed._local_tensor import _map_to_rank_local_val
+
+    return torch.utils._pytree.tree_map(lambda v: _map_to_rank_local_val(v, rank), value)
+
+
+def _forget_sharding_caches() -> None:
+    """DTensor's sharding-propagation caches compare meshes by shape and names only: a later world must not be
+    handed this one's (whose groups are gone)."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
