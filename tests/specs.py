@@ -149,7 +149,7 @@ def _batch_mask_bug_class():
 
 def batch_mask_bug(variant="base", shape=None):
     """QwenImage whose parallel output is wrong only for a batch of two or more with a padded text mask: what
-    `paracheck explore` must find and shrink to exactly that (tests/test_explore.py)."""
+    `paracheck explore` must find and shrink to exactly that (tests/explore/test_explore.py)."""
     from paracheck.fixtures import qwenimage
 
     _, init, inputs = qwenimage(variant, shape)
@@ -170,7 +170,7 @@ def llama_drops_position_ids(variant="base", shape=None):
     """The transformers llama fixture whose parallel forward drops `position_ids` (a training wrapper that passes
     on ids, mask and labels only), bent on the ranks alone: packed rows then attend across their documents.
     Only a row of two or more documents shows it, so `paracheck explore` must draw and shrink to one
-    (tests/test_explore_transformers.py)."""
+    (tests/adapters/transformers/test_explore_transformers.py)."""
     if _on_a_rank():
         _drop_parallel_position_ids()
     return "llama", shape

@@ -31,7 +31,7 @@ TIED_TO_INNER_DIM: dict[str, tuple[str, ...]] = {
 #: class -> ((heads key, head dim key, keys tied to their product), ...). Measured on LTX2: its audio
 #: attentions go through the same Ulysses all-to-all with `audio_num_attention_heads`, and its audio
 #: cross-attention projects to `audio_cross_attention_dim`. The other eight models with a plan in
-#: diffusers 0.42.1 run with raised heads and nothing else changed (tests/test_fitting.py).
+#: diffusers 0.42.1 run with raised heads and nothing else changed (tests/adapters/diffusers/test_fitting.py).
 OTHER_HEADS: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
     "LTX2VideoTransformer3DModel": (
         ("audio_num_attention_heads", "audio_attention_head_dim", ("audio_cross_attention_dim",)),

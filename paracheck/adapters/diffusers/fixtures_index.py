@@ -26,7 +26,7 @@ FIXTURE_CLASSES = (
 
 #: The parallel plans each fixture's class carries in the diffusers the kit supports ("tp": `_tp_plan`, "cp":
 #: `_cp_plan`); a layout needing one it lacks is a skip. Read before any rank starts (the quick tier lets no such
-#: skip stand in for a pair it must meet); `tests/test_tier.py` checks it against the classes themselves.
+#: skip stand in for a pair it must meet); `tests/domain/test_tier.py` checks it against the classes themselves.
 FIXTURE_PLANS: dict[str, tuple[str, ...]] = {
     "flux": ("tp", "cp"), "flux2": ("tp", "cp"), "qwenimage": ("tp", "cp"), "qwenimage21": ("tp",),
     "wan": ("cp",), "ltx": ("cp",), "chronoedit": ("cp",), "helios": ("cp",), "ltx2": ("cp",), "minimax_h3": ("cp",),

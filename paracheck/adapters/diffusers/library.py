@@ -1,6 +1,6 @@
 """The adapter to diffusers' internals: every private attribute paracheck reads or bends lives here.
 
-When a diffusers release renames one, this module and `tests/test_library.py` change, nothing else.
+When a diffusers release renames one, this module and `tests/adapters/diffusers/test_library.py` change, nothing else.
 Three kinds of access: reading the parallel state the library built (meshes, hooks, processor configs,
 TP shard specs), building that state for the composed route the library does not offer, and the scoped
 CPU shims gloo runs need. Every shim is a `with` block that restores what it changed, also on error.
@@ -61,7 +61,7 @@ def _has_path(obj, dotted: str) -> bool:
 
 def unsupported() -> str | None:
     """One line saying why the installed diffusers cannot be served, or None. A tested release is taken
-    as it is (tests/test_library.py pins its privates); any other is checked name by name."""
+    as it is (tests/adapters/diffusers/test_library.py pins its privates); any other is checked name by name."""
     version = installed_version()
     if version is None:
         return f"diffusers is not installed; paracheck needs {SUPPORTED}"
@@ -354,7 +354,7 @@ def attention_collectives(wrap):
 
 # -- CPU shims for gloo --------------------------------------------------------------------------
 # diffusers 0.42 assumes an accelerator in exactly two places; on CPU both refuse before any parallel
-# code runs. Each shim lifts one refusal inside a `with` block; tests/test_library.py fails if diffusers
+# code runs. Each shim lifts one refusal inside a `with` block; tests/adapters/diffusers/test_library.py fails if diffusers
 # changes under them.
 
 

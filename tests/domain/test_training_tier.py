@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 from paracheck.checks.steps import StepRecord, compare_steps
 from paracheck.domain.records import Status
 from paracheck.domain.tier import layout_parts, with_training
-from tests.test_tier import matrices
+from tests.domain.test_tier import matrices
 
 
 @given(matrices(), st.sets(st.sampled_from(["c1", "c2"])))

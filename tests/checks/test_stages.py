@@ -1,5 +1,5 @@
 """Localization across pipeline stages, in process: which modules a stage holds whole, and one pipeline's stages'
-traces joined into one (the real stages are in tests/test_localize_controls.py)."""
+traces joined into one (the real stages are in tests/adapters/transformers/test_localize_controls.py)."""
 
 import torch
 from hypothesis import given, strategies as st

@@ -194,7 +194,7 @@ def test_unsplit_inputs_are_findings(default_run):
 def test_every_registered_control_is_detected_where_it_applies(default_run):
     """The diffusers adapter's registry, not a list written here: each of its controls is detected wherever it
     applies and its plain case passed (hybrid, CP-only and TP-only layouts alike), and none is missed. The pipeline
-    controls have pipeline runs of their own (tests/test_pipelines.py)."""
+    controls have pipeline runs of their own (tests/adapters/diffusers/test_pipelines.py)."""
     from paracheck.adapters.diffusers.pipelines.controls import PIPELINE_CONTROLS
 
     assert undetected(default_run.report["cases"], "diffusers", elsewhere=PIPELINE_CONTROLS) == []

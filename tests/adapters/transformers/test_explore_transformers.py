@@ -23,7 +23,7 @@ from paracheck.explore.found import Found, read, write
 from paracheck.results import known
 from paracheck.results.verdict import Verdict
 
-from .support import SPECS, run_paracheck
+from tests.support import SPECS, run_paracheck
 
 LAYOUTS = tuple(layouts_for(4, moe=False))
 TARGETS = [Target(name, tf_cases.factory_of(name), SPACE, LAYOUTS, "transformers") for name in FIXTURES]

@@ -90,7 +90,7 @@ def test_every_transformers_control_is_localized_where_it_plants(tmp_path):
 
 
 class _LtxTesterConfig:
-    """diffusers' own LTX tester config (as tests/test_mixins.py writes it)."""
+    """diffusers' own LTX tester config (as tests/pytest/test_mixins.py writes it)."""
 
     @property
     def model_class(self):

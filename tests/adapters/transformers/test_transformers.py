@@ -257,7 +257,7 @@ def test_every_registered_control_is_planted_in_the_world_above():
     from paracheck.domain.registry import controls
 
     from .test_checkpoint_transformers import CHECKPOINT_PLANTED
-    from .test_generate import GENERATE_PLANTED
+    from tests.checks.test_generate import GENERATE_PLANTED
     from .test_localize_controls import PIPELINE_PLANTED
     from .test_steps_transformers import STEPS_PLANTED
     from .test_sweep import SWEEP_PLANTED
@@ -274,14 +274,14 @@ def test_every_registered_control_is_detected(gloo_verdicts):
     from paracheck.domain.registry import controls
 
     from .test_checkpoint_transformers import CHECKPOINT_PLANTED
-    from .test_generate import GENERATE_PLANTED
+    from tests.checks.test_generate import GENERATE_PLANTED
     from .test_localize_controls import PIPELINE_PLANTED
     from .test_steps_transformers import STEPS_PLANTED
     from .test_sweep import SWEEP_PLANTED
 
     # The sweep's controls, parity.steps' and checkpoint.roundtrip's, the pipeline's and generation's (detected in
-    # their own worlds: tests/test_steps_transformers.py, tests/test_checkpoint_transformers.py, the pipeline run of
-    # tests/test_localize_controls.py, tests/test_generate.py; this world trains, saves, generates and pipelines
+    # their own worlds: tests/adapters/transformers/test_steps_transformers.py, tests/adapters/transformers/test_checkpoint_transformers.py, the pipeline run of
+    # tests/adapters/transformers/test_localize_controls.py, tests/checks/test_generate.py; this world trains, saves, generates and pipelines
     # nothing).
     elsewhere = (({c for *_, cs in SWEEP_PLANTED for c in cs} | {c for c, _ in STEPS_PLANTED}) - {c for c, _, _ in PLANTED}) \
         | {c for c, *_ in CHECKPOINT_PLANTED} | PIPELINE_PLANTED | {c for c, *_ in GENERATE_PLANTED}

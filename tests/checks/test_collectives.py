@@ -9,7 +9,7 @@ import pytest
 from paracheck.checks.collectives import CallShape, Counts, count_collectives, expected_groups, check_counts
 from paracheck.domain.layout import Layout
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def ops(items):

@@ -332,7 +332,7 @@ def test_paracheck_report_imports_no_torch(html_run, tmp_path):
     import sys
 
     from tests.support import ROOT
-    from tests.test_torchfree import PROBE
+    from tests.cli.test_torchfree import PROBE
 
     run, _ = html_run
     source = tmp_path / "run.json"

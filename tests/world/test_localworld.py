@@ -82,7 +82,7 @@ def test_torchs_own_all_gather_rule_is_still_wrong_so_the_stand_in_is_still_need
 
     if dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")
-    runpy.run_path(str(pathlib.Path(__file__).parents[1] / "docs/upstream/localtensor_all_gather.py"))
+    runpy.run_path(str(pathlib.Path(__file__).parents[2] / "docs/upstream/localtensor_all_gather.py"))
     out = capsys.readouterr().out
     assert "rank 0: all_gather [2.0, 3.0], all_gather_into_tensor [0.0, 1.0]" in out, out
 

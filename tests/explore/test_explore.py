@@ -1,7 +1,7 @@
 """`paracheck explore`: the pieces in process (shapes, strategy, signatures, found files), then real gloo
 worlds: a planted bug that needs two samples and a mask is found and shrunk to exactly that, and its spec
 file replays it; a correct model gives nothing. The transformers side (token rows: padding side, packing)
-is in tests/test_explore_transformers.py."""
+is in tests/adapters/transformers/test_explore_transformers.py."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from paracheck.domain.records import CaseStatus, CheckId, Failure, FailureKind, 
 from paracheck.domain.shapes import Axis, Shape
 from paracheck.results.verdict import Verdict
 
-from .support import SPECS, run_paracheck
+from tests.support import SPECS, run_paracheck
 
 U2 = Layout.parse("u2", "cp-fastest")
 TARGETS = [Target(name, f"paracheck.fixtures:{name}", space, (U2, Layout.parse("r2", "cp-fastest")), "diffusers", draw_options)

@@ -81,5 +81,5 @@ def test_the_quick_tier_keeps_each_pipelines_one_case():
 
 def test_a_pipeline_source_is_told_from_a_model_one():
     assert all(is_pipeline_factory(path) for path in PIPELINE_FIXTURES.values())
-    assert is_pipeline_factory("tests.test_pipeline_mixin:FluxPipelineFastTestsConfig")
+    assert is_pipeline_factory("tests.pytest.test_pipeline_mixin:FluxPipelineFastTestsConfig")
     assert not is_pipeline_factory("paracheck.fixtures:flux") and not is_pipeline_factory("payload")

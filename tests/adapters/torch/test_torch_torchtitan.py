@@ -200,7 +200,7 @@ def _assert_bias_counted_tp_times(case: dict) -> None:
 @pytest.mark.slow
 def test_four_ranks_train_a_tp_x_fsdp_plan_and_pipelines_take_their_control(four_ranks):
     """tp2xfsdp2 trains (the bias counted tp times printed pass there when the default tier trained one layout per
-    kind: which layouts the tier trains is tests/test_training_tier.py's) and fails parity.steps where it arises;
+    kind: which layouts the tier trains is tests/domain/test_training_tier.py's) and fails parity.steps where it arises;
     1F1B passes pp4 and pp2xfsdp2, and the unscaled schedule is detected on both, at <root>."""
     controls, bias = four_ranks
     assert bias.code == 1, bias.out

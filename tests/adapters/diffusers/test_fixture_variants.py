@@ -16,7 +16,7 @@ from paracheck.adapters.diffusers.fixtures_index import FIXTURE_VARIANTS, FIXTUR
 
 
 def _load_fixtures():
-    spec = importlib.util.spec_from_file_location("_fixtures_here", Path(__file__).parents[1] / "fixtures/__init__.py")
+    spec = importlib.util.spec_from_file_location("_fixtures_here", Path(__file__).parents[3] / "fixtures/__init__.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

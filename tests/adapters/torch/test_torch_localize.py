@@ -1,7 +1,7 @@
 """The torch adapter's localization in process: the placements a parallelize's TP styles declare, read back from the
 hooks torch installs (on a one-rank gloo world), a declared dim as the only reading of a split, and a difference
 planted in one module of the llama example found there by the adapter's own `after_checks`. The real multi-rank
-runs are in tests/test_torch_adapter.py."""
+runs are in tests/adapters/torch/test_torch_adapter.py."""
 
 import importlib.util
 import os

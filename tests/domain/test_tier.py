@@ -92,7 +92,7 @@ def test_a_layout_kind_drops_the_degrees():
 
 def test_the_default_run_covers_the_full_matrix_and_meets_every_known_failure_it_can():
     """The real matrix: the default `paracheck run` against `--all`, and the shipped known failures. The pipeline
-    cases are the adapter's own choice (one per pipeline: tests/test_pipeline_cases.py), not the cover's."""
+    cases are the adapter's own choice (one per pipeline: tests/adapters/diffusers/test_pipeline_cases.py), not the cover's."""
     from paracheck.adapters.diffusers.fixtures_index import FIXTURE_CLASSES, FIXTURES, PIPELINE_FIXTURES
     from paracheck.cli.main import build_cases, parser
     from paracheck.cli.tiers import runs
