@@ -92,6 +92,9 @@ class Route(str, enum.Enum):
     NATIVE = "native"
     COMPOSED = "composed"
     SHARDED_LOAD = "sharded-load"
+    #: diffusers' Neuron tensor-parallel path (`native` or `composed` as `auto` picks), on a CPU world with the
+    #: Neuron device stood in for (`adapters.diffusers.library.neuron_tensor_parallel`).
+    NEURON_TP = "neuron-tp"
 
 
 class FailureKind(str, enum.Enum):

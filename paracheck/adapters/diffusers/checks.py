@@ -202,7 +202,10 @@ def check_tp_shards(ctx: CheckContext) -> CheckResult:
             problems.append(f"{name} is outside the TP plan but is a DTensor")
         elif not torch.equal(param.detach(), ref_params[name].detach().to(param.device)):
             problems.append(f"{name} is outside the TP plan but differs from the reference")
-    return _result(CheckId.TP_SHARDS, problems)
+    result = _result(CheckId.TP_SHARDS, problems)
+    if ctx.applied.stood_in:  # the shards came off a library path the kit stood a device in for: say so
+        result.data["stood_in"] = ctx.applied.stood_in
+    return result
 
 
 def _shard_problems(name: str, param, ref_param, spec, ctx: CheckContext) -> list[str]:

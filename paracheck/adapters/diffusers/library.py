@@ -389,6 +389,97 @@ def cpu_tensor_parallel():
         tp._SUPPORTED_TP_DEVICES = original
 
 
+#: What the `neuron-tp` route says it stood in for on a CPU world (`routes.Applied.stood_in`, the report's
+#: stand-in lines); everything else of the path is the library's own.
+NEURON_STOOD_IN = {
+    "why": "diffusers' Neuron TP path (hooks/tensor_parallel_neuron.py) needs a Neuron device",
+    "kit": ["the TP mesh's device type as apply_tensor_parallel's dispatch reads it ('neuron')",
+            "torch.neuron.current_device() (answers the CPU)"],
+    "library": ["apply_tensor_parallel", "_resolve_tp_plan", "resolve_tp_shard_specs", "_apply_tp_neuron",
+                "_local_shard", "DTensor.from_local", "_hooks_only_styles", "parallelize_module"],
+}
+
+
+class NeuronPathNotReached(RuntimeError):
+    """`apply_tensor_parallel` ran under the Neuron stand-in without dispatching to `_apply_tp_neuron`."""
+
+
+class _ReadsAsNeuron:
+    """A TP mesh as `apply_tensor_parallel`'s dispatch reads it: device type "neuron", all else the mesh's."""
+    device_type = "neuron"
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+
+    def __getattr__(self, name):
+        return getattr(self.mesh, name)
+
+    def __repr__(self) -> str:
+        return f"{self.mesh!r} (read as neuron)"
+
+
+def neuron_tp_missing() -> str | None:
+    """Why this diffusers has no Neuron TP path to run; None when it has one."""
+    try:
+        from diffusers.hooks.tensor_parallel_neuron import _apply_tp_neuron  # noqa: F401
+    except ImportError as exc:
+        return f"diffusers {installed_version()} has no Neuron tensor-parallel path ({exc})"
+    return None
+
+
+@contextlib.contextmanager
+def neuron_tensor_parallel():
+    """Inside: `apply_tensor_parallel` on a CPU mesh dispatches to diffusers' Neuron path (`_apply_tp_neuron`),
+    which runs on the real CPU mesh with `torch.neuron.current_device()` answering the CPU. Only those two
+    things are stood in; on exit, also on error, both are as they were. Raises `NeuronPathNotReached` when a
+    TP application inside the block took another path."""
+    import diffusers.hooks.tensor_parallel as tp
+    import diffusers.hooks.tensor_parallel_neuron as neuron
+
+    original_apply, original_neuron, calls = tp.apply_tensor_parallel, neuron._apply_tp_neuron, {"tp": 0, "neuron": 0}
+
+    def apply(model, config, tp_plan, weights_already_sharded=False):
+        calls["tp"] += 1
+        mesh, config._mesh = config._mesh, _ReadsAsNeuron(config._mesh)
+        try:
+            return original_apply(model, config, tp_plan, weights_already_sharded)
+        finally:
+            config._mesh = mesh
+
+    def apply_neuron(model, tp_mesh, groups, specs):
+        calls["neuron"] += 1
+        with torch_neuron_on_cpu():
+            return original_neuron(model, tp_mesh.mesh if isinstance(tp_mesh, _ReadsAsNeuron) else tp_mesh,
+                                   groups, specs)
+
+    tp.apply_tensor_parallel, neuron._apply_tp_neuron = apply, apply_neuron
+    try:
+        yield
+    finally:
+        tp.apply_tensor_parallel, neuron._apply_tp_neuron = original_apply, original_neuron
+    if calls["tp"] != calls["neuron"]:
+        raise NeuronPathNotReached(f"apply_tensor_parallel ran {calls['tp']} time(s), _apply_tp_neuron "
+                                   f"{calls['neuron']}")
+
+
+@contextlib.contextmanager
+def torch_neuron_on_cpu():
+    """Inside: `torch.neuron` is a namespace whose `current_device()` is the CPU (where torch has none of its
+    own, as on every build without torch-neuronx); on exit, torch has no `neuron` again."""
+    import types
+
+    import torch
+
+    if hasattr(torch, "neuron"):
+        yield
+        return
+    torch.neuron = types.SimpleNamespace(current_device=lambda: torch.device("cpu"))
+    try:
+        yield
+    finally:
+        del torch.neuron
+
+
 @contextlib.contextmanager
 def gloo_uneven_all_gather():
     """diffusers' ulysses_anything / ring_anything gather shards of unequal length with `dist.all_gather`;

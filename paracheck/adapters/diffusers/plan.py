@@ -105,7 +105,7 @@ def settle(case: Case, backend, model_class: type, inputs: dict) -> tuple[Route,
     problems = backend.problems(case.layout) + ([] if uneven_ok else cp_split_problems(model_class, inputs, case.layout))
     if problems:
         raise Unfittable("; ".join(problems))
-    route = resolve_route(case.route, case.layout)
+    route = resolve_route(case.route, case.layout, backend.device_type)
     chosen, refused = attention.choose(case.attention_backend, backend.device_type, case.layout)
     if refused:
         raise Unfittable(refused)

@@ -6,6 +6,8 @@
   config its "tp" dimension, then the library's own `apply_context_parallel` and `apply_tensor_parallel`.
   It exists because diffusers 0.42's `ParallelConfig` refuses TP and CP together.
 - sharded-load: `from_pretrained(..., parallel_config=...)` on a safetensors checkpoint rank 0 writes.
+- neuron-tp: native or composed (as auto picks) through diffusers' Neuron TP path (`_apply_tp_neuron`); on a CPU
+  world the kit stands in for the Neuron device only (`library.neuron_tensor_parallel`), and says so.
 """
 
 from __future__ import annotations
@@ -36,16 +38,57 @@ class Applied:
     parallel_config: object
     #: The meshes the library holds: "cp" and/or "tp" -> DeviceMesh.
     meshes: dict
+    #: What the kit stood in for of the library's path (`library.NEURON_STOOD_IN`'s shape), None: nothing.
+    stood_in: dict | None = None
 
 
-def resolve_route(route: Route, layout: Layout) -> Route:
+def resolve_route(route: Route, layout: Layout, device_type: str = "cpu") -> Route:
+    """The route a case runs through; `Unfittable` where `neuron-tp` cannot run (`device_type`: the backend's)."""
+    if route == Route.NEURON_TP:
+        refused = _neuron_tp_refused(layout, device_type)
+        if refused:
+            raise Unfittable(refused)
     if route != Route.AUTO:
         return route
     return Route.NATIVE if library.library_accepts(layout) else Route.COMPOSED
 
 
+def _neuron_tp_refused(layout: Layout, device_type: str) -> str | None:
+    if not layout.has_tp:
+        return f"layout {layout} has no tensor parallelism for the neuron-tp route"
+    if device_type not in ("cpu", "neuron"):
+        return f"the neuron-tp route runs on Neuron devices or on a CPU world (stood in), not on {device_type}"
+    return library.neuron_tp_missing()
+
+
 def apply(route: Route, model, layout: Layout, backend, control, reference, workdir: str, cp_options: tuple = ()):
     """Parallelize `model` (a copy of `reference`) and plant `control`; returns (model, Applied)."""
+    if route == Route.NEURON_TP:
+        model, applied = _neuron_tp(model, layout, backend, control, reference, workdir, cp_options)
+    else:
+        model, applied = _parallelize(route, model, layout, backend, control, reference, workdir, cp_options)
+    if control:
+        from paracheck.world.regions import once_per_rank
+
+        state = reference.state_dict()
+        plant = lambda: control.plant(model, applied, state)  # noqa: E731
+        once_per_rank(plant) if control.per_rank else plant()
+    return model, applied
+
+
+def _neuron_tp(model, layout: Layout, backend, *rest):
+    """`auto`'s route through the Neuron TP path; on a CPU world inside the kit's stand-in for the device only.
+    `Applied.route` stays the route that ran (native / composed), so the structure checks judge it as such."""
+    inner = resolve_route(Route.AUTO, layout)
+    if backend.device_type != "cpu":
+        return _parallelize(inner, model, layout, backend, *rest)
+    with library.neuron_tensor_parallel():
+        model, applied = _parallelize(inner, model, layout, backend, *rest)
+    applied.stood_in = library.NEURON_STOOD_IN
+    return model, applied
+
+
+def _parallelize(route: Route, model, layout: Layout, backend, control, reference, workdir: str, cp_options: tuple):
     rank = dist.get_rank()
     if route == Route.NATIVE:
         with library.shims(backend.device_type), library.entry_point("enable_parallelism", route.value):
@@ -58,13 +101,7 @@ def apply(route: Route, model, layout: Layout, backend, control, reference, work
         model = _sharded_load(reference, layout, backend, workdir, cp_options)
         applied = _applied(route, model, layout, rank)
     else:
-        raise ValueError(f"route {route!r}: must be one of native, composed, sharded-load")
-    if control:
-        from paracheck.world.regions import once_per_rank
-
-        state = reference.state_dict()
-        plant = lambda: control.plant(model, applied, state)  # noqa: E731
-        once_per_rank(plant) if control.per_rank else plant()
+        raise ValueError(f"route {route!r}: must be one of native, composed, sharded-load, neuron-tp")
     return model, applied
 
 
