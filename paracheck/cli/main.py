@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
                      "fixtures) or an adapter's name (its fixtures); see docs/cli.md")
     run.add_argument("--layouts", default="all", help="layout names in each model's grammar (docs/layouts.md), "
                      "or all for --nproc")
-    run.add_argument("--route", default="auto", help="auto|native|composed|sharded-load")
+    run.add_argument("--route", default="auto", help="auto|native|composed|sharded-load|neuron-tp")
     add_order(run)
     run.add_argument("--spec", action="append", help="MODULE:NAME: your own model, in its adapter's spec convention "
                      "(docs/cli.md); repeat for several")

@@ -439,6 +439,8 @@ def neuron_tensor_parallel():
     original_apply, original_neuron, calls = tp.apply_tensor_parallel, neuron._apply_tp_neuron, {"tp": 0, "neuron": 0}
 
     def apply(model, config, tp_plan, weights_already_sharded=False):
+        if weights_already_sharded:  # no dispatch: hooks alone, on the real mesh
+            return original_apply(model, config, tp_plan, weights_already_sharded)
         calls["tp"] += 1
         mesh, config._mesh = config._mesh, _ReadsAsNeuron(config._mesh)
         try:
