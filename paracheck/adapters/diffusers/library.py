@@ -432,7 +432,7 @@ def neuron_tensor_parallel():
     """Inside: `apply_tensor_parallel` on a CPU mesh dispatches to diffusers' Neuron path (`_apply_tp_neuron`),
     which runs on the real CPU mesh with `torch.neuron.current_device()` answering the CPU. Only those two
     things are stood in; on exit, also on error, both are as they were. Raises `NeuronPathNotReached` when a
-    TP application inside the block took another path."""
+    TP application inside the block took another path, or none reached `apply_tensor_parallel`."""
     import diffusers.hooks.tensor_parallel as tp
     import diffusers.hooks.tensor_parallel_neuron as neuron
 
@@ -459,7 +459,8 @@ def neuron_tensor_parallel():
         yield
     finally:
         tp.apply_tensor_parallel, neuron._apply_tp_neuron = original_apply, original_neuron
-    if calls["tp"] != calls["neuron"]:
+    # Neither called is a miss too: the TP was applied some other way, and would pass for the Neuron path.
+    if calls["tp"] == 0 or calls["tp"] != calls["neuron"]:
         raise NeuronPathNotReached(f"apply_tensor_parallel ran {calls['tp']} time(s), _apply_tp_neuron "
                                    f"{calls['neuron']}")
 

@@ -28,6 +28,13 @@ def test_the_stand_in_is_scoped_and_restored_on_error():
     assert not hasattr(torch, "neuron")
 
 
+def test_a_block_that_applies_no_tp_through_the_library_raises():
+    """TP applied some other way (or not at all) inside the block would pass for the Neuron path: it says so."""
+    with pytest.raises(library.NeuronPathNotReached, match="ran 0 time"):
+        with library.neuron_tensor_parallel():
+            pass
+
+
 def test_torch_neuron_answers_the_cpu_inside_only():
     with library.torch_neuron_on_cpu():
         assert torch.neuron.current_device() == torch.device("cpu")
