@@ -1,5 +1,6 @@
-"""Fitting a transformers causal-LM config to a layout: which sizes each degree splits, the rules they must keep,
-a fitted tiny config or a refusal naming the size, the degree and the rule.
+"""Fitting a transformers config (a causal LM's, or a composite model's with its sub-configs) to a layout: which
+sizes each degree splits, the rules they must keep, a fitted tiny config or a refusal naming the size, the degree
+and the rule.
 
 Torch-free at import and pure: it reads and builds `PretrainedConfig`s, never a model. A size is found by the
 config key that holds it (the config's own key, never an `attribute_map` alias), by role:
@@ -22,6 +23,11 @@ config key that holds it (the config's own key, never an `attribute_map` alias),
 skipped before any rank starts); `fit` raises every size to the smallest value that keeps the rules (the
 sweep over every family's tiny config), keeping `hidden_size = heads x head_dim` where the config derives
 `head_dim`, and lengthening per-layer lists with the layer count. `tiny` shrinks a config class's defaults.
+
+A composite config (a vision-language, audio or seq2seq model's) is fitted part by part: `parts` walks its
+nested sub-configs with the degrees whose plans reach each (a sub-config's own `base_model_*_plan`, as
+transformers applies them), and `misfits`, `refusal` and `fit` name a nested size by its key path
+(`text_config.num_attention_heads`).
 """
 
 from __future__ import annotations
@@ -241,10 +247,10 @@ def _fit_part(config, need: Need, path: str = "") -> tuple[object, list[str]]:
         sub, sub_notes = _fit_part(getattr(config, key), _sub_need(config, key, need), f"{path}{key}.")
         if sub_notes:  # a dict, which the config class builds its sub-config from
             values[key], notes = sub.to_dict(), notes + sub_notes
+    notes += [f"{path}{note}" for note in _follow_hidden(_fields(config), values)]
     found = sizes(config)
     moe = bool(getattr(config, "base_model_ep_plan", None))
     if path and (need.tp, need.pp, need.ep) == (1, 1, 1) and not moe:  # no plan splits it: left as it is
-        notes += [f"{path}{note}" for note in _follow_hidden(_fields(config), values)]
         return (_build(config, values) if notes else config), notes
     changes: dict = {}
     _fit_heads(values, found, need, changes)
@@ -261,7 +267,6 @@ def _fit_part(config, need: Need, path: str = "") -> tuple[object, list[str]]:
     _fit_tied(values, changes)
     changes = {k: v for k, v in changes.items() if v != values[k]}
     _fit_layer_lists(values, found, changes)
-    notes += [f"{path}{note}" for note in _follow_hidden(_fields(config), values)]
     fitted = _build(config, {**values, **changes})
     return fitted, [f"{path}{k} {_short(values.get(k))}->{_short(v)}" for k, v in changes.items()] + notes
 
@@ -354,7 +359,8 @@ def _follow_hidden(before: dict, after: dict) -> list[str]:
     audio encoder's `out_hidden_size` or `text_hidden_size`, an adaptor's `hidden_size`, all checked against
     `text_config.hidden_size`; a diarization head's `audio_hidden_size` against its encoder's): each `*hidden_size`
     whose value in `before` equals an anchor's (a sub-config with heads of its own, `text_config` first) takes
-    the anchor's value in `after` (an adaptor's own `hidden_size` too: FunAsrNano's has heads). The changes made, by key path."""
+    the anchor's value in `after` (an adaptor's own `hidden_size` too: FunAsrNano's has heads). Returns the changes
+    made, by key path."""
     subs = [k for k, v in before.items() if isinstance(v, dict) and "model_type" in v]
     anchors = sorted((k for k in subs if _is_int(before[k].get("hidden_size")) and _has_heads(before[k])),
                      key=lambda k: k != "text_config")
