@@ -1,5 +1,6 @@
-"""Fitting a transformers causal-LM config to a layout: which sizes each degree splits, the rules they must keep,
-a fitted tiny config or a refusal naming the size, the degree and the rule.
+"""Fitting a transformers config (a causal LM's, or a composite model's with its sub-configs) to a layout: which
+sizes each degree splits, the rules they must keep, a fitted tiny config or a refusal naming the size, the degree
+and the rule.
 
 Torch-free at import and pure: it reads and builds `PretrainedConfig`s, never a model. A size is found by the
 config key that holds it (the config's own key, never an `attribute_map` alias), by role:
@@ -22,6 +23,11 @@ config key that holds it (the config's own key, never an `attribute_map` alias),
 skipped before any rank starts); `fit` raises every size to the smallest value that keeps the rules (the
 sweep over every family's tiny config), keeping `hidden_size = heads x head_dim` where the config derives
 `head_dim`, and lengthening per-layer lists with the layer count. `tiny` shrinks a config class's defaults.
+
+A composite config (a vision-language, audio or seq2seq model's) is fitted part by part: `parts` walks its
+nested sub-configs with the degrees whose plans reach each (a sub-config's own `base_model_*_plan`, as
+transformers applies them), and `misfits`, `refusal` and `fit` name a nested size by its key path
+(`text_config.num_attention_heads`).
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ _RULES = {HEADS: ("tp", "tp must divide each head count (heads are split across 
 GROUPED_MM_BYTES = 16
 VOCAB_KEY = "vocab_size"
 ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
+#: The plan each degree needs on the config.
+_PLANS = {"tp": "base_model_tp_plan", "ep": "base_model_ep_plan", "pp": "base_model_pp_plan"}
 
 
 @dataclass(frozen=True)
@@ -126,15 +134,58 @@ def sizes(config) -> dict[str, list[str]]:
 
 
 def plan_problems(config, need: Need) -> str | None:
-    """Why the config's plans cannot take `need` at all (the plan it lacks), else None."""
-    for degree, plan in (("tp", "base_model_tp_plan"), ("ep", "base_model_ep_plan"), ("pp", "base_model_pp_plan")):
-        if getattr(need, degree) > 1 and not getattr(config, plan, None):
+    """Why the config's plans cannot take `need` at all (the plan it lacks on the config and on its
+    `text_config`, where a vision-language model keeps its language plans), else None."""
+    text = getattr(config, "text_config", None)
+    for degree, plan in _PLANS.items():
+        if getattr(need, degree) > 1 and not (getattr(config, plan, None) or getattr(text, plan, None)):
             return plan
     return None
 
 
+def parts(config, need: Need) -> list[tuple[str, object, Need]]:
+    """(key path, config, the degrees that reach it) for `config` ("" its path, every degree of `need`) and each
+    sub-config nested in it at any depth (`text_config`, `vision_config`, `audio_config`, a projector's, ...).
+    A degree reaches a sub-config as transformers 5.25 applies plans (`DistributedMixin.init_parallel_plans`):
+    each sub-model built from a sub-config takes its own config's `base_model_*_plan`, and a parent merges its
+    children's plans under their module names; so a sub-config is split by the plans it has itself, and by
+    tp where its parent's TP plan names its module (`_reaches`). A sub-config no plan reaches is replicated."""
+    out = [("", config, need)]
+    for key in _nested(config):
+        out += [(f"{key}.{path}" if path else key, c, n) for path, c, n in parts(getattr(config, key),
+                                                                                   _sub_need(config, key, need))]
+    return out
+
+
+def _sub_need(config, key: str, need: Need) -> Need:
+    """The degrees of `need` that reach `config`'s sub-config `key` (1 for those that do not)."""
+    sub = getattr(config, key)
+    reach = {d: getattr(need, d) if getattr(sub, plan, None) else 1 for d, plan in _PLANS.items()}
+    if _reaches(getattr(config, "base_model_tp_plan", None), key):
+        reach["tp"] = need.tp
+    return Need(reach["tp"], reach["pp"], reach["ep"], 1, need.itemsize)
+
+
+def _reaches(plan, key: str) -> bool:
+    """Whether a parent's TP plan names the module built from its sub-config `key` (`text_config` builds the
+    `language_model`, `vision_config` the `vision_tower` or `vision_model`, ...)."""
+    stem = key.removesuffix("_config")
+    modules = {f"{stem}_model", f"{stem}_tower", f"{stem}_encoder"} | ({"language_model"} if stem == "text" else set())
+    return any(name.removeprefix("model.").split(".")[0] in modules for name in plan or {})
+
+
 def misfits(config, need: Need) -> list[Misfit]:
-    """Every size of `config` that `need` splits and cannot take as it is; empty when the layout fits."""
+    """Every size of `config` and of its nested sub-configs that `need` splits and cannot take as it is, a nested
+    one named by its key path (`text_config.num_attention_heads`); empty when the layout fits."""
+    out = []
+    for path, part, part_need in parts(config, need):
+        out += [Misfit(f"{path}.{m.key}" if path else m.key, m.value, m.degree, m.size, m.rule)
+                for m in _own_misfits(part, part_need)]
+    return out
+
+
+def _own_misfits(config, need: Need) -> list[Misfit]:
+    """`misfits` for the config's own keys (its sub-configs left out)."""
     found = sizes(config)
     moe = bool(getattr(config, "base_model_ep_plan", None))
     out = []
@@ -173,15 +224,34 @@ def batch_misfit(batch: int, need: Need) -> Misfit | None:
 
 
 def fit(config, need: Need) -> Fit:
-    """A copy of `config` whose sizes keep every rule of `need`, each raised to the smallest value that does;
-    Unfittable names the plan it lacks, or the sizes no change of the config could make fit."""
+    """A copy of `config` whose sizes, and those of its sub-configs the layout reaches (`parts`), keep every rule
+    of `need`, each raised to the smallest value that does; Unfittable names the plan it lacks, or the sizes no
+    change of the config could make fit (a nested one by its key path)."""
     plan = plan_problems(config, need)
     if plan:
         raise Unfittable(f"{type(config).__name__} has no {plan}, so it cannot take that parallelism",
                          missing_plan=plan)
+    fitted, changes = _fit_part(config, need)
+    left = misfits(fitted, need)
+    if left:
+        raise Unfittable("; ".join(m.sentence() for m in left), misfits=left)
+    return Fit(fitted, changes)
+
+
+def _fit_part(config, need: Need, path: str = "") -> tuple[object, list[str]]:
+    """`config` fitted to `need`, its sub-configs first (each to the degrees that reach it), and the changes made
+    ("text_config.num_attention_heads 2->4")."""
     values = _fields(config)
+    notes = []
+    for key in _nested(config):
+        sub, sub_notes = _fit_part(getattr(config, key), _sub_need(config, key, need), f"{path}{key}.")
+        if sub_notes:  # a dict, which the config class builds its sub-config from
+            values[key], notes = sub.to_dict(), notes + sub_notes
+    notes += [f"{path}{note}" for note in _follow_hidden(_fields(config), values)]
     found = sizes(config)
     moe = bool(getattr(config, "base_model_ep_plan", None))
+    if path and (need.tp, need.pp, need.ep) == (1, 1, 1) and not moe:  # no plan splits it: left as it is
+        return (_build(config, values) if notes else config), notes
     changes: dict = {}
     _fit_heads(values, found, need, changes)
     for key in found.get(WIDTH, []):
@@ -198,10 +268,7 @@ def fit(config, need: Need) -> Fit:
     changes = {k: v for k, v in changes.items() if v != values[k]}
     _fit_layer_lists(values, found, changes)
     fitted = _build(config, {**values, **changes})
-    left = misfits(fitted, need)
-    if left:
-        raise Unfittable("; ".join(m.sentence() for m in left), misfits=left)
-    return Fit(fitted, [f"{k} {_short(values.get(k))}->{_short(v)}" for k, v in changes.items()])
+    return fitted, [f"{path}{k} {_short(values.get(k))}->{_short(v)}" for k, v in changes.items()] + notes
 
 
 def _fit_heads(values: dict, found: dict, need: Need, changes: dict) -> None:
@@ -266,19 +333,59 @@ def tiny(config_class, **overrides):
     """`config_class`'s defaults shrunk to a tiny model: hidden 64, 2 query and key/value heads of 16, widths
     32, 4 experts (2 per token), vocabulary 128, 2 layers, 64 positions. Sizes the class does not have are
     left out; what the class derives from them, it derives itself. Nested sub-configs (a multimodal family's
-    vision or audio encoder) are shrunk by the same rule: the model builds them whole even for text inputs."""
+    vision or audio encoder, a vision-language model's text config), at any depth, are shrunk by the same rule:
+    the model builds them whole even for text inputs."""
     try:
         default = config_class()
     except Exception as exc:  # a config class whose own defaults its validators reject
         raise Unfittable(f"{config_class.__name__} rejects its own defaults: {exc}".splitlines()[0]) from exc
-    nested = _nested(default)
-    if nested and not sizes(default).get(HEADS):
-        raise Unfittable(f"{config_class.__name__} keeps its sizes in nested configs ({', '.join(nested)}); "
-                         "fit the nested text config's own family instead")
-    values = _shrunk(default)
-    for key in nested:  # a dict, which the config class builds its sub-config from
-        values[key] = _shrunk(getattr(default, key))
-    return _build(default, {**values, **overrides})
+    return _build(default, {**_shrunk_tree(default), **overrides})
+
+
+def _shrunk_tree(default) -> dict:
+    """`_shrunk` of the config, each sub-config in it shrunk the same way (a dict, which the config class builds
+    its sub-config from)."""
+    values = {**_shrunk(default), **{key: _shrunk_tree(getattr(default, key)) for key in _nested(default)}}
+    _follow_hidden(_fields(default), values)
+    return values
+
+
+#: Sizes a composite config may require to equal another sub-config's hidden size.
+_HIDDEN_TIE = re.compile(r"^(?:\w+_)?hidden_size$")
+
+
+def _follow_hidden(before: dict, after: dict) -> list[str]:
+    """Sub-config sizes a composite config validates against another sub-config's `hidden_size` (a vision or
+    audio encoder's `out_hidden_size` or `text_hidden_size`, an adaptor's `hidden_size`, all checked against
+    `text_config.hidden_size`; a diarization head's `audio_hidden_size` against its encoder's): each `*hidden_size`
+    whose value in `before` equals an anchor's (a sub-config with heads of its own, `text_config` first) takes
+    the anchor's value in `after` (an adaptor's own `hidden_size` too: FunAsrNano's has heads). Returns the changes
+    made, by key path."""
+    subs = [k for k, v in before.items() if isinstance(v, dict) and "model_type" in v]
+    anchors = sorted((k for k in subs if _is_int(before[k].get("hidden_size")) and _has_heads(before[k])),
+                     key=lambda k: k != "text_config")
+    done, notes = set(), []
+    for anchor in anchors:
+        old, new = before[anchor]["hidden_size"], after[anchor]["hidden_size"]
+        for key in subs:
+            for name, value in before[key].items():
+                if key == anchor or (key, name) in done or not _HIDDEN_TIE.match(name) or value != old:
+                    continue
+                done.add((key, name))
+                if after[key][name] != new:
+                    notes.append(f"{key}.{name} {after[key][name]}->{new}")
+                    after[key][name] = new
+    return notes
+
+
+def _has_heads(values: dict) -> bool:
+    return any(_ROLES[0][1].match(k) and _is_size(v) and k not in _NOT_SIZES for k, v in values.items())
+
+
+def keeps_sizes_nested(config) -> list[str]:
+    """The sub-config keys of a config that keeps its sizes in them (no head count of its own), else []."""
+    nested = _nested(config)
+    return nested if nested and not sizes(config).get(HEADS) else []
 
 
 def _nested(config) -> list[str]:
@@ -353,6 +460,7 @@ def _shrunk(default) -> dict:
         if _is_int(defaults.get(key)) and defaults[key] > head_dim:
             values[key] = head_dim // 2
     _keep_derived(defaults, values)
+    _shrink_mrope(defaults, values)
     if defaults.get("num_key_value_heads", 0) is None and "num_attention_heads" in values:
         values["num_key_value_heads"] = values["num_attention_heads"]  # a model may read it unresolved (nemotron)
     if "tie_word_embeddings" in defaults:
@@ -374,6 +482,25 @@ def _keep_derived(defaults: dict, values: dict) -> None:
     heads = values.get("mamba_num_heads", defaults.get("mamba_num_heads"))
     if _is_int(defaults.get("n_groups")) and _is_int(heads) and defaults["n_groups"] > heads:
         values["n_groups"] = heads
+
+
+def _shrink_mrope(defaults: dict, values: dict) -> None:
+    """A multimodal rotary split (`rope_parameters.mrope_section`: time, height, width) scaled to the shrunk
+    rotary half width, as the config requires its sections to sum to it (cosmos3_edge: `head_dim // 2`,
+    hy_v4_vl: `qk_rope_head_dim // 2`); each section keeps its share, the remainder going to the largest."""
+    rope = defaults.get("rope_parameters")
+    sections = rope.get("mrope_section") if isinstance(rope, dict) else None
+    if not (isinstance(sections, list) and sections and all(_is_int(v) and v > 0 for v in sections)):
+        return
+    key = next((k for k in ("qk_rope_head_dim", "head_dim") if _is_int(defaults.get(k))
+                and defaults[k] // 2 == sum(sections) and _is_int(values.get(k))), None)
+    if key is None or values[key] // 2 < len(sections):
+        return
+    total, old = values[key] // 2, sum(sections)
+    new = [v * total // old for v in sections]
+    for i in sorted(range(len(new)), key=lambda i: -(sections[i] * total % old))[:total - sum(new)]:
+        new[i] += 1
+    values["rope_parameters"] = {**rope, "mrope_section": new}
 
 
 #: Counts of experts besides the routed pool's own count (`zero_expert_num`): shrunk to the same tiny count.

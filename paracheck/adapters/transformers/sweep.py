@@ -80,7 +80,12 @@ def fitted(family: Family, world: int, dtype: str = "fp32") -> Family:
                         ep=world if getattr(config_class, "base_model_ep_plan", None) else 1, dp=world,
                         itemsize=fitting.ITEMSIZE[dtype])
     try:
-        fit = fitting.fit(fitting.tiny(config_class), need)
+        tiny = fitting.tiny(config_class)
+        nested = fitting.keeps_sizes_nested(tiny)
+        if nested:  # the causal-LM head reads the text sizes at the top: the text config is a family of its own
+            raise fitting.Unfittable(f"{config_class.__name__} keeps its sizes in nested configs ({', '.join(nested)});"
+                                     " fit the nested text config's own family instead")
+        fit = fitting.fit(tiny, need)
     except fitting.Unfittable as exc:
         family.refused = str(exc)
         return family

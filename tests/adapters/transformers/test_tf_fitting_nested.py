@@ -1,0 +1,155 @@
+"""The transformers fitting rule on nested sub-configs (a vision-language model's `text_config`, its vision, audio
+and projector configs), in process over every config class the causal-LM, image-text, multimodal, classification,
+seq2seq and speech auto mappings register whose default config or `text_config` carries a TP plan: configs are
+built, never models."""
+
+import itertools
+import logging
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+transformers = pytest.importorskip("transformers")
+
+from paracheck.adapters.transformers import fitting  # noqa: E402
+from paracheck.adapters.transformers.fitting import Need, Unfittable  # noqa: E402
+
+MAPPINGS = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+            "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+            "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+            "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES")
+
+
+def _planned(cls) -> bool:
+    """Whether the class's default config, or its `text_config`, carries a TP plan (read from the sub-config's
+    class where the config names it, so no default is built to find out)."""
+    if cls.base_model_tp_plan:
+        return True
+    text = (cls.sub_configs or {}).get("text_config")
+    if text is not None and text.__name__ != "AutoConfig":
+        return bool(text.base_model_tp_plan)
+    if text is None:
+        return False
+    try:
+        return bool(getattr(cls().text_config, "base_model_tp_plan", None))
+    except Exception:  # a class whose defaults do not build: `tiny` names it
+        return True
+
+
+def _classes():
+    from transformers.models.auto import modeling_auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    names = {n for m in MAPPINGS for n in getattr(modeling_auto, m, {}) if n in CONFIG_MAPPING}
+    return sorted({CONFIG_MAPPING[n] for n in names} - {None}, key=lambda c: c.__name__)
+
+
+CLASSES = [c for c in _classes() if _planned(c)]
+_TINY: dict = {}
+#: Every (tp, pp, ep, dp) whose degrees multiply to 4.
+LAYOUTS = [d for d in itertools.product((1, 2, 4), repeat=4) if d[0] * d[1] * d[2] * d[3] == 4]
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    logging.disable(logging.WARNING)  # configs warn about special token ids; not what is tested
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def _tiny(cls):
+    if cls not in _TINY:
+        try:
+            _TINY[cls] = fitting.tiny(cls)
+        except Unfittable as exc:
+            _TINY[cls] = exc
+    return _TINY[cls]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cls=st.sampled_from(CLASSES), degrees=st.sampled_from(LAYOUTS), itemsize=st.sampled_from([2, 4]))
+def test_fit_reaches_every_nested_config_or_names_the_key_it_cannot_fit(cls, degrees, itemsize):
+    tp, pp, ep, dp = degrees
+    need = Need(tp=tp, pp=pp, ep=ep, dp=dp, itemsize=itemsize)
+    tiny = _tiny(cls)
+    if isinstance(tiny, Unfittable):
+        assert "rejects" in str(tiny), str(tiny)
+        return
+    try:
+        fit = fitting.fit(tiny, need)
+    except Unfittable as exc:
+        # The plan it lacks, each size by its key path, or transformers' own rejection in its words.
+        assert exc.missing_plan or exc.misfits or "rejects the fitted sizes" in str(exc), str(exc)
+        named = [exc.missing_plan] if exc.missing_plan else [m.key for m in exc.misfits]
+        assert all(key and key in str(exc) for key in named), str(exc)
+        return
+    for path, part, part_need in fitting.parts(fit.config, need):
+        assert fitting.misfits(part, part_need) == [], (path, type(part).__name__)
+    assert fitting.refusal(fit.config, need) is None
+    assert fitting.fit(fit.config, need).changes == []  # a fitted config is a fixed point
+
+
+def _llava(text_heads=2, **text):
+    return transformers.LlavaConfig(text_config={
+        **dict(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+               num_attention_heads=text_heads, num_key_value_heads=text_heads), **text})
+
+
+def test_a_text_config_size_a_layout_splits_is_named_by_its_key_path_and_fitted():
+    config = _llava(vocab_size=130)
+    assert fitting.plan_problems(config, Need(tp=4, pp=4)) is None  # the plans live on its text_config
+    refusal = fitting.refusal(config, Need(tp=4))
+    assert "text_config.num_attention_heads=2 does not fit tp=4: tp must divide each head count" in refusal
+    assert "text_config.vocab_size=130 does not fit tp=4" in refusal
+    fit = fitting.fit(config, Need(tp=4, pp=4))
+    text = fit.config.text_config
+    assert (text.num_attention_heads, text.vocab_size, text.num_hidden_layers) == (4, 132, 4)
+    assert "text_config.num_attention_heads 2->4" in fit.changes and "text_config.num_hidden_layers 2->4" in fit.changes
+    assert fitting.misfits(fit.config, Need(tp=4, pp=4)) == []
+
+
+def test_a_vision_config_no_plan_reaches_is_left_whole_and_one_with_a_plan_is_fitted():
+    """Llava's CLIP tower has no plan (replicated on every rank: its 3 heads are not split); Llama4's vision
+    config has its own TP plan, so its heads are split and fitted as the text config's are."""
+    llava = _llava(text_heads=4)
+    llava.vision_config.num_attention_heads, llava.vision_config.hidden_size = 3, 48
+    assert fitting.misfits(llava, Need(tp=4, pp=2)) == []
+    assert fitting.fit(llava, Need(tp=4)).changes == []
+    llama4 = fitting.tiny(transformers.Llama4Config)
+    assert [p for p, _, n in fitting.parts(llama4, Need(tp=4)) if n.tp == 4] == ["", "vision_config", "text_config"]
+    fit = fitting.fit(llama4, Need(tp=4))
+    assert fit.config.vision_config.num_attention_heads % 4 == 0 and fit.config.text_config.num_attention_heads % 4 == 0
+    assert any(c.startswith("vision_config.num_attention_heads ") for c in fit.changes)
+
+
+def test_a_layout_the_text_config_has_no_plan_for_is_refused_by_the_plan():
+    config = fitting.tiny(transformers.PaliGemmaConfig)  # gemma: TP and PP plans, no expert plan
+    assert fitting.plan_problems(config, Need(tp=2, pp=2)) is None
+    with pytest.raises(Unfittable) as caught:
+        fitting.fit(config, Need(ep=4))
+    assert caught.value.missing_plan == "base_model_ep_plan"
+    assert fitting.refusal(config, Need(ep=4)) == "PaliGemmaConfig has no base_model_ep_plan"
+
+
+def test_a_size_tied_to_the_text_hidden_size_follows_it():
+    """GraniteDocling's config requires `vision_config.out_hidden_size == text_config.hidden_size`: the tiny rule
+    shrinks it with the text width, and fitting raises it with it."""
+    config = fitting.tiny(transformers.GraniteDoclingConfig)
+    assert config.vision_config.out_hidden_size == config.text_config.hidden_size
+    fit = fitting.fit(config, Need(tp=4))
+    assert fit.config.vision_config.out_hidden_size == fit.config.text_config.hidden_size
+    assert fit.config.text_config.hidden_size != config.text_config.hidden_size
+
+
+def test_a_multimodal_rotary_split_is_scaled_to_the_shrunk_head():
+    for cls in (transformers.Cosmos3EdgeConfig, transformers.HYV4VLConfig):
+        text = fitting.tiny(cls).text_config
+        rotary = getattr(text, "qk_rope_head_dim", None) or text.head_dim
+        assert sum(text.rope_parameters["mrope_section"]) == rotary // 2, cls.__name__
+
+
+def test_a_parent_plan_naming_a_sub_model_reaches_its_config():
+    assert fitting._reaches({"language_model.layers.*.self_attn.q_proj": "colwise"}, "text_config")
+    assert fitting._reaches({"model.vision_tower.blocks.*.attn.qkv": "colwise"}, "vision_config")
+    assert not fitting._reaches({"multi_modal_projector.linear_1": "colwise"}, "vision_config")
+    assert not fitting._reaches(None, "text_config")
