@@ -1,7 +1,6 @@
 """The transformers fitting rule over every causal-LM config class transformers registers, in process: configs
 are built, never models."""
 
-import logging
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -10,6 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 from paracheck.adapters.transformers import fitting  # noqa: E402
 from paracheck.adapters.transformers.fitting import Need, Unfittable  # noqa: E402
+from tests.adapters.transformers.tiny_configs import quiet_configs, tiny_of  # noqa: E402,F401 (quiet_configs: autouse)
 from paracheck.adapters.transformers.layout import TfLayout  # noqa: E402
 
 
@@ -21,23 +21,6 @@ def _classes():
 
 
 CLASSES = _classes()
-_TINY: dict = {}
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.disable(logging.WARNING)  # configs warn about special token ids; not what is tested
-    yield
-    logging.disable(logging.NOTSET)
-
-
-def _tiny(cls):
-    if cls not in _TINY:
-        try:
-            _TINY[cls] = fitting.tiny(cls)
-        except Unfittable as exc:
-            _TINY[cls] = exc
-    return _TINY[cls]
 
 
 needs = st.builds(Need, tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]), ep=st.sampled_from([1, 2, 4]),
@@ -48,7 +31,7 @@ needs = st.builds(Need, tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2,
 @settings(max_examples=8, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(need=needs, heads=st.integers(1, 6), width=st.integers(1, 40), data=st.data())
 def test_fit_returns_a_fitting_config_or_names_why(cls, need, heads, width, data):
-    tiny = _tiny(cls)
+    tiny = tiny_of(cls)
     if isinstance(tiny, Unfittable):
         assert str(tiny)
         return
@@ -75,7 +58,7 @@ def test_fit_returns_a_fitting_config_or_names_why(cls, need, heads, width, data
 @pytest.mark.parametrize("cls", [c for c in CLASSES if getattr(c, "base_model_tp_plan", None)],
                          ids=lambda c: c.__name__)
 def test_every_tiny_config_with_a_tp_plan_fits_four_ranks_or_names_why(cls):
-    tiny = _tiny(cls)
+    tiny = tiny_of(cls)
     if isinstance(tiny, Unfittable):
         assert "rejects the fitted sizes" in str(tiny) or "keeps its sizes in nested configs" in str(tiny)
         return

@@ -4,7 +4,6 @@ seq2seq and speech auto mappings register whose default config or `text_config` 
 built, never models."""
 
 import itertools
-import logging
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -13,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from paracheck.adapters.transformers import fitting  # noqa: E402
 from paracheck.adapters.transformers.fitting import Need, Unfittable  # noqa: E402
+from tests.adapters.transformers.tiny_configs import quiet_configs, tiny_of  # noqa: E402,F401 (quiet_configs: autouse)
 
 MAPPINGS = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
             "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
@@ -45,25 +45,8 @@ def _classes():
 
 
 CLASSES = [c for c in _classes() if _planned(c)]
-_TINY: dict = {}
 #: Every (tp, pp, ep, dp) whose degrees multiply to 4.
 LAYOUTS = [d for d in itertools.product((1, 2, 4), repeat=4) if d[0] * d[1] * d[2] * d[3] == 4]
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.disable(logging.WARNING)  # configs warn about special token ids; not what is tested
-    yield
-    logging.disable(logging.NOTSET)
-
-
-def _tiny(cls):
-    if cls not in _TINY:
-        try:
-            _TINY[cls] = fitting.tiny(cls)
-        except Unfittable as exc:
-            _TINY[cls] = exc
-    return _TINY[cls]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -71,7 +54,7 @@ def _tiny(cls):
 def test_fit_reaches_every_nested_config_or_names_the_key_it_cannot_fit(cls, degrees, itemsize):
     tp, pp, ep, dp = degrees
     need = Need(tp=tp, pp=pp, ep=ep, dp=dp, itemsize=itemsize)
-    tiny = _tiny(cls)
+    tiny = tiny_of(cls)
     if isinstance(tiny, Unfittable):
         assert "rejects" in str(tiny), str(tiny)
         return
