@@ -24,8 +24,16 @@ def add_order(parser) -> None:
     parser.add_argument("--order", default="cp-fastest", help="cp-fastest|tp-fastest (mesh order)")
 
 
+#: Seconds a case may run by default, for one rank's work in a process.
+TIMEOUT = 120.0
+#: The world whose work one process does in TIMEOUT; a local world of more ranks gets TIMEOUT x ranks / this.
+TIMEOUT_RANKS = 4
+
+
 def add_timeout(parser) -> None:
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds one case may run before it is a hang")
+    parser.add_argument("--timeout", type=float, default=None, help=f"seconds one case may run before it is a hang "
+                        f"(default {TIMEOUT:g}; with --local-world N above {TIMEOUT_RANKS}, {TIMEOUT:g} x N / "
+                        f"{TIMEOUT_RANKS}: one process does every rank's work)")
 
 
 def add_after_hang(parser) -> None:
@@ -43,9 +51,13 @@ def check_order(order: str) -> None:
     check_choice("--order", order, ORDERS)
 
 
-def check_timeout(seconds: float) -> None:
+def check_timeout(seconds: float | None, local_world: int | None = None) -> float:
+    """The case timeout: `--timeout` as given (> 0), else the default, scaled by a local world's ranks."""
+    if seconds is None:
+        return TIMEOUT * max(1.0, (local_world or 1) / TIMEOUT_RANKS)
     if seconds <= 0:
         raise UsageError(f"--timeout {seconds:g}: must be > 0 seconds")
+    return seconds
 
 
 def check_dtypes(text: str, several: bool = False) -> list[str]:

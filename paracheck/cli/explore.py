@@ -65,7 +65,7 @@ def _check(args) -> list[str]:
     if args.nproc < 2:
         raise UsageError(f"--nproc {args.nproc}: explore needs a parallel layout, so 2 or more ranks")
     check_order(args.order)
-    check_timeout(args.timeout)
+    args.timeout = check_timeout(args.timeout)
     dtypes = check_dtypes(args.dtype, several=True)
     check_writable(args.report_json, "--report-json")
     args.seed = random.randrange(2 ** 16) if args.seed is None else args.seed

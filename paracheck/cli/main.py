@@ -146,7 +146,7 @@ def _check_options(args, backend) -> None:
     check_order(args.order)
     check_choice("--route", args.route, ROUTES)
     check_dtypes(args.dtype)
-    check_timeout(args.timeout)
+    args.timeout = check_timeout(args.timeout, getattr(args, "local_world", None))
     every_control = registry.controls()
     if args.only_control and args.only_control not in every_control:
         raise UsageError(f"--only-control {args.only_control!r}: must be one of {', '.join(every_control)}")

@@ -106,3 +106,15 @@ def test_unset_variants_give_the_transformers_fixtures_their_base_inputs_only():
     assert {c.variant for c in cases if c.library == "diffusers"} == {"base", "batch2", "uneven"}
     args = parser().parse_args(["run", "--models", "llama", "--variants", "all"])
     assert len({c.variant for c in build_cases(args, get_backend("gloo"))}) > 1
+
+
+@pytest.mark.parametrize("given, local_world, expected", [
+    (None, None, 120.0), (None, 2, 120.0), (None, 4, 120.0), (None, 16, 480.0), (None, 32, 960.0),
+    (30.0, 32, 30.0), (600.0, None, 600.0),
+])
+def test_a_local_worlds_default_timeout_grows_with_the_ranks_one_process_runs(given, local_world, expected):
+    """One process does every rank's work in a local world: a 16-rank case under load ran past the 4-rank default
+    and was reported a hang; a timeout the user gives is kept as given."""
+    from paracheck.cli.common import check_timeout
+
+    assert check_timeout(given, local_world) == expected
