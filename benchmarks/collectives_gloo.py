@@ -69,8 +69,8 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]
         model.load_state_dict(reference.state_dict())
         planted = get_control(control) if control else None
         with library.shims(backend.device_type):
-            model, applied = apply(resolve_route(Route.AUTO, layout), model, layout, backend, planted, reference,
-                                   outdir)
+            route = resolve_route(Route.AUTO, layout, backend.device_type)
+            model, applied = apply(route, model, layout, backend, planted, reference, outdir)
         # Ring needs the attention's log-sum-exp: paracheck's CPU op gives it (diffusers' native one does not).
         ring = cpu_lse_attention() if layout.ring > 1 else contextlib.nullcontext()
         with torch.no_grad(), ring:

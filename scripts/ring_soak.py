@@ -63,18 +63,13 @@ def _churn(libc, g, collect=True) -> None:
 
 def _churning(libc, g):
     """An op-pair wrapper (`library.templated_ops`) that churns the heap before each op runs."""
-    def wrap(forward, backward):
-        def forward_op(*args, **kwargs):
+    def after_churn(op):
+        def run(*args, **kwargs):
             _churn(libc, g, collect=False)
-            return forward(*args, **kwargs)
+            return op(*args, **kwargs)
+        return run
 
-        def backward_op(*args, **kwargs):
-            _churn(libc, g, collect=False)
-            return backward(*args, **kwargs)
-
-        return forward_op, backward_op
-
-    return wrap
+    return lambda forward, backward: (after_churn(forward), after_churn(backward))
 
 
 def worker(rank, world, seconds, tmp, seed, churn):

@@ -42,8 +42,9 @@ class Applied:
     stood_in: dict | None = None
 
 
-def resolve_route(route: Route, layout: Layout, device_type: str = "cpu") -> Route:
-    """The route a case runs through; `Unfittable` where `neuron-tp` cannot run (`device_type`: the backend's)."""
+def resolve_route(route: Route, layout: Layout, device_type: str) -> Route:
+    """The route a case runs through; `Unfittable` where `neuron-tp` cannot run on `device_type` (the backend's:
+    no default, so no caller gets the CPU stand-in without saying it runs on the CPU)."""
     if route == Route.NEURON_TP:
         refused = _neuron_tp_refused(layout, device_type)
         if refused:
@@ -79,7 +80,7 @@ def apply(route: Route, model, layout: Layout, backend, control, reference, work
 def _neuron_tp(model, layout: Layout, backend, *rest):
     """`auto`'s route through the Neuron TP path; on a CPU world inside the kit's stand-in for the device only.
     `Applied.route` stays the route that ran (native / composed), so the structure checks judge it as such."""
-    inner = resolve_route(Route.AUTO, layout)
+    inner = resolve_route(Route.AUTO, layout, backend.device_type)
     if backend.device_type != "cpu":
         return _parallelize(inner, model, layout, backend, *rest)
     with library.neuron_tensor_parallel():

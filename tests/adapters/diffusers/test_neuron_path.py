@@ -42,10 +42,10 @@ def test_torch_neuron_answers_the_cpu_inside_only():
 
 
 def test_the_route_takes_tp_layouts_on_cpu_or_neuron_only():
-    assert resolve_route(Route.NEURON_TP, Layout.parse("tp4")) == Route.NEURON_TP
+    assert resolve_route(Route.NEURON_TP, Layout.parse("tp4"), "cpu") == Route.NEURON_TP
     assert resolve_route(Route.NEURON_TP, Layout.parse("tp2xu2"), "neuron") == Route.NEURON_TP
     with pytest.raises(Unfittable, match="no tensor parallelism"):
-        resolve_route(Route.NEURON_TP, Layout.parse("u4"))
+        resolve_route(Route.NEURON_TP, Layout.parse("u4"), "cpu")
     with pytest.raises(Unfittable, match="not on cuda"):
         resolve_route(Route.NEURON_TP, Layout.parse("tp4"), "cuda")
 

@@ -304,7 +304,7 @@ def _setup(model_class, init_dict, layout, route, control, collectives, inputs, 
     if fit.changes:  # block counts a plan needs (e.g. `transformer_blocks.1`): the library's own rule
         shared.notes.append(f"fitted: {', '.join(fit.changes)}")
         init_dict = fit.init_dict
-    route = resolve_route(route, layout)
+    route = resolve_route(route, layout, "meta")  # a simulation's ranks hold meta tensors
     shared.route = route.value
     planted = get_control(control) if control else None
     reason = _control_skip(planted, layout, route)
