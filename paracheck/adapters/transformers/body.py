@@ -23,7 +23,7 @@ from paracheck.checks.shards import full
 from paracheck.checks.traits import input_traits
 from paracheck.domain.adapter import CaseContext, Refused
 from paracheck.domain.records import CheckId, CheckResult, Route, Status
-from paracheck.adapters.transformers import cases, fixtures, inputs, library, localize, structure
+from paracheck.adapters.transformers import cases, fixtures, inputs, library, localize, structure, tasks
 from paracheck.adapters.transformers.controls import CONTROLS, NO_PLANT, PLANTS
 from paracheck.world import meshes
 from paracheck.world.recent import Recent
@@ -72,9 +72,8 @@ class _Body:
         # The factory is part of the key: a spec may bend the single-process model too.
         key = (case.factory, self.path, case.variant, json.dumps(shape.to_json(), sort_keys=True) if shape else None,
                layout.dp)
-        ref, self.batch, self.expected = _REFERENCES.get(key, lambda: _single_process(self.path, case.variant, shape,
-                                                                                      layout))
-        self.ref = ref
+        ref, self.batch, self.expected = _REFERENCES.get(key, lambda: _single_process(self.path, case, shape, layout))
+        self.ref, self.task = ref, tasks.of_case(case.model, ref)
         result.model_class = type(ref).__name__
         result.inputs = input_traits(self.batch)
         missing = [k for k in self.plant.needs_rules if k not in ref.tp_plan]
@@ -103,8 +102,7 @@ class _Body:
         # The optimizer's way (set_to_none), not model.zero_grad(): FSDP2 groups kept unsharded after a no_grad
         # forward make model.zero_grad() miss the sharded gradients.
         torch.optim.SGD(self.model.parameters(), lr=0.0).zero_grad(set_to_none=True)
-        tokens = inputs.predicted_tokens(self.batch["labels"])
-        self.out = self.model(**self.mine, num_items_in_batch=tokens, use_cache=False)
+        self.out = self.model(**self.mine, **tasks.loss_kwargs(self.task, self.batch["labels"]), use_cache=False)
 
     def forward_checks(self) -> list:
         layout, expected, tol = self.layout, self.expected, self.tol
@@ -119,8 +117,8 @@ class _Body:
                                          f"labels given, but the forward returned no loss (pp_size={layout.pp})")]
         total = self.out.loss.detach().clone()
         dist.all_reduce(total)  # each data shard's loss counted once per rank holding it: world / dp times
-        return checks + [compare(CheckId.LOSS, total / (layout.world // layout.dp), expected["loss"], tol.atol,
-                                 tol.rtol, "loss")]
+        shards = layout.world // layout.dp * (layout.dp if self.task.shard_mean else 1)
+        return checks + [compare(CheckId.LOSS, total / shards, expected["loss"], tol.atol, tol.rtol, "loss")]
 
     def backward_skip(self) -> str | None:
         if self.out.loss is None:
@@ -128,7 +126,10 @@ class _Body:
         return None if self.case.grads else "--no-grads"
 
     def backward(self) -> None:
-        (self.out.loss * self.plant.loss_factor(self.layout.dp)).backward()
+        # The plant's factor undoes FSDP's mean over dp ranks of losses that are shares of the global mean; a
+        # shard-mean loss needs none (its factor divided by dp).
+        factor = self.plant.loss_factor(self.layout.dp) / (self.layout.dp if self.task.shard_mean else 1)
+        (self.out.loss * factor).backward()
 
     def grads_checks(self) -> list:
         skip = self.backward_skip()
@@ -145,6 +146,8 @@ class _Body:
     def generate(self) -> list:
         from paracheck.adapters.transformers import generate
 
+        if not self.task.generates:
+            return [CheckResult(CheckId.GENERATE, Status.SKIP, f"a {self.task.name} model does not generate")]
         return generate.run(self)
 
     def steps(self) -> list:
@@ -157,12 +160,17 @@ class _Body:
                               self.tol.rtol)
 
 
-def _single_process(path: str, variant: str, shape, layout) -> tuple:
+def _single_process(path: str, case, shape, layout) -> tuple:
     """(the checkpoint loaded on this rank alone, the global batch, the reference run's results)."""
-    from transformers import AutoModelForCausalLM
-
-    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    batch = _batch(variant, shape, layout, ref.config.vocab_size)
+    ref, variant = tasks.load(path, dtype=torch.float32), case.variant
+    task = tasks.of_case(case.model, ref)
+    if variant not in task.variants:
+        raise Refused(f"variant {variant}: a {task.name} model takes {', '.join(task.variants)}")
+    try:
+        batch = tasks.with_labels(task, _batch(variant, shape, layout, ref.config.get_text_config().vocab_size),
+                                  ref.config, seed=1)
+    except ValueError as exc:  # rows too short for the task's inputs (an image's placeholders)
+        raise Refused(f"{task.name} inputs: {exc}") from exc
     if variant == "embeds":
         batch = inputs.with_embeds(batch, ref.get_input_embeddings())
     return ref, batch, reference_run(ref, batch)
@@ -179,7 +187,6 @@ def _batch(variant: str, shape, layout, vocab: int) -> dict:
 
 
 def _load_parallel(path: str, layout, plant, backend):
-    from transformers import AutoModelForCausalLM
     from transformers.distributed import DistributedConfig
 
     kwargs = layout.config_kwargs()
@@ -192,7 +199,7 @@ def _load_parallel(path: str, layout, plant, backend):
     device = torch.device(backend.device_for(int(os.environ.get("LOCAL_RANK", 0))))
     try:
         with library.world_meshes(meshes.for_world(), backend.device_type, device):
-            return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, distributed_config=config)
+            return tasks.load(path, dtype=torch.float32, distributed_config=config)
     except (ValueError, NotImplementedError) as exc:
         # Plan and size rules transformers checks while loading; every rank raises the same.
         raise Refused(f"transformers refuses {_kw(kwargs)} for this model: {exc}") from exc

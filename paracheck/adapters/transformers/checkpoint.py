@@ -43,7 +43,7 @@ from paracheck.checks.trainloop import clip, whole_params
 from paracheck.checks.wholes import wholes
 from paracheck.domain.adapter import Refused
 from paracheck.domain.records import CheckId, CheckResult, Failure, Status
-from paracheck.adapters.transformers import inputs
+from paracheck.adapters.transformers import inputs, tasks
 from paracheck.adapters.transformers import fitting
 from paracheck.adapters.transformers.layout import cp_supported, reload_layout
 from paracheck.rank.skeleton import RAISES
@@ -124,15 +124,13 @@ class _Roundtrip:
     # -- the parts ------------------------------------------------------------------------------------------
 
     def _gathered(self, model) -> Part:
-        from transformers import AutoModelForCausalLM
-
         with _folder(self.root, "gathered") as path:
             with _planted(self.plant.save_plant, model):
                 model.save_pretrained(path)
             dist.barrier()  # transformers waits for its writer under tp, dp and ep only, not under pp
             problems = _names_and_shapes(path, self.body.path)
             try:
-                loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+                loaded = tasks.load(path, dtype=torch.float32)
             except Exception as exc:  # what it read is what is wrong: the names and shapes say it first
                 if not problems:
                     raise
@@ -140,11 +138,9 @@ class _Roundtrip:
             return self._held(dict(loaded.state_dict()), problems)
 
     def _sharded(self, model, path: str) -> Part:
-        from transformers import AutoModelForCausalLM
-
         with _planted(self.plant.dcp_save_plant, model):
             self._save_sharded(model, path)
-        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        loaded = tasks.load(path, dtype=torch.float32)
         return self._held(dict(loaded.state_dict()), [])
 
     def _save_sharded(self, model, path: str) -> None:
@@ -255,15 +251,13 @@ def _verdict(parts: dict, notes: list, other, tol, failure) -> CheckResult:
 
 def _reference_steps(path: str, batch: dict, count: int) -> list[StepRecord]:
     """`count` steps of a fresh single-device load of the checkpoint (the shared reference is left alone)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = tasks.load(path, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    tokens = inputs.predicted_tokens(batch["labels"])
+    counted = tasks.loss_kwargs(tasks.of_model(model), batch["labels"])
     records = []
     for _ in range(count):
         optimizer.zero_grad(set_to_none=True)
-        loss = model(**batch, num_items_in_batch=tokens, use_cache=False).loss
+        loss = model(**batch, **counted, use_cache=False).loss
         loss.backward()
         clip(list(model.parameters()), MAX_NORM)
         optimizer.step()
@@ -277,13 +271,16 @@ def _step(model, optimizer, batch: dict, layout) -> StepRecord:
     rank = dist.get_rank()
     mine = inputs.share(batch, layout.dp_index(rank), layout.dp)
     optimizer.zero_grad(set_to_none=True)
-    loss = model(**mine, num_items_in_batch=inputs.predicted_tokens(batch["labels"]), use_cache=False).loss
-    (loss * layout.dp).backward()  # FSDP averages gradients over the dp ranks; each loss is a share of the mean
+    task = tasks.of_model(model)
+    loss = model(**mine, **tasks.loss_kwargs(task, batch["labels"]), use_cache=False).loss
+    # FSDP averages gradients over the dp ranks: a loss that is a share of the global mean is scaled back up.
+    (loss * (1 if task.shard_mean else layout.dp)).backward()
     clip(list(model.parameters()), MAX_NORM)
     optimizer.step()
     total = loss.detach().clone()
     dist.all_reduce(total)
-    return StepRecord(total / (layout.world // layout.dp), whole_params(model))
+    shards = layout.world // layout.dp * (layout.dp if task.shard_mean else 1)
+    return StepRecord(total / shards, whole_params(model))
 
 
 def _trainer_refusal(model, folder: str) -> str:

@@ -136,11 +136,17 @@ def sizes(config) -> dict[str, list[str]]:
 def plan_problems(config, need: Need) -> str | None:
     """Why the config's plans cannot take `need` at all (the plan it lacks on the config and on its
     `text_config`, where a vision-language model keeps its language plans), else None."""
-    text = getattr(config, "text_config", None)
     for degree, plan in _PLANS.items():
-        if getattr(need, degree) > 1 and not (getattr(config, plan, None) or getattr(text, plan, None)):
+        if getattr(need, degree) > 1 and not has_plan(config, degree):
             return plan
     return None
+
+
+def has_plan(config, degree: str) -> bool:
+    """Whether `config` or its `text_config` carries the plan `degree` ("tp", "ep", "pp") needs: where
+    `plan_problems` looks."""
+    plan = _PLANS[degree]
+    return bool(getattr(config, plan, None) or getattr(getattr(config, "text_config", None), plan, None))
 
 
 def parts(config, need: Need) -> list[tuple[str, object, Need]]:

@@ -60,6 +60,13 @@ def generation(model, batch: dict, mode: str) -> rule.Generation:
     return rule.Generation(out.sequences.detach().cpu(), torch.stack([full(x).detach().cpu() for x in out.logits]))
 
 
+def _with_task(body, batch: dict) -> dict:
+    """The prompts as the case's task takes them: with an image per row for a vision-language model."""
+    from paracheck.adapters.transformers import images, tasks
+
+    return images.with_images(batch, body.ref.config, SEED) if body.task is tasks.IMAGE_TEXT else batch
+
+
 def _reference(ref, batches: dict) -> dict:
     """Mode -> the single-process model's generation, or why that mode does not run on it."""
     found = {}
@@ -74,8 +81,8 @@ def _reference(ref, batches: dict) -> dict:
 def run(body) -> list[CheckResult]:
     """The pass for one case (`body`: the adapter's `_Body` after its checks)."""
     layout, ctx, tol = body.layout, body.ctx, body.tol
-    vocab = body.ref.config.vocab_size
-    batches = {mode: prompts(layout.dp, vocab, padded) for mode, (_, padded) in MODES.items()}
+    vocab = body.ref.config.get_text_config().vocab_size
+    batches = {mode: _with_task(body, prompts(layout.dp, vocab, padded)) for mode, (_, padded) in MODES.items()}
     with ctx.phase("generate_reference"):
         expected = _GENERATIONS.get((body.path, layout.dp), lambda: _reference(body.ref, batches))
     index, per = layout.dp_index(body.rank), batches["dynamic"]["input_ids"].shape[0] // layout.dp

@@ -20,8 +20,11 @@ FACTORY = "payload"
 
 def plan_layouts(config, world: int) -> list[TfLayout]:
     """Every layout of `world` ranks the config's plans allow: TP only with a `base_model_tp_plan`, EP only
-    with a `base_model_ep_plan`, pipeline only with a `base_model_pp_plan`; FSDP and HSDP always."""
-    has = {name: bool(getattr(config, f"base_model_{name}_plan", None)) for name in ("tp", "ep", "pp")}
+    with a `base_model_ep_plan`, pipeline only with a `base_model_pp_plan` (each on the config or on its text
+    config); FSDP and HSDP always."""
+    from paracheck.adapters.transformers.fitting import has_plan
+
+    has = {name: has_plan(config, name) for name in ("tp", "ep", "pp")}
     found = layouts_for(world, moe=has["ep"], cp_field=cp_supported(), pp=has["pp"])
     return [layout for layout in found if layout.tp == 1 or has["tp"]]
 

@@ -182,10 +182,10 @@ def reference(key, path: str, data: list[dict], rows: int, steps: int, workdir: 
     otherwise take cuda:0, and with several GPUs visible wrap the model in DataParallel)."""
 
     def compute():
-        from transformers import AutoModelForCausalLM
+        from paracheck.adapters.transformers import tasks
 
         with _single_process_env():
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            model = tasks.load(path, dtype=torch.float32)
             return train(model, data, rows, steps, True, workdir)
 
     return _STEPS.get(key, compute)
@@ -216,15 +216,16 @@ def run(body) -> list[CheckResult]:
     model and on a fresh single-process load, compared at the case's tolerance."""
     import json
 
-    from paracheck.adapters.transformers import inputs
+    from paracheck.adapters.transformers import inputs, tasks
 
     case, layout, ctx = body.case, body.layout, body.ctx
     embed = body.ref.get_input_embeddings() if case.variant == "embeds" else None
 
     def draw(seed: int) -> dict:
-        vocab = body.ref.config.vocab_size
+        vocab = body.ref.config.get_text_config().vocab_size
         batch = (inputs.from_shape(case.shape, vocab, seed) if case.shape is not None
                  else inputs.global_batch(case.variant, layout.dp, vocab, seed))
+        batch = tasks.with_labels(body.task, batch, body.ref.config, seed)
         return inputs.with_embeds(batch, embed) if embed is not None else batch
 
     mismatch = _broadcast_mismatch(body.model)

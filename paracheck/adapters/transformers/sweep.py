@@ -1,8 +1,11 @@
-"""`paracheck run --models transformers:all`: every causal-LM family transformers registers that has a TP plan,
-each as a tiny config fitted to the world by `fitting`, over every layout of the world its plans allow.
+"""`paracheck run --models transformers:all`: every model class transformers registers for a task the adapter runs
+(`tasks`: causal LM, sequence and token classification, image-text-to-text) whose config has a TP plan (its own or
+its text config's), each as a tiny config fitted to the world by `fitting`, over every layout its plans allow.
 
-Per family (in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, sorted by name): `fitting.tiny` shrinks the config class's
-defaults, `fitting.fit` raises what the world's degrees split, so one checkpoint serves every layout. A layout
+A family is a model type and a task, named `llama` (causal LM, as before tasks), `llama-seq-cls`, `llava-image-text`;
+`transformers:all-seq-cls` selects one task's. Per family (sorted by task, then name): `fitting.tiny` shrinks the
+config class's defaults, `fitting.fit` raises what the world's degrees split, so one checkpoint serves every layout,
+and `tasks.prepared` gives it the task's label count, padding token or image sizes. A layout
 whose sizes the rule refuses is a skip with the rule's sentence, decided here, before any rank starts; so is a
 family whose config transformers rejects (`Unfittable`) or whose model cannot be built at all (an optional
 dependency missing: `ImportError`). The rest run as `payload` cases (the mixins' kind: each rank loads the
@@ -23,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from paracheck.adapters.transformers import fitting
+from paracheck.adapters.transformers import fitting, tasks
 from paracheck.adapters.transformers.controls import applicable
 from paracheck.domain.adapter import Swept
 from paracheck.domain.case import Case
@@ -43,53 +46,74 @@ MAX_PARAMETERS = 20_000_000
 class Family:
     name: str
     config_class: type
+    task: tasks.Task = tasks.CAUSAL_LM
     config: object = None  # the fitted tiny config, None when refused
     refused: str = ""  # why the whole family cannot run (a named skip)
     changes: list = field(default_factory=list)
 
 
 def wanted(models: str) -> list[str] | None:
-    """`transformers:all` -> None (every family); `transformers:llama,phi` -> those; other text -> not a sweep."""
+    """`transformers:all` -> None (every family); `transformers:llama,phi-seq-cls,all-image-text` -> those (and
+    every family of the task an `all-KEY` names)."""
     names = models[len(PREFIX):]
     return None if names == "all" else [n.strip() for n in names.split(",") if n.strip()]
 
 
 def families(names: list[str] | None = None) -> list[Family]:
-    """Every causal-LM family with a `base_model_tp_plan` (or those named), sorted by name."""
+    """Every family with a TP plan (or those named), by task, then name."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     found = []
-    for name in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
-        if names is not None and name not in names:
-            continue
-        config_class = CONFIG_MAPPING[name]
-        if getattr(config_class, "base_model_tp_plan", None):
-            found.append(Family(name, config_class))
-    unknown = sorted(set(names or []) - {f.name for f in found})
+    for task in tasks.TASKS:
+        for model_type in sorted(tasks.classes(task)):
+            name = model_type + task.suffix
+            if names is not None and name not in names and f"all-{task.key}" not in names:
+                continue
+            if model_type in CONFIG_MAPPING and _planned(CONFIG_MAPPING[model_type], task):
+                found.append(Family(name, CONFIG_MAPPING[model_type], task))
+    keys = {f"all-{task.key}" for task in tasks.TASKS}
+    unknown = sorted(set(names or []) - {f.name for f in found} - keys)
     if unknown:
-        raise ValueError(f"--models transformers:{','.join(unknown)}: not a causal-LM family with a TP plan in the "
-                         "installed transformers")
+        raise ValueError(f"--models transformers:{','.join(unknown)}: not a family with a TP plan in the installed "
+                         f"transformers (a model type, with -{', -'.join(t.key for t in tasks.TASKS[1:])} for a task "
+                         "other than causal LM)")
     return found
+
+
+def _planned(config_class, task: tasks.Task) -> bool:
+    """Whether the config class carries a TP plan: on the class (a causal LM's, as the sweep always read it), or,
+    for the other tasks, on the text config its defaults nest (a vision-language model's language plans)."""
+    if getattr(config_class, "base_model_tp_plan", None):
+        return True
+    if task is tasks.CAUSAL_LM:
+        return False
+    try:
+        return bool(getattr(config_class().get_text_config(), "base_model_tp_plan", None))
+    except Exception:  # a config class whose own defaults its validators reject: `fitted` names it
+        return True
 
 
 def fitted(family: Family, world: int, dtype: str = "fp32") -> Family:
     """The family's tiny config fitted to every layout of `world` ranks its plans allow."""
+    from paracheck.adapters.transformers.images import NoBuilder
+
     config_class = family.config_class
-    need = fitting.Need(tp=world, pp=world if config_class.base_model_pp_plan else 1,
-                        ep=world if getattr(config_class, "base_model_ep_plan", None) else 1, dp=world,
-                        itemsize=fitting.ITEMSIZE[dtype])
     try:
         tiny = fitting.tiny(config_class)
         nested = fitting.keeps_sizes_nested(tiny)
-        if nested:  # the causal-LM head reads the text sizes at the top: the text config is a family of its own
+        if nested and family.task is tasks.CAUSAL_LM:  # its head reads the text sizes at the top: the text config
             raise fitting.Unfittable(f"{config_class.__name__} keeps its sizes in nested configs ({', '.join(nested)});"
                                      " fit the nested text config's own family instead")
+        tasks.prepared(tiny, family.task)  # a family whose inputs the kit cannot make is refused before fitting
+        has = {degree: fitting.has_plan(tiny, degree) for degree in ("pp", "ep")}
+        need = fitting.Need(tp=world, pp=world if has["pp"] else 1, ep=world if has["ep"] else 1, dp=world,
+                            itemsize=fitting.ITEMSIZE[dtype])
         fit = fitting.fit(tiny, need)
-    except fitting.Unfittable as exc:
+        config = tasks.prepared(fit.config, family.task)
+    except (fitting.Unfittable, NoBuilder) as exc:
         family.refused = str(exc)
         return family
-    family.config, family.changes = fit.config, fit.changes
+    family.config, family.changes = config, fit.changes
     return family
 
 
@@ -140,6 +164,9 @@ def _generating(request, cases: list[Case], refused: dict[int, str]) -> tuple[li
     chosen = []
     for family in dict.fromkeys(c.model for c in cases):  # the kinds are covered per family
         mine = [c for c in cases if c.model == family]
+        if not tasks.by_suffix(family)[1].generates:
+            chosen += mine
+            continue
         chosen += with_generate(mine, request.everything, needs=needs_generate,
                                 runs=lambda c: replace(c, generate=False) not in why)
     return chosen, {i: why[replace(c, generate=False)] for i, c in enumerate(chosen)
@@ -164,18 +191,19 @@ def build(family: Family, folder: str):
     """Write the family's seeded checkpoint into `folder/<name>`; returns (status, why) where it cannot be
     built, else None."""
     import torch
-    from transformers import AutoModelForCausalLM
+    import transformers
 
+    auto = getattr(transformers, family.task.auto)
     path = os.path.join(folder, family.name)
     try:
         with torch.device("meta"):  # counted without memory first: a config the tiny rule missed is refused
-            count = sum(p.numel() for p in AutoModelForCausalLM.from_config(family.config).parameters())
+            count = sum(p.numel() for p in auto.from_config(family.config).parameters())
         if count > MAX_PARAMETERS:
             return RankStatus.ERROR, (f"{family.name}: the fitted tiny config has {count:,} parameters (more "
                                       f"than {MAX_PARAMETERS:,}): a size the tiny rule does not know")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(family.config, dtype=torch.float32)
+            model = auto.from_config(family.config, dtype=torch.float32)
             _nonzero_biases(model)
         model.save_pretrained(path)
     except ImportError as exc:  # an optional dependency the family's modeling code needs: a named skip
@@ -194,11 +222,11 @@ def _defaults_unbuilt(family: Family) -> str:
     """How the family's model fails to build from its config class's own defaults (on the meta device, so at no
     memory cost), or "" when it builds."""
     import torch
-    from transformers import AutoModelForCausalLM
+    import transformers
 
     try:
         with torch.device("meta"):
-            AutoModelForCausalLM.from_config(family.config_class())
+            getattr(transformers, family.task.auto).from_config(family.config_class())
     except Exception as exc:  # whatever the library raises is its own refusal, quoted
         return f"{type(exc).__name__}: {exc}"
     return ""

@@ -1,0 +1,150 @@
+"""The model tasks the transformers adapter runs: for each, the auto mapping its classes come from, the labels (and,
+through `images`, the pixels) its batch carries, how its loss adds up over data-parallel shards, and whether it
+generates.
+
+A checkpoint names its own class (`config.architectures`): a rank loads exactly the class the launcher built or the
+user wrote (`load`), and reads its task from the mapping that holds the class (`of_model`). The bundled fixtures and
+every earlier sweep family are causal LMs, whose names and batches stay as they were. Torch-free at import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paracheck.adapters.transformers.fixtures import VARIANTS
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str  # the support matrix's task column
+    key: str  # how `--models transformers:all-KEY` selects the task's families
+    #: Appended to a family's name in the sweep (`llama-seq-cls`): transformers' model types never hold a hyphen
+    #: followed by these, and causal LMs keep their bare names, so earlier reports and replays still match.
+    suffix: str
+    mapping: str  # its name in `transformers.models.auto.modeling_auto`
+    auto: str  # the auto class that builds a config's model for this task
+    generates: bool
+    #: The head's loss is each shard's mean (it takes no `num_items_in_batch`): the data-parallel shards' losses
+    #: average to the global one, and FSDP's averaged gradients are already the global ones.
+    shard_mean: bool
+    variants: tuple[str, ...]
+
+
+CAUSAL_LM = Task("causal LM", "causal-lm", "", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM", True, False,
+                 VARIANTS)
+# Padding only where each shard's mean still averages to the global mean: a sequence label per row is never
+# padded away; a token label is, so token classification takes unpadded rows.
+SEQUENCE_CLASSIFICATION = Task("sequence classification", "seq-cls", "-seq-cls", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+                               "AutoModelForSequenceClassification", False, True, VARIANTS)
+TOKEN_CLASSIFICATION = Task("token classification", "token-cls", "-token-cls", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+                            "AutoModelForTokenClassification", False, True, ("base", "packed", "embeds"))
+# No embeds variant: a vision-language model finds its image placeholders in `input_ids`.
+IMAGE_TEXT = Task("image-text-to-text", "image-text", "-image-text", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+                  "AutoModelForImageTextToText", True, False, ("base", "left_pad", "right_pad", "packed"))
+TASKS = (CAUSAL_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, IMAGE_TEXT)
+#: Labels a classification head tells apart in the kit's configs (transformers' default is 2).
+NUM_LABELS = 3
+
+
+def by_suffix(name: str) -> tuple[str, Task]:
+    """A sweep family's name split into (model type, task): `llama-seq-cls` -> ("llama", sequence
+    classification); a bare name is a causal LM."""
+    for task in TASKS:
+        if task.suffix and name.endswith(task.suffix):
+            return name[:-len(task.suffix)], task
+    return name, CAUSAL_LM
+
+
+def classes(task: Task) -> dict[str, str]:
+    """model type -> the class name the task's auto mapping gives it (the first, where it names several)."""
+    from transformers.models.auto import modeling_auto
+
+    mapping = getattr(modeling_auto, task.mapping, None) or {}
+    return {k: v if isinstance(v, str) else v[0] for k, v in mapping.items()}
+
+
+def of_class_name(name: str) -> Task:
+    """The task whose mapping holds class `name`; a class no mapping names (a user's own) is taken as a causal LM,
+    which is what the adapter ran before it knew tasks."""
+    return next((t for t in TASKS if name in classes(t).values()), CAUSAL_LM)
+
+
+def of_model(model) -> Task:
+    """The task of a built model: its class, or the first of its bases a mapping names."""
+    for klass in type(model).__mro__:
+        task = of_class_name(klass.__name__)
+        if task is not CAUSAL_LM or klass.__name__ in classes(CAUSAL_LM).values():
+            return task
+    return CAUSAL_LM
+
+
+def of_case(model: str, built) -> Task:
+    """A case's task: the one its name carries (a sweep family's suffix), else its built model's class's (`of_model`).
+    The name decides first because 7 classes sit in two mappings (Gemma3ForConditionalGeneration is the causal LM
+    and the image-text-to-text class of gemma3)."""
+    name, task = by_suffix(model)
+    return task if name != model else of_model(built)
+
+
+def model_class(path: str):
+    """The class the checkpoint at `path` was saved from (`config.architectures`), where transformers has it;
+    else `AutoModelForCausalLM` (a checkpoint that names no class, or one of the user's own)."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(path)
+    name = (getattr(config, "architectures", None) or [""])[0]
+    return getattr(transformers, name, None) or transformers.AutoModelForCausalLM
+
+
+def load(path: str, **kwargs):
+    """`from_pretrained` of the checkpoint's own class (`model_class`)."""
+    return model_class(path).from_pretrained(path, **kwargs)
+
+
+def prepared(config, task: Task):
+    """`config` made ready for the task's inputs (a copy): a classifier's label count and padding token (a
+    sequence head pools each row's last unpadded token, which it finds by the padding id); a vision-language
+    model's image sizes and placeholder token (`images.prepared`). `images.NoBuilder` names a family whose
+    image inputs the kit cannot make."""
+    import copy
+
+    from paracheck.adapters.transformers import images
+    from paracheck.adapters.transformers.inputs import PAD_ID
+
+    config = copy.deepcopy(config)
+    if task.shard_mean:
+        config.num_labels = NUM_LABELS
+        config.pad_token_id = PAD_ID
+        text = getattr(config, "text_config", None)
+        if text is not None:
+            text.pad_token_id = PAD_ID
+    if task is IMAGE_TEXT:
+        config = images.prepared(config)
+    return config
+
+
+def with_labels(task: Task, batch: dict, config, seed: int) -> dict:
+    """The batch of token rows (`inputs`) made the task's: image placeholders and pixels for a vision-language
+    model (labels -100 on the placeholders), a class per row or per unpadded token for a classifier."""
+    import torch
+
+    from paracheck.adapters.transformers import images
+
+    if task is IMAGE_TEXT:
+        return images.with_images(batch, config, seed)
+    if not task.shard_mean:
+        return batch
+    generator = torch.Generator().manual_seed(seed + 1)
+    labels = batch["labels"]
+    if task is SEQUENCE_CLASSIFICATION:
+        return dict(batch, labels=torch.randint(0, NUM_LABELS, (labels.shape[0],), generator=generator))
+    drawn = torch.randint(0, NUM_LABELS, labels.shape, generator=generator)
+    return dict(batch, labels=drawn.masked_fill(labels == -100, -100))
+
+
+def loss_kwargs(task: Task, labels) -> dict:
+    """What the training forward takes besides the batch: the global count of predicted tokens where the task's
+    loss divides by it (the shards' losses then add up to the global mean), nothing where it is a shard mean."""
+    from paracheck.adapters.transformers.inputs import predicted_tokens
+
+    return {} if task.shard_mean else {"num_items_in_batch": predicted_tokens(labels)}
