@@ -143,7 +143,8 @@ def test_a_sweep_case_replays_by_its_family_name():
 def test_a_classification_head_and_a_vision_language_model_run_on_real_ranks(tmp_path):
     """Tasks beyond the causal LM through the sweep on 2 gloo ranks: a sequence-classification head (its loss a
     mean per data shard: tf-grad-divide is its scaling's negative control) and Llava (pixels and placeholders built
-    here; parity.generate with an image per prompt, tf-cache-all-heads its control). Llava's FSDP generate is
+    here; parity.generate with an image per prompt, tf-cache-all-heads its control; the wrapper's head and the nested
+    embedding planned replicate, structure's controls). Llava's FSDP generate is
     transformers' declared bug (docs/upstream/transformers_fsdp_vlm_generate.md)."""
     run = run_paracheck(["--models", "transformers:llama-seq-cls,llava-image-text", "--nproc", "2", "--layouts",
                          "tp2,fsdp2", "--controls"], tmp_path)
@@ -155,6 +156,8 @@ def test_a_classification_head_and_a_vision_language_model_run_on_real_ranks(tmp
     generated = next(k for k in by[("llava-image-text", "tp2", None)]["checks"] if k["id"] == "parity.generate")
     assert generated["status"] == "pass"
     for key in [("llama-seq-cls", "fsdp2", "tf-grad-divide"), ("llava-image-text", "tp2", "tf-cache-all-heads"),
-                ("llava-image-text", "fsdp2", "tf-skip-dp-reduce")]:
+                ("llava-image-text", "fsdp2", "tf-skip-dp-reduce"), ("llava-image-text", "tp2", "tf-embed-replicate"),
+                ("llava-image-text", "tp2", "tf-vlm-head-unplanned")]:
         assert by[key]["status"] == "detected", key
+    assert by[("llama-seq-cls", "tp2", "tf-vlm-head-unplanned")]["status"] == "skip"  # no nested language model
     assert {c["status"] for k, c in by.items() if k[2]} <= {"detected", "skip", "inconclusive"}
