@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from html import escape
 
-from paracheck.launch.attribution import ranks_text
 from paracheck.domain.localization import (ForwardLocalization, GradsLocalization, Localization, Merged, ints, items,
                                            number)
+from paracheck.launch.attribution import ranks_text
 from paracheck.results import localization, loopview, overview, plots
 from paracheck.results.grouping import Row, groups
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from paracheck.domain.localization import Localization
 from paracheck.results import known, localization
 from paracheck.launch.attribution import ranks_named
 from paracheck.domain.case import Case
+from paracheck.domain.localization import Localization
 from paracheck.domain.registry import get_control
 from paracheck.domain.records import (TO_CASE, CaseStatus, CheckId, CheckResult, Failure, FailureKind, Finding,
                                       MergedCheck, RankResult, RankStatus, Route, Status)
