@@ -13,11 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-#: Fields every merged part carries (`results.localization.merge`): the rank shown, the ranks that found the
-#: same, and rank -> what another rank found instead.
-MERGED = ("rank", "ranks", "other_ranks")
-
-
 def number(value) -> float | None:
     """A figure as a float (NaN and infinity kept), or None where it is missing or not a number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -29,9 +24,9 @@ def integer(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def ints(value) -> tuple[int, ...]:
-    """The integers in a list (ranks); () for anything else."""
-    return tuple(v for v in value if integer(v) is not None) if isinstance(value, (list, tuple)) else ()
+def ints(value) -> list[int]:
+    """The integers in a list (ranks); [] for anything else."""
+    return [v for v in value if integer(v) is not None] if isinstance(value, (list, tuple)) else []
 
 
 def items(value) -> list[dict]:
@@ -69,7 +64,7 @@ class Merged:
     @classmethod
     def from_json(cls, data: dict) -> "Merged":
         others = data.get("other_ranks")
-        return cls(integer(data.get("rank")), ints(data.get("ranks")), others if isinstance(others, dict) else None)
+        return cls(integer(data.get("rank")), tuple(ints(data.get("ranks"))), others if isinstance(others, dict) else None)
 
 
 @dataclass(frozen=True)
