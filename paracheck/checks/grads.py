@@ -3,8 +3,11 @@ each parameter's entry and the pattern (`checks.localize`) when it fails."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from paracheck.checks import localize
 from paracheck.checks.compare import compare, problems_text
+from paracheck.domain.localization import GradRow
 from paracheck.domain.records import CheckId, CheckResult, Status
 
 #: Why a parameter is compared with nothing: it is named on one side only.
@@ -28,7 +31,7 @@ def compare_grads(pairs, atol: float, rtol: float, degrees: dict | None = None,
             continue
         result = compare(CheckId.GRADS, grad, want, atol, rtol, name)
         worst, worst_rel = max(worst, result.max_abs or 0.0), max(worst_rel, result.max_rel or 0.0)
-        entries.append(dict(localize.grad_entry(name, grad, want, atol, rtol), within=result.status == Status.PASS))
+        entries.append(replace(localize.grad_entry(name, grad, want, atol, rtol), within=result.status == Status.PASS))
         if result.status != Status.PASS:
             beyond.append(f"{name} max_abs {result.max_abs:.1e}" if result.max_abs is not None else result.detail)
     unnamed = {side: list(names) for side, names in (unmatched or {}).items() if names}
@@ -41,10 +44,9 @@ def compare_grads(pairs, atol: float, rtol: float, degrees: dict | None = None,
     failing = len(beyond) + len(one_sided) + sum(map(len, unnamed.values()))
     return CheckResult(CheckId.GRADS, Status.FAIL, "; ".join(parts), worst, worst_rel, atol, rtol,
                        data={"failing": failing,
-                             "localization": {"grads": localize.grads_localization(entries, degrees or {})}})
+                             "localization": {"grads": localize.grads_localization(entries, degrees or {}).to_json()}})
 
 
-def unmatched_entry(name: str, side: str) -> dict:
+def unmatched_entry(name: str, side: str) -> GradRow:
     """The gradient table's entry for a parameter named on one side only (`side`: "parallel" or "reference")."""
-    return {"param": name, "max_abs": None, "max_rel": None, "over": float("inf"), "within": False,
-            "why": ONE_SIDE[side]}
+    return GradRow(name, None, None, False, None, ONE_SIDE[side])

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from paracheck.domain.localization import ForwardLocalization, GradRow, GradsLocalization, ModuleRow, Skipped
+
 #: A parameter whose gradient is k x the reference's to this relative residual (max |a - k b| / max |b|) is
 #: "off by k". A summary's word, not a check's bound: fp32 gradients that agree do so to ~1e-7.
 FACTOR_FIT = 1e-3
@@ -253,7 +255,7 @@ def _reaches(ref_shape: tuple, shapes: dict, groups, dims: tuple) -> bool:
 
 def gather_trace(calls: list[Call], ref_calls: list[Call], groups: list[Group], whole: set,
                  all_gather_object, rank: int, partial: bool = False,
-                 declared: dict | None = None) -> tuple[dict, list[dict]]:
+                 declared: dict | None = None) -> tuple[dict, list[Skipped]]:
     """The parallel trace with every split tensor put back together: key -> [(slot side, index, whole tensor,
     other readings)], and the calls not compared (with why). `whole`: module names the plan keeps whole
     (their outputs are compared as the rank holds them: a gather point that did not gather shows as a
@@ -342,7 +344,7 @@ def segment_readings(pieces: list[torch.Tensor], dim: int, segments: tuple) -> l
 
 
 def _gather_plan(table: list, ref: dict, groups: list[Group], whole: set,
-                 declared: dict) -> tuple[dict, list[dict]]:
+                 declared: dict) -> tuple[dict, list[Skipped]]:
     """(key, "in"|"out", index) -> dims per group, for every slot both sides hold; and the calls not compared."""
     per_key: dict[str, dict[int, tuple]] = {}
     for r, entries in enumerate(table):
@@ -352,7 +354,7 @@ def _gather_plan(table: list, ref: dict, groups: list[Group], whole: set,
     plan, not_compared = {}, []
     for key, by_rank in per_key.items():
         if key not in ref:
-            not_compared.append({"module": key, "why": "on the parallel model only"})
+            not_compared.append(Skipped(key, "on the parallel model only"))
             continue
         why = []
         for side, position in (("in", 0), ("out", 1)):
@@ -376,9 +378,9 @@ def _gather_plan(table: list, ref: dict, groups: list[Group], whole: set,
                 else:
                     plan[(key, side, i)] = dims
         if why:
-            not_compared.append({"module": key, "why": "; ".join(why)})
+            not_compared.append(Skipped(key, "; ".join(why)))
     seen = set(per_key)
-    not_compared += [{"module": key, "why": "on the reference only"} for key in ref if key not in seen]
+    not_compared += [Skipped(key, "on the reference only") for key in ref if key not in seen]
     return plan, not_compared
 
 
@@ -517,15 +519,15 @@ def compare_calls(gathered: dict, ref_calls: list[Call], atol: float, rtol: floa
     return entries
 
 
-def compare_traces(entries: list[TraceEntry]) -> dict:
+def compare_traces(entries: list[TraceEntry]) -> ForwardLocalization:
     """The localization of one pass from its compared calls (pure): every call in execution order, the first
     whose output is beyond tolerance, the last before it that agreed, and `origin`: from the first, the
     innermost enclosing call whose inputs agreed (a module whose inputs already differ only carries a
     difference that arose in its caller, between module calls)."""
-    modules = [_entry_json(e) for e in entries]
+    modules = tuple(row(e) for e in entries)
     first = next((e for e in entries if not e.outputs.within), None)
     if first is None:
-        return {"modules": modules, "first": None, "last_agreeing": None, "origin": None}
+        return ForwardLocalization(modules)
     before = [e for e in entries if e.end < first.end and e.outputs.within]
     origin = first
     while not origin.inputs.within:
@@ -533,8 +535,7 @@ def compare_traces(entries: list[TraceEntry]) -> dict:
         if parent is None:
             break
         origin = parent
-    return {"modules": modules, "first": _entry_json(first),
-            "last_agreeing": _entry_json(before[-1]) if before else None, "origin": origin.key}
+    return ForwardLocalization(modules, row(first), row(before[-1]) if before else None, origin.key)
 
 
 def _enclosing(entry: TraceEntry, entries: list[TraceEntry]) -> TraceEntry | None:
@@ -548,39 +549,34 @@ def _enclosing(entry: TraceEntry, entries: list[TraceEntry]) -> TraceEntry | Non
     return max(ancestors, key=lambda e: (e.name != "<root>", len(e.name))) if ancestors else None
 
 
-def _entry_json(e: TraceEntry) -> dict:
-    out = {"module": e.key, "max_abs": e.outputs.max_abs, "max_rel": e.outputs.max_rel, "within": e.outputs.within}
-    if e.outputs.why:
-        out["why"] = e.outputs.why
-    if e.outputs.reading:
-        out["read_as"] = e.outputs.reading
-    return out
+def row(e: TraceEntry, stage: int | None = None) -> ModuleRow:
+    """A compared call's row in a localization: its output's figures."""
+    return ModuleRow(e.key, e.outputs.max_abs, e.outputs.max_rel, e.outputs.within, e.outputs.why,
+                     e.outputs.reading, stage)
 
 
 def forward_localization(calls: list[Call], ref_calls: list[Call], groups: list[Group], whole: set,
                          atol: float, rtol: float, all_gather_object, rank: int, partial: bool = False,
-                         declared: dict | None = None) -> dict:
+                         declared: dict | None = None) -> ForwardLocalization:
     """The localization of one pass (a forward, or a backward's trace), from both sides' recorded calls
     (collective; `partial` and `declared` as in `gather_trace`)."""
     gathered, not_compared = gather_trace(calls, ref_calls, groups, whole, all_gather_object, rank, partial,
                                           declared)
     found = compare_traces(compare_calls(gathered, ref_calls, atol, rtol))
-    found["not_compared"] = not_compared
-    found.update(atol=atol, rtol=rtol)
-    return found
+    return dataclasses.replace(found, not_compared=tuple(not_compared), atol=atol, rtol=rtol)
 
 
-def summary(found: dict) -> str:
+def summary(found: ForwardLocalization) -> str:
     """One line for a report: where the difference arises, and what agreed last."""
-    first = found.get("first")
+    first = found.first
     if not first:
         return "no module's output differs beyond tolerance on the rerun"
-    figures = f"max_abs {first['max_abs']:.2e}" if first.get("max_abs") is not None else first.get("why", "")
-    text = f"first module beyond tolerance: {first['module']} ({figures})"
-    if found.get("origin") and found["origin"] != first["module"]:
-        text += f", arising in {found['origin']} (its inputs agree)"
-    last = found.get("last_agreeing")
-    return text + (f"; last agreeing: {last['module']}" if last else "; no module agreed before it")
+    figures = f"max_abs {first.max_abs:.2e}" if first.max_abs is not None else first.why
+    text = f"first module beyond tolerance: {first.module} ({figures})"
+    if found.origin and found.origin != first.module:
+        text += f", arising in {found.origin} (its inputs agree)"
+    last = found.last_agreeing
+    return text + (f"; last agreeing: {last.module}" if last else "; no module agreed before it")
 
 
 # -- gradients ----------------------------------------------------------------------------------
@@ -599,66 +595,62 @@ def fit_factor(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, flo
     return k, float((a - k * b).abs().max()) / scale
 
 
-def grad_entry(name: str, actual, expected, atol: float, rtol: float) -> dict:
+def grad_entry(name: str, actual, expected, atol: float, rtol: float) -> GradRow:
     """One parameter's gradient error: max_abs, max_rel, `over` (the largest |a - b| / (atol + rtol |b|):
-    above 1 is beyond tolerance), `within`, and the factor it is off by where one fits."""
+    above 1 is beyond tolerance; None, infinitely beyond, where there is no figure), `within`, and the factor it
+    is off by where one fits."""
     if actual is None or expected is None:
         missing = "no gradient" if actual is None else "a gradient the reference lacks"
-        return {"param": name, "max_abs": None, "max_rel": None, "over": math.inf, "within": False, "why": missing}
+        return GradRow(name, None, None, False, None, missing)
     e = error(actual, expected, atol, rtol)
-    entry = {"param": name, "max_abs": e.max_abs, "max_rel": e.max_rel, "within": e.within}
     if e.why:
-        return dict(entry, over=math.inf, why=e.why)
+        return GradRow(name, e.max_abs, e.max_rel, e.within, None, e.why)
     a, b = actual.detach().double().cpu(), expected.detach().double().cpu()
-    entry["over"] = float(((a - b).abs() / (atol + rtol * b.abs())).max()) if b.numel() else 0.0
+    over = float(((a - b).abs() / (atol + rtol * b.abs())).max()) if b.numel() else 0.0
+    over = None if over == math.inf else over  # JSON-safe: no infinity
     fit = fit_factor(a, b)
-    if not e.within and fit is not None and fit[1] <= FACTOR_FIT:
-        entry["factor"] = fit[0]
-    if not b.numel() or float(b.abs().max()) <= NEGLIGIBLE * atol:
-        entry["reference_zero"] = True  # no factor can move it beyond tolerance: not counted in "every gradient"
-    return entry
+    factor = fit[0] if not e.within and fit is not None and fit[1] <= FACTOR_FIT else None
+    # A reference gradient zero at the tolerance: no factor can move it, not counted in "every gradient".
+    zero = not b.numel() or float(b.abs().max()) <= NEGLIGIBLE * atol
+    return GradRow(name, e.max_abs, e.max_rel, e.within, over, "", factor, zero)
 
 
-def grads_localization(entries: list[dict], degrees: dict) -> dict:
+def grads_localization(entries: list[GradRow], degrees: dict) -> GradsLocalization:
     """Every parameter's entry, furthest beyond tolerance first, the one-line pattern, and `origin` (see
     `grads_origin`; an adapter that traces the backward replaces it with the trace's)."""
-    ranked = sorted(entries, key=lambda e: (-e["over"], e["param"]))
-    return {"params": [_finite(e) for e in ranked], "pattern": pattern(ranked, degrees), "origin": grads_origin(ranked)}
+    ranked = sorted(entries, key=lambda e: (-e.beyond, e.param))
+    return GradsLocalization(tuple(ranked), pattern(ranked, degrees), grads_origin(ranked))
 
 
-def grads_origin(ranked: list[dict]) -> str | None:
+def grads_origin(ranked: list[GradRow]) -> str | None:
     """Where the gradient error enters, as far as the table tells (pure): the model's output ("<root>")
     when every gradient is off (a scaled output gradient, a loss factor, a reduction left out), else the
     parameter furthest beyond tolerance; None when none is."""
-    off = [e for e in ranked if not e["within"]]
+    off = [e for e in ranked if not e.within]
     if not off:
         return None
-    return "<root>" if len(off) == _movable(ranked) else off[0]["param"]
+    return "<root>" if len(off) == _movable(ranked) else off[0].param
 
 
-def _movable(entries: list[dict]) -> int:
+def _movable(entries: list[GradRow]) -> int:
     """How many gradients a wrong factor would move (a zero reference gradient stays zero)."""
-    return sum(1 for e in entries if not e.get("reference_zero") or not e["within"])
+    return sum(1 for e in entries if not e.reference_zero or not e.within)
 
 
-def _finite(entry: dict) -> dict:
-    return dict(entry, over=None) if entry["over"] == math.inf else entry
-
-
-def pattern(entries: list[dict], degrees: dict) -> str:
+def pattern(entries: list[GradRow], degrees: dict) -> str:
     """Which gradients are exact and which are off, and by what factor, in one line (pure): e.g.
     "layers.*.self_attn.q_norm.weight, layers.*.self_attn.k_norm.weight off by 2.0 = tp; everything else
     exact". `degrees`: the layout's degrees by name, to name a factor after one."""
-    off = [e for e in entries if not e["within"]]
+    off = [e for e in entries if not e.within]
     if not off:
         return "every gradient within tolerance"
     parts = []
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[GradRow]] = {}
     for e in off:
-        key = ("why", e["why"]) if e.get("why") else ("factor", _round(e.get("factor")))
+        key = ("why", e.why) if e.why else ("factor", _round(e.factor))
         groups.setdefault(key, []).append(e)
     for (kind, value), group in sorted(groups.items(), key=lambda kv: (kv[0][1] is None, kv[0][0], -len(kv[1]))):
-        names = "every gradient" if len(group) == _movable(entries) else _names([e["param"] for e in group])
+        names = "every gradient" if len(group) == _movable(entries) else _names([e.param for e in group])
         if kind == "why":
             parts.append(f"{names}: {value}")
         elif value is None:

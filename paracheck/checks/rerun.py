@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
 from paracheck.checks import localize
+from paracheck.domain.localization import ForwardLocalization, GradsLocalization
 from paracheck.domain.records import CheckId, CheckResult, Status
 
 #: The parity checks a localization answers, and the part of `data["localization"]` each one's finding is.
 PARTS = {CheckId.FORWARD: "forward", CheckId.INFERENCE: "forward", CheckId.GRADS: "grads"}
+#: The record each part is.
+RECORDS = {"forward": ForwardLocalization, "grads": GradsLocalization}
 
 
 @dataclass(frozen=True)
@@ -52,21 +55,33 @@ def failed(checks: list[CheckResult], extra: tuple = ()) -> tuple[dict, Failed]:
     return by_id, Failed(forward, inference, grads, tuple(rest))
 
 
-def attach(by_id: dict, check_id: CheckId, found: dict, merge: bool = False) -> None:
-    """`found` as the localization of `check_id` (merged into what it holds with `merge`: the gradient table)."""
+def attach(by_id: dict, check_id: CheckId, found, merge: bool = False) -> None:
+    """`found` (a localization record) as the localization of `check_id`, written as JSON into its data (merged
+    into what it holds with `merge`: the fields `found` sets replace the held ones, as a backward trace's origin
+    does the gradient table's)."""
     check = by_id.get(check_id)
     if check is None:
         return
     held = check.data.setdefault("localization", {})
     part = PARTS[check_id]
-    held[part] = dict(held.get(part, {}), **found) if merge else found
+    held[part] = (overlay(type(found).from_json(held[part]), found) if merge and part in held else found).to_json()
+
+
+def overlay(base, top):
+    """`base` with every field `top` sets (not at its default) taken from `top` (pure)."""
+    return replace(base, **{f.name: getattr(top, f.name) for f in fields(top) if getattr(top, f.name) != f.default})
 
 
 def attach_error(by_id: dict, exc: Exception, ids=tuple(PARTS)) -> None:
     """What the diagnosis raised, as the localization of each failing check of `ids`."""
     for check_id in ids:
         if check_id in by_id and by_id[check_id].status == Status.FAIL:
-            attach(by_id, check_id, {"error": f"localization raised {type(exc).__name__}: {exc}"}, merge=True)
+            attach(by_id, check_id, RECORDS[PARTS[check_id]](error=raised(exc)), merge=True)
+
+
+def raised(exc: Exception) -> str:
+    """A localization's `error`: what the diagnosis raised."""
+    return f"localization raised {type(exc).__name__}: {exc}"
 
 
 def record(model, run, grad: bool = False, local=None, names: dict | None = None) -> tuple[list, object]:
@@ -103,15 +118,14 @@ def grads_kept(model):
 
 
 def traced(calls: list, ref_calls: list, groups: list, whole: set, atol: float, rtol: float, pass_name: str,
-           partial: bool = False, declared: dict | None = None) -> dict:
+           partial: bool = False, declared: dict | None = None) -> ForwardLocalization:
     """One rerun pass's localization (collective: every rank gathers the same slots), named by `pass_name`
     ("training", "no_grad", "backward")."""
     import torch.distributed as dist
 
     found = localize.forward_localization(calls, ref_calls, groups, whole, atol, rtol, localize.all_gather_object,
                                           dist.get_rank(), partial=partial, declared=declared)
-    found["pass"] = pass_name
-    return found
+    return replace(found, pass_name=pass_name)
 
 
 def pass_name(grad: bool) -> str:

@@ -15,7 +15,10 @@ says whether what it was handed agreed (`boundaries`: the inputs of the first mo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from paracheck.checks import localize
+from paracheck.domain.localization import Boundary, ForwardLocalization, Skipped
 
 
 def held(model, is_placeholder) -> set[str]:
@@ -28,7 +31,7 @@ def held(model, is_placeholder) -> set[str]:
 
 
 def stage_trace(calls: list, ref_calls: list, groups: list, whole: set, atol: float, rtol: float, stage: int,
-                pipeline, holds: set, last: bool) -> dict:
+                pipeline, holds: set, last: bool) -> ForwardLocalization:
     """One pass's localization on a pipeline-parallel model (collective: three object gathers over the world,
     every rank's stage, the table of shapes and the compared calls, and the tensor gathers of this stage's groups). `stage`: this rank's; `pipeline`: what names this rank's pipeline
     (equal on its stages' ranks); `holds`: `held` on this stage; `last`: whether it computes the model's output,
@@ -47,33 +50,31 @@ def stage_trace(calls: list, ref_calls: list, groups: list, whole: set, atol: fl
     entries = localize.compare_calls(gathered, ref_mine, atol, rtol)
     parts = [part for key, *part in localize.all_gather_object((pipeline, stage, entries, not_compared, holds))
              if key == pipeline]
-    found = join(parts, ref_calls)
-    found.update(stage=stage, atol=atol, rtol=rtol)
-    return found
+    return replace(join(parts, ref_calls), stage=stage, atol=atol, rtol=rtol)
 
 
-def join(parts: list[tuple], ref_calls: list) -> dict:
+def join(parts: list[tuple], ref_calls: list) -> ForwardLocalization:
     """One pipeline's localization from its stages' parts, (stage, compared calls, not compared, held) each
     (pure): every compared call in the reference's execution order, tagged with its stage."""
     tagged = sorted(((e, stage) for stage, entries, _, _ in parts for e in entries), key=lambda t: (t[0].end, t[1]))
     found = localize.compare_traces([e for e, _ in tagged])
-    for module, (_, stage) in zip(found["modules"], tagged):
-        module["stage"] = stage
-    for part in ("first", "last_agreeing"):
-        if found[part]:
-            found[part]["stage"] = next(s for e, s in tagged if e.key == found[part]["module"])
+    stage_of = {}
+    for e, s in tagged:
+        stage_of.setdefault(e.key, s)  # the first stage that compared it
+    modules = tuple(replace(m, stage=s) for m, (_, s) in zip(found.modules, tagged))
+    first, last = (None if m is None else replace(m, stage=stage_of[m.module])
+                   for m in (found.first, found.last_agreeing))
     seen = {e.key for e, _ in tagged}
-    skipped = [dict(n, stage=stage) for stage, _, not_compared, _ in parts for n in not_compared
-               if n["module"] not in seen]
-    listed = seen | {n["module"] for n in skipped}
-    skipped += [{"module": c.key, "why": "around modules of several pipeline stages: no stage holds it whole"}
+    skipped = [replace(n, stage=stage) for stage, _, not_compared, _ in parts for n in not_compared
+               if n.module not in seen]
+    listed = seen | {n.module for n in skipped}
+    skipped += [Skipped(c.key, "around modules of several pipeline stages: no stage holds it whole")
                 for c in ref_calls if c.key not in listed]
-    found["not_compared"] = skipped
-    found["boundaries"] = boundaries(tagged, parts)
-    return found
+    return replace(found, modules=modules, first=first, last_agreeing=last, not_compared=tuple(skipped),
+                   boundaries=tuple(boundaries(tagged, parts)))
 
 
-def boundaries(tagged: list, parts: list[tuple]) -> list[dict]:
+def boundaries(tagged: list, parts: list[tuple]) -> list[Boundary]:
     """For each stage after the first, the first module only it holds and whether its inputs (what the stage
     before handed on) agreed."""
     out = []
@@ -83,6 +84,5 @@ def boundaries(tagged: list, parts: list[tuple]) -> list[dict]:
         if stage == min(p[0] for p in parts) or not alone:
             continue
         entry = min(alone, key=lambda e: e.start)
-        out.append({"stage": stage, "module": entry.key, "inputs_within": entry.inputs.within,
-                    "max_abs": entry.inputs.max_abs})
+        out.append(Boundary(stage, entry.key, entry.inputs.within, entry.inputs.max_abs))
     return out

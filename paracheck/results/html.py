@@ -15,9 +15,10 @@ from __future__ import annotations
 import re
 from html import escape
 
+from paracheck.domain.localization import (ForwardLocalization, GradsLocalization, Localization, Merged, ints, items,
+                                           number)
 from paracheck.launch.attribution import ranks_text
-from paracheck.results import localization, localized, loopview, overview, plots
-from paracheck.results.plots import ints, items
+from paracheck.results import localization, loopview, overview, plots
 from paracheck.results.grouping import Row, groups
 
 #: Status order in the summary and the table: what needs a look first.
@@ -214,7 +215,7 @@ def _row(case: dict, i: int, cols) -> str:
 
 
 def _number(value) -> str:
-    v = plots.number(value)
+    v = number(value)
     return "" if v is None else _e(f"{v:.1e}")
 
 
@@ -252,76 +253,80 @@ def _checks(case: dict) -> str:
 
 
 def _localization(case: dict, loc: dict, anchor: str, with_plots: bool) -> str:
-    found = localized.read(loc)
+    found = Localization.from_json(loc)
     parts = ['<div class="localization">']
-    for part, title in localized.FORWARD_PARTS:
-        if part in found:
-            step, mode = found[part]["decode_step"], found[part]["mode"]
-            title += f" ({mode}, decode step {step:.0f})" if step is not None else ""
-            parts.append(_forward_part(found[part], title, f"{anchor}-{part}", with_plots))
-    if "grads" in found:
-        check = _check(case, "parity.grads")
-        parts.append(_grads_part(found["grads"], check, anchor, with_plots))
-    if "steps" in found:
-        parts.append(_steps_part(found["steps"], _check(case, "parity.steps"), anchor, with_plots))
-    if isinstance(loc.get(localization.NOT_RUN), str):
-        parts.append(f'<p class="not-run">{_e(loc[localization.NOT_RUN])}</p>')
+    for part, title, forward in found.forward_parts():
+        if forward.decode_step is not None:
+            title += f" ({forward.mode}, decode step {forward.decode_step:.0f})"
+        parts.append(_forward_part(forward, title, f"{anchor}-{part}", with_plots))
+    if found.grads is not None:
+        parts.append(_grads_part(found.grads, _check(case, "parity.grads"), anchor, with_plots))
+    if found.steps is not None and not found.steps.error:
+        parts.append(_steps_part(found.steps, _check(case, "parity.steps"), anchor, with_plots))
+    if found.not_run:
+        parts.append(f'<p class="not-run">{_e(found.not_run)}</p>')
     return "\n".join(parts) + "</div>"
 
 
-def _steps_part(steps: dict, check: dict, anchor: str, with_plots: bool) -> str:
+def _steps_part(steps, check: dict, anchor: str, with_plots: bool) -> str:
     """A failing parity.steps' first parting step, rerun: where it parts, then that step's forward (where it is
     the forward) and gradients (where they part), drawn as the case's own are."""
-    count = {k: "?" if steps[k] is None else str(int(steps[k])) for k in ("step", "of")}
+    count = {k: "?" if v is None else str(int(v)) for k, v in (("step", steps.step), ("of", steps.of))}
     step = f"step {count['step']} of {count['of']}"
-    parts = [f'<h3>Training, {_e(step)}, rerun from where it began{_e(_from_ranks(steps))}</h3>'
-             f'<p class="where steps">{_e(steps["line"] or "")}</p>']
-    if steps["where"] == "forward" and steps["forward"]:
-        parts.append(_forward_part(steps["forward"], f"Step {count['step']} forward",
+    try:
+        words = localization.steps_line(steps)
+    except (AttributeError, TypeError):  # a report from elsewhere, short of what the line names
+        words = None
+    parts = [f'<h3>Training, {_e(step)}, rerun from where it began{_e(_from_ranks(steps.merged))}</h3>'
+             f'<p class="where steps">{_e(words or "")}</p>']
+    if steps.where == "forward" and steps.forward:
+        parts.append(_forward_part(steps.forward, f"Step {count['step']} forward",
                                    f"{anchor}-steps-forward", with_plots))
-    if steps["grads"]:
-        parts.append(_grads_part(steps["grads"], check, f"{anchor}-steps", with_plots))
+    if steps.grads:
+        parts.append(_grads_part(steps.grads, check, f"{anchor}-steps", with_plots))
     return "\n".join(parts)
 
 
-def _from_ranks(part: dict) -> str:
-    ranks = part["ranks"]
+def _from_ranks(merged: Merged) -> str:
+    ranks = list(merged.ranks)
     return f" (on {'rank' if len(ranks) == 1 else 'ranks'} {ranks_text(ranks)})" if ranks else ""
 
 
-def _forward_part(forward: dict, title: str, prefix: str, with_plots: bool) -> str:
-    modules = forward["modules"]
-    first, last, origin = forward["first"], forward["last_agreeing"], forward["origin"]
+def _forward_part(forward: ForwardLocalization, title: str, prefix: str, with_plots: bool) -> str:
+    modules = forward.modules or ()
+    first = forward.first.module if forward.first else None
+    last = forward.last_agreeing.module if forward.last_agreeing else None
+    origin = forward.origin
     where = (f'first module beyond tolerance: <code class="first">{_e(first)}</code>' if first else
              "no module beyond tolerance")
     if origin and origin != first:
         where += f', arising in <code class="origin">{_e(origin)}</code> (its inputs agree)'
     if last:
         where += f'; last agreeing: <code>{_e(last)}</code>'
-    head = (f'<h3>{_e(title)}, module by module{_e(_from_ranks(forward))}</h3><p class="where">{where} '
-            f'(atol <span class="num">{_number(forward["atol"])}</span>, rtol <span class="num">'
-            f'{_number(forward["rtol"])}</span>, {_n(len(modules), "module")} compared)</p>')
+    head = (f'<h3>{_e(title)}, module by module{_e(_from_ranks(forward.merged))}</h3><p class="where">{where} '
+            f'(atol <span class="num">{_number(forward.atol)}</span>, rtol <span class="num">'
+            f'{_number(forward.rtol)}</span>, {_n(len(modules), "module")} compared)</p>')
     plot = _plot(lambda: plots.forward_svg(forward, prefix, title.lower()), "forward-plot", with_plots, modules)
-    skipped = forward["not_compared"]
+    skipped = forward.not_compared or ()
     rest = ""
     if skipped:
-        lines = "".join(f"<li><code>{_e(m['name'])}</code>: {_e(m['why'])}</li>" for m in skipped)
+        lines = "".join(f"<li><code>{_e(m.module)}</code>: {_e(m.why)}</li>" for m in skipped)
         rest = f"<details><summary>{_n(len(skipped), 'module')} not compared</summary><ul>{lines}</ul></details>"
     return head + plot + rest
 
 
-def _grads_part(grads: dict, check: dict, anchor: str, with_plots: bool) -> str:
-    params = grads["params"]
-    beyond = sum(p["ok"] is False for p in params)
-    head = (f'<h3>Gradients, parameter by parameter{_e(_from_ranks(grads))}</h3>'
+def _grads_part(grads: GradsLocalization, check: dict, anchor: str, with_plots: bool) -> str:
+    params = grads.params or ()
+    beyond = sum(p.within is False for p in params)
+    head = (f'<h3>Gradients, parameter by parameter{_e(_from_ranks(grads.merged))}</h3>'
             f'<p class="where"><span class="num">{beyond}</span> of <span class="num">{len(params)}</span> '
-            f"parameters beyond tolerance" + (f"; {_e(grads['pattern'])}" if grads["pattern"] else "") + "</p>")
+            f"parameters beyond tolerance" + (f"; {_e(grads.pattern)}" if grads.pattern else "") + "</p>")
     plot = _plot(lambda: plots.grads_svg(grads, check.get("atol"), check.get("rtol"), f"{anchor}-grads"),
                  "grads-plot", with_plots, params)
     state = {True: "ok", False: "beyond", None: ""}
-    rows = "".join(f'<tr><td><code>{_e(p["name"])}</code></td><td class="num">{_number(p["max_abs"])}</td>'
-                   f'<td class="num">{_number(p["max_rel"])}</td><td>{state[p["ok"]]}</td>'
-                   f'<td>{_e(p["why"])}</td></tr>' for p in params)
+    rows = "".join(f'<tr><td><code>{_e(p.param)}</code></td><td class="num">{_number(p.max_abs)}</td>'
+                   f'<td class="num">{_number(p.max_rel)}</td><td>{state[p.within]}</td>'
+                   f'<td>{_e(p.why or None)}</td></tr>' for p in params)
     table = (f"<details><summary>every parameter ({len(params)})</summary><table class=\"params\"><thead><tr>"
              "<th>parameter</th><th>max_abs</th><th>max_rel</th><th></th><th></th></tr></thead>"
              f"<tbody>{rows}</tbody></table></details>") if params else ""

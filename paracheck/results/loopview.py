@@ -14,7 +14,7 @@ import re
 import sys
 from html import escape
 
-from paracheck.results.plots import items, number
+from paracheck.domain.localization import items, number
 
 #: What a picture must be to be shown: base64 text (anything else in a report is left out).
 BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")

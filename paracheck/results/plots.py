@@ -15,6 +15,8 @@ import io
 import math
 import re
 
+from paracheck.domain.localization import ForwardLocalization, GradsLocalization, number
+
 OK_COLOR, BAD_COLOR, UNKNOWN_COLOR, TOL_COLOR = "#2e7d32", "#c62828", "#757575", "#1565c0"
 #: Parameters the gradient plot shows (worst first); the rest are counted in its title.
 TOP_PARAMS = 20
@@ -32,48 +34,31 @@ def available() -> bool:
     return True
 
 
-def number(value) -> float | None:
-    """A figure as a float (NaN and infinity kept), or None where it is missing or not a number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def items(value) -> list[dict]:
-    """The objects in a list (a report's list of modules, parameters, checks); [] for anything else."""
-    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
-
-
-def ints(value) -> list[int]:
-    """The integers in a list (ranks); [] for anything else."""
-    return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
-
-
-def forward_svg(forward: dict, prefix: str, title: str = "forward") -> str:
+def forward_svg(forward: ForwardLocalization, prefix: str, title: str = "forward") -> str:
     """Per-module error (max_abs, and max_rel where given) of a forward-like pass called `title`, modules in
     execution order, the tolerance as horizontal lines and the first module beyond it marked. `prefix` keeps
     the SVG's ids apart from every other plot's in the page."""
-    modules = items(forward.get("modules"))
-    names = [str(m.get("name", "?")) for m in modules]
-    atol, rtol = number(forward.get("atol")), number(forward.get("rtol"))
+    modules = forward.modules or ()
+    names = [m.module for m in modules]
+    atol, rtol = forward.atol, forward.rtol
     labels = _text_inches(names, TICK_POINTS)
     fig, ax = _figure(plot_width=max(5.5, min(15.0, 0.16 * len(names) + 1.5)), plot_height=2.6, left=0.8,
                       bottom=labels + 0.15)
     ax.set_yscale("log")
     xs = list(range(len(names)))
-    scale = Scale([m.get("max_abs") for m in modules] + [m.get("max_rel") for m in modules], [atol, rtol])
+    scale = Scale([m.max_abs for m in modules] + [m.max_rel for m in modules], [atol, rtol])
     ax.set_ylim(*scale.limits)
     ax.autoscale(False)  # the limits are the scale's: autoscaling a log axis to 1e60 overflows
-    oks = [m.get("ok") for m in modules]
-    _series(ax, xs, [m.get("max_abs") for m in modules], oks, scale, "max_abs", "o")
-    if any(number(m.get("max_rel")) is not None for m in modules):
-        _series(ax, xs, [m.get("max_rel") for m in modules], oks, scale, "max_rel", "x", line=False)
+    oks = [m.within for m in modules]
+    _series(ax, xs, [m.max_abs for m in modules], oks, scale, "max_abs", "o")
+    if any(m.max_rel is not None for m in modules):
+        _series(ax, xs, [m.max_rel for m in modules], oks, scale, "max_rel", "x", line=False)
     _tolerance(ax, atol, rtol, scale, horizontal=True)
-    first = forward.get("first")
+    first = forward.first.module if forward.first else None
     if first in names:
         ax.axvline(names.index(first), color=BAD_COLOR, linestyle=":", linewidth=1.2,
                    label=f"first beyond tolerance: {first}")
-    last = forward.get("last_agreeing")
+    last = forward.last_agreeing.module if forward.last_agreeing else None
     if last in names:
         ax.axvline(names.index(last), color=OK_COLOR, linestyle=":", linewidth=1.0, label=f"last agreeing: {last}")
     _labels(ax, names, first)
@@ -85,30 +70,30 @@ def forward_svg(forward: dict, prefix: str, title: str = "forward") -> str:
     return _svg(fig, prefix)
 
 
-def grads_svg(grads: dict, atol, rtol, prefix: str, top: int = TOP_PARAMS) -> str:
+def grads_svg(grads: GradsLocalization, atol, rtol, prefix: str, top: int = TOP_PARAMS) -> str:
     """Per-parameter gradient error, the `top` worst as horizontal bars (worst on top, as the report lists
     them), max_rel as crosses, and the grads check's tolerance (`atol`, `rtol`) as vertical lines."""
-    params = items(grads.get("params"))
+    params = grads.params or ()
     shown = params[:top]
-    names = [str(p.get("name", "?")) for p in shown]
+    names = [p.param for p in shown]
     atol, rtol = number(atol), number(rtol)
     fig, ax = _figure(plot_width=5.0, plot_height=0.22 * len(shown) + 0.3, left=_text_inches(names, 7) + 0.2,
                       bottom=0.55)
     ax.set_xscale("log")
     ys = list(range(len(shown)))
-    scale = Scale([p.get("max_abs") for p in shown] + [p.get("max_rel") for p in shown], [atol, rtol])
+    scale = Scale([p.max_abs for p in shown] + [p.max_rel for p in shown], [atol, rtol])
     ax.set_xlim(*scale.limits)
     ax.set_ylim(len(shown) - 0.5, -0.5)
     ax.autoscale(False)
-    values = [scale.place(p.get("max_abs")) for p in shown]
+    values = [scale.place(p.max_abs) for p in shown]
     left = scale.limits[0]
     ax.barh(ys, [v - left if v is not None else 0 for v in values], left=left,
-            color=[_color(p.get("ok")) for p in shown], height=0.65, label="max_abs")
-    rel = [scale.place(p.get("max_rel")) for p in shown]
+            color=[_color(p.within) for p in shown], height=0.65, label="max_abs")
+    rel = [scale.place(p.max_rel) for p in shown]
     if any(r is not None for r in rel):
         ax.scatter([r for r in rel if r is not None], [y for y, r in zip(ys, rel) if r is not None], marker="x",
                    color="#212121", s=14, zorder=3, label="max_rel")
-    _marks(ax, [p.get("max_abs") for p in shown], ys, scale, horizontal=False)
+    _marks(ax, [p.max_abs for p in shown], ys, scale, horizontal=False)
     _tolerance(ax, atol, rtol, scale, horizontal=False)
     scale.ticks(ax.xaxis)
     ax.set_yticks(ys, names, fontsize=7)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from paracheck.results import known, localization
 from paracheck.launch.attribution import ranks_named
 from paracheck.domain.case import Case
+from paracheck.domain.localization import Localization
 from paracheck.domain.registry import get_control
 from paracheck.domain.records import (TO_CASE, CaseStatus, CheckId, CheckResult, Failure, FailureKind, Finding,
                                       MergedCheck, RankResult, RankStatus, Route, Status)
@@ -52,7 +53,7 @@ class Verdict:
     threads: list[int] = field(default_factory=list)
     process_groups: list[int] = field(default_factory=list)
     #: Where a failing parity check's difference arises, merged over ranks (`results.localization`).
-    localization: dict = field(default_factory=dict)
+    localization: Localization = field(default_factory=Localization)
     #: What a check lifts to the case's JSON (`records.TO_CASE`: a pipeline's per-step curve and pictures), the
     #: worst rank's, with `rank` naming it.
     lifted: dict = field(default_factory=dict)
@@ -89,7 +90,7 @@ class Verdict:
                 "rss_mb": self.rss_mb, "cpu_seconds": self.cpu_seconds, "threads": self.threads,
                 "process_groups": self.process_groups}
         if self.localization:
-            data["localization"] = self.localization
+            data["localization"] = self.localization.to_json()
         data.update({k: v for k, v in self.lifted.items() if k not in data})
         if self.failure:
             data["failure"] = self.failure.to_json()
@@ -203,7 +204,7 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
         found = localization.planted(get_control(case.control), v.localization,
                                      next((r.planted_in for r in ranks if r.planted_in), None))
         if found:
-            v.localization["planted"] = found
+            v.localization = v.localization.with_planted(found)
     elif failing:
         v.status, v.reason = CaseStatus.FAIL, f"failed: {', '.join(c.value for c in CheckId if c in failing)}"
         v.failure = _first_failing(v)

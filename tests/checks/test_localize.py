@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from paracheck.checks import localize
 from paracheck.checks.localize import Error, TraceEntry
+from paracheck.domain.localization import Localization
 from paracheck.domain.records import CheckId, CheckResult, Status
 from paracheck.results import localization as merged
 
@@ -85,15 +86,15 @@ def test_the_first_beyond_tolerance_the_last_agreeing_and_the_origin():
     entries = [_entry("embed", 1, 2), _entry("block.attn.to_q", 4, 5), _entry("block.attn.to_out", 6, 7, False, False),
                _entry("block.attn", 3, 8, True, False), _entry("block", 0, 9, True, False)]
     found = localize.compare_traces(entries)
-    assert found["first"]["module"] == "block.attn.to_out"
-    assert found["last_agreeing"]["module"] == "block.attn.to_q"
-    assert found["origin"] == "block.attn"
-    assert [m["module"] for m in found["modules"]] == [e.key for e in entries]
+    assert found.first.module == "block.attn.to_out"
+    assert found.last_agreeing.module == "block.attn.to_q"
+    assert found.origin == "block.attn"
+    assert [m.module for m in found.modules] == [e.key for e in entries]
 
 
 def test_a_trace_that_agrees_names_nothing():
     found = localize.compare_traces([_entry("a", 0, 1), _entry("b", 2, 3)])
-    assert found["first"] is None and found["origin"] is None
+    assert found.first is None and found.origin is None
 
 
 @given(st.integers(0, 6), st.integers(0, 6))
@@ -101,16 +102,17 @@ def test_the_first_is_the_earliest_ending_call_beyond_tolerance(n_good, n_bad):
     entries = [_entry(f"good{i}", 2 * i, 2 * i + 1) for i in range(n_good)]
     entries += [_entry(f"bad{i}", 100 + 2 * i, 101 + 2 * i, outputs_ok=False) for i in range(n_bad)]
     found = localize.compare_traces(entries)
-    assert (found["first"] is None) == (n_bad == 0)
+    assert (found.first is None) == (n_bad == 0)
     if n_bad:
-        assert found["first"]["module"] == "bad0"
-        assert (found["last_agreeing"] or {}).get("module") == (f"good{n_good - 1}" if n_good else None)
+        assert found.first.module == "bad0"
+        last = found.last_agreeing.module if found.last_agreeing else None
+        assert last == (f"good{n_good - 1}" if n_good else None)
 
 
 def test_a_backward_origin_climbs_by_name_when_time_does_not_nest():
     """The root's backward hooks fire at once when no input needs a gradient, so it encloses nothing in time."""
     entries = [_entry("<root>", 0, 1), _entry("proj_out", 2, 3, inputs_ok=False, outputs_ok=False)]
-    assert localize.compare_traces(entries)["origin"] == "<root>"
+    assert localize.compare_traces(entries).origin == "<root>"
 
 
 # -- gradients -----------------------------------------------------------------------------------
@@ -124,7 +126,7 @@ def test_a_subset_off_by_a_factor_is_named_with_it(factor, seed, n_off, n_exact)
     refs = {f"layers.{i}.w": torch.randn(3, 4, generator=g) for i in range(n_off + n_exact)}
     off = {f"layers.{i}.w" for i in range(n_off)}
     entries = [localize.grad_entry(n, r * factor if n in off else r.clone(), r, 1e-5, 1e-5) for n, r in refs.items()]
-    assert all(math.isclose(e["factor"], factor, rel_tol=1e-6) for e in entries if e["param"] in off)
+    assert all(math.isclose(e.factor, factor, rel_tol=1e-6) for e in entries if e.param in off)
     text = localize.pattern(entries, {"tp": 2})
     assert f"off by {float(f'{factor:.3g}'):g}" in text
     assert ("every gradient" in text) == (n_exact == 0)
@@ -135,9 +137,9 @@ def test_the_pattern_names_a_layout_degree_and_the_origin_is_the_root_when_every
     refs = {"a.weight": torch.randn(4), "b.weight": torch.randn(4), "unused.weight": torch.zeros(4)}
     entries = [localize.grad_entry(n, r * 0.5, r, 1e-5, 1e-5) for n, r in refs.items()]
     found = localize.grads_localization(entries, {"tp": 1, "dp": 2})
-    assert found["pattern"].startswith("every gradient off by 0.5 = 1/dp")
-    assert found["origin"] == "<root>"
-    assert found["params"][-1]["param"] == "unused.weight"  # sorted: furthest beyond tolerance first
+    assert found.pattern.startswith("every gradient off by 0.5 = 1/dp")
+    assert found.origin == "<root>"
+    assert found.params[-1].param == "unused.weight"  # sorted: furthest beyond tolerance first
 
 
 def test_the_norms_pattern_of_the_issue():
@@ -145,10 +147,10 @@ def test_the_norms_pattern_of_the_issue():
     refs.update({f"model.layers.{i}.mlp.up.weight": torch.randn(8, 8) for i in range(2)})
     entries = [localize.grad_entry(n, r * (4.0 if "norm" in n else 1.0), r, 1e-5, 1e-5) for n, r in refs.items()]
     found = localize.grads_localization(entries, {"tp": 4})
-    names, _, rest = found["pattern"].partition(" off by ")
+    names, _, rest = found.pattern.partition(" off by ")
     assert set(names.split(", ")) == {"model.layers.*.self_attn.q_norm.weight", "model.layers.*.self_attn.k_norm.weight"}
     assert rest == "4 = tp; everything else exact"
-    assert found["origin"].endswith("_norm.weight")
+    assert found.origin.endswith("_norm.weight")
 
 
 def test_no_common_factor_and_missing_gradients_are_said_so():
@@ -158,13 +160,14 @@ def test_no_common_factor_and_missing_gradients_are_said_so():
                localize.grad_entry("gone", None, ref, 1e-5, 1e-5), localize.grad_entry("fine", ref, ref, 1e-5, 1e-5)]
     text = localize.pattern(entries, {})
     assert "noisy off with no common factor" in text and "gone: no gradient" in text and "everything else exact" in text
-    assert localize.grads_localization(entries, {})["params"][0]["over"] is None  # JSON-safe: no infinity
+    found = localize.grads_localization(entries, {})
+    assert found.params[0].param == "gone" and found.to_json()["params"][0]["over"] is None  # JSON-safe: no infinity
 
 
 def test_an_entry_measures_how_far_past_the_bound():
     ref = torch.tensor([1.0, 100.0], dtype=torch.float64)
     entry = localize.grad_entry("w", ref + 3e-5, ref, 1e-5, 1e-5)
-    assert not entry["within"] and math.isclose(entry["over"], 3e-5 / 2e-5, rel_tol=1e-3)
+    assert not entry.within and math.isclose(entry.over, 3e-5 / 2e-5, rel_tol=1e-3)
 
 
 # -- recorders on a real module ------------------------------------------------------------------
@@ -205,7 +208,7 @@ def test_a_planted_difference_is_found_where_it_was_planted_in_process():
     gathered = {c.key: [("in", i, t, []) for i, t in enumerate(c.inputs)] +
                 [("out", i, t, []) for i, t in enumerate(c.outputs)] for c in traces[1]}
     found = localize.compare_traces(localize.compare_calls(gathered, traces[0], 1e-5, 1e-5))
-    assert found["origin"] == "b" and found["last_agreeing"]["module"] == "a"
+    assert found.origin == "b" and found.last_agreeing.module == "a"
 
 
 def test_the_backward_recorder_sees_received_and_passed_gradients():
@@ -229,15 +232,14 @@ def test_the_merge_shows_the_first_failing_rank_and_names_the_ranks_that_agree()
     per_check = {CheckId.FORWARD: [(0, _check(CheckId.FORWARD, Status.PASS, other)),
                                    (1, _check(CheckId.FORWARD, Status.FAIL, same)),
                                    (2, _check(CheckId.FORWARD, Status.FAIL, same))]}
-    found = merged.merge(per_check)["forward"]
-    assert found["rank"] == 1 and found["ranks"] == [1, 2] and found["other_ranks"] == {"0": {"first": "y",
-                                                                                             "origin": "y"}}
+    found = merged.merge(per_check).forward.merged
+    assert found.rank == 1 and found.ranks == (1, 2) and found.other_ranks == {"0": {"first": "y", "origin": "y"}}
 
 
 def test_a_no_grad_failure_alone_is_the_forward():
     found = {"forward": {"first": None, "origin": None, "modules": [], "pass": "no_grad"}}
     per_check = {CheckId.INFERENCE: [(0, _check(CheckId.INFERENCE, Status.FAIL, found))]}
-    assert merged.merge(per_check)["forward"]["pass"] == "no_grad"
+    assert merged.merge(per_check).forward.pass_name == "no_grad"
 
 
 def test_the_note_names_the_first_module_the_last_agreeing_and_the_top_gradients():
@@ -246,7 +248,7 @@ def test_the_note_names_the_first_module_the_last_agreeing_and_the_top_gradients
                                                                         "max_rel": 0.9},
                        "origin": "attn", "last_agreeing": {"module": "attn.to_q"}, "not_compared": []},
            "grads": {"ranks": [0, 1], "pattern": "every gradient off by 1.5", "params": params}}
-    lines = merged.note(loc)
+    lines = merged.note(Localization.from_json(loc))
     assert "first module beyond tolerance: attn.to_out" in lines[0] and "arising in attn" in lines[0]
     assert "last agreeing: attn.to_q" in lines[0] and "ranks 0,1" in lines[0]
     assert lines[1].endswith("every gradient off by 1.5")
@@ -259,7 +261,7 @@ def test_a_pipeline_note_says_which_stage_compared_each_and_which_were_handed_a_
                        "origin": "model.layers.1", "last_agreeing": {"module": "model.layers.1.mlp", "stage": 0},
                        "boundaries": [{"stage": 1, "inputs_within": False}, {"stage": 2, "inputs_within": False}],
                        "not_compared": []}}
-    line = merged.note(loc)[0]
+    line = merged.note(Localization.from_json(loc))[0]
     assert "first module beyond tolerance: model.layers.1 (stage 0) (max_abs" in line and "arising" not in line
     assert "last agreeing: model.layers.1.mlp (stage 0); stages 1, 2 handed a difference" in line
 

@@ -46,12 +46,12 @@ def test_every_stage_names_the_same_origin_over_the_whole_pipeline(n_stages, dat
     ref = [TraceEntry(k, k, 0, 0, None, None) for k in keys]
     shuffled = data.draw(st.permutations(parts))  # the order the stages' parts arrive in does not matter
     found = stages.join(list(shuffled), ref)
-    assert found["origin"] == (None if bad is None else f"layers.{bad}")
+    assert found.origin == (None if bad is None else f"layers.{bad}")
     if bad is not None:
-        assert found["first"]["stage"] == bad and found["first"]["module"] == f"layers.{bad}"
-    by_module = {(m["module"], m["stage"]) for m in found["modules"]}
+        assert found.first.stage == bad and found.first.module == f"layers.{bad}"
+    by_module = {(m.module, m.stage) for m in found.modules}
     assert {(f"layers.{s}", s) for s in range(n_stages)} <= by_module and ("<root>", n_stages - 1) in by_module
     # The decoder around every stage's layers is listed, not dropped; each later stage says what it was handed.
-    assert [n["module"] for n in found["not_compared"]] == ["model"]
-    assert [b["stage"] for b in found["boundaries"]] == list(range(1, n_stages))
-    assert all(b["inputs_within"] == (bad is None or b["stage"] <= bad) for b in found["boundaries"])
+    assert [n.module for n in found.not_compared] == ["model"]
+    assert [b.stage for b in found.boundaries] == list(range(1, n_stages))
+    assert all(b.inputs_within == (bad is None or b.stage <= bad) for b in found.boundaries)

@@ -81,6 +81,6 @@ def test_the_reason_reaches_the_cases_localization_and_the_report():
     checks = _checks(CheckId.GRADS)
     declared.not_rerun(checks, RING.reason)
     merged = localization.merge({c.id: [(0, c)] for c in checks})
-    assert RING.reason in merged["not_run"] and "PARACHECK_LOCALIZE=all" in merged["not_run"]
-    assert merged["not_run"] in localization.note(merged)
+    assert RING.reason in merged.not_run and "PARACHECK_LOCALIZE=all" in merged.not_run
+    assert merged.not_run in localization.note(merged)
     assert "localization" not in checks[0].data  # the passing checks say nothing

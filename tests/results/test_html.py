@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from paracheck.cli.main import main
+from paracheck.domain.localization import ForwardLocalization, GradsLocalization, Localization
 from paracheck.results import html, plots
 from tests.html_sample import FIRST, MODULES, localization, sample
 
@@ -143,7 +144,7 @@ def test_a_failing_case_opens_to_its_localization_plots(page_text):
     assert [Page.text(t) for t in bold] == [FIRST]  # the first diverging module's tick is marked
     assert re.search(r"10\^\{-5\}", page_text)  # log-scale ticks (matplotlib's mathtext)
     grad_labels = [Page.text(t) for t in page.inside(grad_svg, "text")]
-    names = [p["name"] for p in localization()["grads"]["params"]]
+    names = [p["param"] for p in localization()["grads"]["params"]]
     assert [t for t in grad_labels if t in names] == names  # worst first, as the report lists them
     assert "nan or inf" in grad_labels
     assert "4 of 6 parameters beyond tolerance; every attention weight of block 1 and after" in Page.text(detail)
@@ -302,9 +303,10 @@ def test_any_report_renders_one_row_per_case(cases, meta):
 def test_plots_draw_any_figures(points, atol, rtol):
     """Zeros, NaN, infinity, missing and non-numeric figures and tolerances all draw (a log scale takes none
     of them as they are)."""
-    modules = [{"name": f"m{i}", "max_abs": a, "max_rel": r, "ok": ok} for i, (a, r, ok) in enumerate(points)]
-    forward = plots.forward_svg({"modules": modules, "atol": atol, "rtol": rtol, "first": "m0"}, "f")
-    grads = plots.grads_svg({"params": modules}, atol, rtol, "g")
+    modules = [{"module": f"m{i}", "param": f"m{i}", "max_abs": a, "max_rel": r, "within": ok}
+               for i, (a, r, ok) in enumerate(points)]
+    forward = plots.forward_svg(_forward(modules=modules, atol=atol, rtol=rtol, first="m0"), "f")
+    grads = plots.grads_svg(_grads(params=modules), atol, rtol, "g")
     for svg in (forward, grads):
         assert svg.startswith('<svg class="plot"') and svg.rstrip().endswith("</svg>")
         assert "http" not in svg
@@ -313,16 +315,25 @@ def test_plots_draw_any_figures(points, atol, rtol):
 @needs_matplotlib
 def test_plots_draw_figures_at_the_ends_of_the_floats():
     """Found by the property above: an axis a decade past 6e306 is infinite, one below 5e-324 zero."""
-    modules = [{"name": "a", "max_abs": 5e-324, "ok": True}, {"name": "b", "max_abs": 1.7e308, "ok": False}]
+    modules = [{"module": "a", "param": "a", "max_abs": 5e-324, "within": True},
+               {"module": "b", "param": "b", "max_abs": 1.7e308, "within": False}]
     for atol, rtol in ((None, 5.99e306), (5e-324, None)):
-        assert plots.forward_svg({"modules": modules, "atol": atol, "rtol": rtol}, "f").rstrip().endswith("</svg>")
-        assert plots.grads_svg({"params": modules}, atol, rtol, "g").rstrip().endswith("</svg>")
+        assert plots.forward_svg(_forward(modules=modules, atol=atol, rtol=rtol), "f").rstrip().endswith("</svg>")
+        assert plots.grads_svg(_grads(params=modules), atol, rtol, "g").rstrip().endswith("</svg>")
+
+
+def _forward(**data) -> ForwardLocalization:
+    return ForwardLocalization.from_json(data)
+
+
+def _grads(**data) -> GradsLocalization:
+    return GradsLocalization.from_json(data)
 
 
 def test_numbers_are_read_defensively():
     assert plots.number(True) is None and plots.number("1e-3") is None and plots.number(None) is None
     assert plots.number(2) == 2.0 and math.isnan(plots.number(float("nan")))
-    assert localization()["forward"]["first"] == FIRST
+    assert localization()["forward"]["first"]["module"] == FIRST
 
 
 @needs_matplotlib
@@ -343,33 +354,13 @@ def test_paracheck_report_imports_no_torch(html_run, tmp_path):
     assert "<svg" in (tmp_path / "out.html").read_text()
 
 
-def _rank_side_names(loc: dict) -> dict:
-    """The same localization written with the rank side's own names: `module`/`param`, `within`, and
-    `first`/`last_agreeing` as the module's whole entry."""
-    fwd, grads = loc["forward"], loc["grads"]
-    modules = [{"module": m["name"], "max_abs": m["max_abs"], "max_rel": m["max_rel"], "within": m["ok"]}
-               for m in fwd["modules"]]
-    by_name = {m["module"]: m for m in modules}
-    return {"forward": dict(fwd, modules=modules, first=by_name[fwd["first"]],
-                            last_agreeing=by_name[fwd["last_agreeing"]],
-                            origin=fwd["first"], not_compared=[{"module": m["name"], "why": m["why"]}
-                                                               for m in fwd["not_compared"]]),
-            "inference": dict(fwd, modules=modules, first=by_name[fwd["first"]]),
-            "grads": dict(grads, params=[{"param": p["name"], "max_abs": p["max_abs"], "max_rel": p["max_rel"],
-                                          "within": p["ok"], "over": 2.0} for p in grads["params"]])}
-
-
-def test_a_localization_in_the_rank_sides_own_names_reads_the_same():
-    from paracheck.results import localized
-
-    schema, other = localized.read(localization()), localized.read(_rank_side_names(localization()))
-    assert other["forward"]["modules"] == schema["forward"]["modules"]
-    assert json.dumps(other["grads"]["params"]) == json.dumps(schema["grads"]["params"])  # NaN included
-    assert (other["forward"]["first"], other["forward"]["last_agreeing"]) == \
-        (schema["forward"]["first"], schema["forward"]["last_agreeing"]) == (FIRST, "transformer_blocks.1.norm1")
-    assert other["forward"]["not_compared"] == schema["forward"]["not_compared"]
-    assert other["inference"]["first"] == FIRST and "inference" not in schema
-    assert localized.read("garbage") == {} and localized.read({"forward": 3}) == {}
+def test_a_localization_that_is_not_the_schemas_reads_as_absent():
+    """A report from elsewhere: a part that is no object is left out, never raised on; a module named by its key
+    alone (`first` as a string) reads as that module."""
+    assert not Localization.from_json("garbage") and not Localization.from_json({"forward": 3})
+    found = Localization.from_json({"forward": {"modules": [3, {"module": "a"}], "first": "a", "ranks": "x"}})
+    assert [m.module for m in found.forward.modules] == ["a"] and found.forward.first.module == "a"
+    assert found.forward.merged.ranks == ()
 
 
 @needs_matplotlib
@@ -377,7 +368,8 @@ def test_the_no_grad_forward_gets_its_own_plot(html_run):
     run, _ = html_run
     data = sample(run.report)
     fail = next(c for c in data["cases"] if c["status"] == "fail")
-    fail["localization"] = _rank_side_names(localization())
+    loc = localization()
+    fail["localization"] = dict(loc, inference=dict(loc["forward"], origin=loc["forward"]["first"]["module"]))
     page = Page(html.render(data))
     detail = page.find("tr", "detail", id=page.find("tr", "case", data_status="fail")[0]["attrs"]["id"] + "-detail")[0]
     assert len(page.inside(detail, "figure", "forward-plot")) == 2 and page.inside(detail, "figure", "grads-plot")

@@ -23,6 +23,7 @@ from paracheck.checks import localize
 from paracheck.checks.buckets import gather_each, reduce_each
 from paracheck.checks.compare import compare, problems_text
 from paracheck.checks.shards import assemble, group_ranks, local_slice
+from paracheck.domain.localization import GradRow
 from paracheck.domain.records import CheckId, CheckResult, Raised, Status
 
 @dataclass
@@ -361,7 +362,7 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
         notes.insert(0, f"{len(failures)} grads beyond tolerance: {problems_text(failures)}")
         degrees = {"tp": layout.tp, "cp": layout.cp, "ring": layout.ring, "ulysses": layout.ulysses,
                    "world": layout.world}
-        worst.data["localization"] = {"grads": localize.grads_localization(entries, degrees)}
+        worst.data["localization"] = {"grads": localize.grads_localization(entries, degrees).to_json()}
     worst.detail = "; ".join(notes)
     return worst
 
@@ -410,12 +411,13 @@ def _fp64_grads(ctx: CheckContext) -> dict:
 _last64: tuple | None = None
 
 
-def _grad_entry(name: str, whole, ref_grad, result: CheckResult, ctx: CheckContext) -> dict:
+def _grad_entry(name: str, whole, ref_grad, result: CheckResult, ctx: CheckContext) -> GradRow:
     """A parameter's entry, judged by the check's own rule (the reduced-precision one where it applies)."""
-    entry = localize.grad_entry(name, whole, ref_grad, ctx.atol, ctx.rtol)
-    entry["within"] = result.status == Status.PASS
+    entry = dataclasses.replace(localize.grad_entry(name, whole, ref_grad, ctx.atol, ctx.rtol),
+                                within=result.status == Status.PASS)
     if "ratio" in (result.data or {}):
-        entry["over"] = result.data["ratio"]
+        ratio = result.data["ratio"]
+        entry = dataclasses.replace(entry, over=None if ratio == float("inf") else ratio)
     return entry
 
 
@@ -423,9 +425,9 @@ def _figure(max_abs) -> str:
     return f"max_abs {max_abs:.2e}" if max_abs is not None else "max_abs n/a"
 
 
-def _over(entry: dict) -> str:
+def _over(entry: GradRow) -> str:
     """How far past its bound a parameter is: its largest |a - b| / (atol + rtol |b|), > 1 beyond tolerance."""
-    return f"{entry['over']:.1f}x its bound" if entry.get("over") not in (None, float("inf")) else "no bound"
+    return f"{entry.over:.1f}x its bound" if entry.over not in (None, float("inf")) else "no bound"
 
 
 @dataclass

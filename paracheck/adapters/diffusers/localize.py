@@ -11,10 +11,13 @@ the failing check's `data["localization"]["forward"]`. Gradient tables are built
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from paracheck.adapters.diffusers import library, reference
 from paracheck.checks import localize, rerun, unread
+from paracheck.domain.localization import ForwardLocalization, GradsLocalization
 from paracheck.domain.records import CheckId, CheckResult
 
 #: The dims a TP-split module output is read on first: colwise projections split the last dim, and the
@@ -39,25 +42,24 @@ def after_checks(ctx, inputs: dict, checks: list[CheckResult], result) -> None:
         if failed.grads and not (failed.forward or backward_raised):
             # The forward agrees, so the gradient went wrong on the way back: trace the backward the same way.
             trace = backward(ctx, inputs, ref_calls)
-            found = {"backward": trace}
-            if trace.get("origin"):
-                found.update(origin=trace["origin"], origin_from="backward trace")
+            found = GradsLocalization(backward=trace)
+            if trace.origin:
+                found = replace(found, origin=trace.origin, origin_from="backward trace")
             rerun.attach(by_id, CheckId.GRADS, found, merge=True)
     except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
         rerun.attach_error(by_id, exc)
 
 
-def forward(ctx, inputs: dict, ref_calls: list, grad: bool) -> dict:
+def forward(ctx, inputs: dict, ref_calls: list, grad: bool) -> ForwardLocalization:
     """One pass rerun on the parallel model with hooks, its trace gathered and compared (collective)."""
     calls, out = rerun.record(ctx.model, lambda m: reference.forward(m, inputs), grad, local=localize.local_share)
     before = ctx.out if grad else ctx.inference_out
     found = rerun.traced(calls, ref_calls, groups(ctx, ref_calls), whole(ctx.model), ctx.atol, ctx.rtol,
                          rerun.pass_name(grad))
-    found["reproduced"] = before is not None and bool(torch.equal(out.detach(), before.detach()))
-    return found
+    return replace(found, reproduced=before is not None and bool(torch.equal(out.detach(), before.detach())))
 
 
-def backward(ctx, inputs: dict, forward_calls: list) -> dict:
+def backward(ctx, inputs: dict, forward_calls: list) -> ForwardLocalization:
     """The training pass and its backward rerun on both models with backward hooks: each module's received
     and passed-on gradients, in backward order, gathered and compared like a forward trace (`forward_calls`:
     the reference's forward trace, whose shapes tell the joint sequences apart). A module output

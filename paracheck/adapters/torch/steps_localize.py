@@ -28,6 +28,7 @@ from paracheck.adapters.torch import grads as gradients, localize, names
 from paracheck.adapters.torch.batches import call, shard
 from paracheck.checks import localize as tracing, rerun
 from paracheck.checks.shards import full
+from paracheck.domain.localization import ForwardLocalization, GradsLocalization, StepsLocalization
 from paracheck.domain.records import CheckResult, Status
 from paracheck.results.localization import steps_line
 
@@ -60,7 +61,7 @@ def restore(model, state: dict, device) -> None:
             param.grad = None
 
 
-def rerun_step(body, step: int, batches: list, expected, losses) -> dict:
+def rerun_step(body, step: int, batches: list, expected, losses) -> StepsLocalization:
     """Step `step` (1-based) rerun from where it began on both models: the finding (see the module docstring).
     `losses`: (the reference's loss, the parallel one's), as `steps` builds them."""
     before = body.ref_params if step == 1 else expected.records[step - 2].params
@@ -80,19 +81,17 @@ def rerun_step(body, step: int, batches: list, expected, losses) -> dict:
                  for n, p in names.parameters(body.twin).items()}
     parallel_loss(body.model, step - 1)[0].backward()
     grads = gradients.check(names.parameters(body.model), ref_grads, layout, body.atol, body.rtol)
-    found = {"step": step, "of": len(batches), "forward": forward}
-    if grads.status == Status.FAIL:
-        found["grads"] = grads.data["localization"]["grads"]
-    return dict(found, **where(forward, found.get("grads")))
+    table = GradsLocalization.from_json(grads.data["localization"]["grads"]) if grads.status == Status.FAIL else None
+    return StepsLocalization(step, len(batches), forward, table, *where(forward, table))
 
 
-def where(forward: dict, grads: dict | None) -> dict:
+def where(forward: ForwardLocalization, grads: GradsLocalization | None) -> tuple[str, str | None]:
     """`where` the step parts ("forward", "gradients", "update") and `origin`, the module or parameter (pure)."""
-    if forward.get("first"):
-        return {"where": "forward", "origin": forward.get("origin") or forward["first"]["module"]}
+    if forward.first:
+        return "forward", forward.origin or forward.first.module
     if grads is not None:
-        return {"where": "gradients", "origin": grads.get("origin")}
-    return {"where": "update", "origin": None}
+        return "gradients", grads.origin
+    return "update", None
 
 
 def attach(body, result: CheckResult, batches: list, expected, losses) -> None:
@@ -106,8 +105,8 @@ def attach(body, result: CheckResult, batches: list, expected, losses) -> None:
     try:
         found = rerun_step(body, step, batches, expected, losses)
     except Exception as exc:  # the check failed either way; the diagnosis must not hide it
-        found = {"step": step, "error": f"localization raised {type(exc).__name__}: {exc}"}
-    result.data.setdefault("localization", {})["steps"] = found
-    if result.status == Status.FAIL and "error" not in found:
+        found = StepsLocalization(step, error=rerun.raised(exc))
+    result.data.setdefault("localization", {})["steps"] = found.to_json()
+    if result.status == Status.FAIL and not found.error:
         failing = (result.data.get("steps") or [{}])[-1].get("failing")
         result.detail += f"; {steps_line(found, failing)}"

@@ -13,12 +13,15 @@ reference's generations are kept for the cases that share them (`_GENERATIONS`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.distributed as dist
 
 from paracheck.checks import generate as rule
 from paracheck.checks import localize, rerun
 from paracheck.checks.shards import full
+from paracheck.domain.localization import ForwardLocalization
 from paracheck.domain.records import CheckId, CheckResult, Status
 from paracheck.world.recent import Recent
 
@@ -120,12 +123,12 @@ def _localize(body, mine: dict, held: dict, result: CheckResult) -> None:
     try:
         found = _trace(body, mine[mode], mode, step)
     except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
-        found = {"error": f"localization raised {type(exc).__name__}: {exc}"}
+        found = ForwardLocalization(error=rerun.raised(exc))
     if result.status == Status.FAIL:
-        result.data.setdefault("localization", {})[PART] = found
+        result.data.setdefault("localization", {})[PART] = found.to_json()
 
 
-def _trace(body, mine: dict, mode: str, step: int) -> dict:
+def _trace(body, mine: dict, mode: str, step: int) -> ForwardLocalization:
     from paracheck.adapters.transformers.localize import groups, pipeline_trace
 
     args = dict(arguments(mode, step + 1), output_logits=False, return_dict_in_generate=False)
@@ -140,12 +143,11 @@ def _trace(body, mine: dict, mode: str, step: int) -> dict:
         found = pipeline_trace(body.model, calls, ref_calls, layout, tol.atol, tol.rtol)
     else:
         found = rerun.traced(calls, ref_calls, groups(layout), {"<root>"}, tol.atol, tol.rtol, PART)
-    found["pass"], found["mode"] = PART, mode
     # Under pipeline stages only the stage holding the module recorded its call: every rank takes that stage's
     # answer (a collective every rank reaches, whatever it found).
-    mine = decode_step(calls, found["first"]["module"]) if found.get("first") else None
-    found["decode_step"] = next((s for s in localize.all_gather_object(mine) if s is not None), None)
-    return found
+    mine = decode_step(calls, found.first.module) if found.first else None
+    return replace(found, pass_name=PART, mode=mode,
+                   decode_step=next((s for s in localize.all_gather_object(mine) if s is not None), None))
 
 
 def decode_step(calls: list, key: str) -> int | None:

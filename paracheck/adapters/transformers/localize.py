@@ -11,12 +11,15 @@ their traces (`pipeline_trace`, `checks.stages`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.distributed as dist
 
 from paracheck.checks import localize, rerun, stages
 from paracheck.checks.grads import compare_grads
 from paracheck.checks.wholes import wholes
+from paracheck.domain.localization import ForwardLocalization
 from paracheck.domain.records import CheckResult
 from paracheck.world import meshes
 
@@ -68,19 +71,19 @@ def after_checks(model, ref, mine: dict, layout, checks: list, result, atol, rto
                 ref_calls, _ = rerun.record(ref, lambda m: m(**inputs, use_cache=False))
             found = forward(model, inputs, ref_calls, layout, atol, rtol, grad)
         except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
-            found = {"error": f"localization raised {type(exc).__name__}: {exc}"}
+            found = ForwardLocalization(error=rerun.raised(exc))
         rerun.attach(by_id, check_id, found)
 
 
-def forward(model, inputs: dict, ref_calls: list, layout, atol, rtol, grad: bool) -> dict:
+def forward(model, inputs: dict, ref_calls: list, layout, atol, rtol, grad: bool) -> ForwardLocalization:
     calls, _ = rerun.record(model, lambda m: m(**inputs, use_cache=False), grad, local=localize.local_share)
     if layout.pp > 1:
         found = pipeline_trace(model, calls, ref_calls, layout, atol, rtol)
-        return dict(found, **{"pass": rerun.pass_name(grad)})
+        return replace(found, pass_name=rerun.pass_name(grad))
     return rerun.traced(calls, ref_calls, groups(layout), {"<root>"}, atol, rtol, rerun.pass_name(grad))
 
 
-def pipeline_trace(model, calls: list, ref_calls: list, layout, atol, rtol) -> dict:
+def pipeline_trace(model, calls: list, ref_calls: list, layout, atol, rtol) -> ForwardLocalization:
     """A pipeline layout's trace (`checks.stages`): this stage's own modules (the layers transformers did not
     replace by a `PipelineIdentityLayer`), joined with the other stages' of this rank's pipeline (the ranks of
     its TP coordinate). The stage is transformers' own (`model._pp_stage`), which computes the logits last."""

@@ -11,6 +11,7 @@ import torch
 
 from paracheck.adapters.torch import names
 from paracheck.checks.grads import compare_grads
+from paracheck.domain.localization import ForwardLocalization, GradsLocalization, ModuleRow, StepsLocalization
 from paracheck.domain.records import Status
 from paracheck.rank.forked import fork_ranks
 from paracheck.results.localization import steps_line
@@ -83,16 +84,17 @@ def test_a_parameter_on_one_side_only_is_named_as_that_not_counted_beyond_tolera
      "the forward and every gradient agree with the reference's, so the update parts them"),
 ])
 def test_the_steps_finding_in_words(found, words):
-    assert words in steps_line(found, ["wte.weight"])
+    assert words in steps_line(StepsLocalization.from_json(found), ["wte.weight"])
 
 
 def test_where_a_step_parts_is_the_forward_first_then_the_gradients_then_the_update():
     from paracheck.adapters.torch.steps_localize import where
 
-    first = {"first": {"module": "h.0.mlp.c_proj"}, "origin": "h.0.mlp"}
-    assert where(first, {"origin": "wte.weight"}) == {"where": "forward", "origin": "h.0.mlp"}
-    assert where({"first": None}, {"origin": "wte.weight"}) == {"where": "gradients", "origin": "wte.weight"}
-    assert where({"first": None}, None) == {"where": "update", "origin": None}
+    first = ForwardLocalization((), ModuleRow("h.0.mlp.c_proj"), origin="h.0.mlp")
+    table = GradsLocalization(origin="wte.weight")
+    assert where(first, table) == ("forward", "h.0.mlp")
+    assert where(ForwardLocalization(()), table) == ("gradients", "wte.weight")
+    assert where(ForwardLocalization(()), None) == ("update", None)
 
 
 # -- real runs -----------------------------------------------------------------------------------

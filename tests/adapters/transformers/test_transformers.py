@@ -246,7 +246,7 @@ def test_every_control_is_detected_on_every_rank(gloo_verdicts, control, model, 
 def test_a_router_taking_its_top_k_on_a_shard_is_localized_to_the_router(gloo_verdicts):
     for layout in ("tp4", "tp2xfsdp2xep2"):
         v = gloo_verdicts[("qwen3_moe", layout, "base", "tf-router-topk-on-shard")]
-        first = v.localization["forward"]["first"]["module"]
+        first = v.localization.forward.first.module
         assert first == "model.layers.0.mlp.gate" and CONTROLS["tf-router-topk-on-shard"].planted_at(first), first
 
 

@@ -14,12 +14,15 @@ its trace is the finding, in the check's `data["localization"]["forward"]`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.distributed as dist
 
 from paracheck.adapters.diffusers import localize as model_localize
 from paracheck.adapters.diffusers.pipelines import loop
 from paracheck.checks import localize, rerun
+from paracheck.domain.localization import ForwardLocalization
 from paracheck.domain.records import CheckId, Status
 
 #: A first step no rank failed at: larger than any run's steps.
@@ -40,25 +43,25 @@ def after_checks(body, checks: list) -> None:
     try:
         found = first_diverging(body, first)
     except Exception as exc:  # a diagnosis that breaks must not turn a failing case into an error
-        found = {"error": f"localization raised {type(exc).__name__}: {exc}"}
+        found = ForwardLocalization(error=rerun.raised(exc))
     if check is not None:
-        check.data.setdefault("localization", {})["forward"] = found
+        check.data.setdefault("localization", {})["forward"] = found.to_json()
 
 
-def first_diverging(body, beyond: int) -> dict:
+def first_diverging(body, beyond: int) -> ForwardLocalization:
     """Steps 1 to `beyond` in order, each step's first call traced, until one differs beyond tolerance at some module
     on any rank (every rank decides alike: one all-reduce a step); that step's trace, or the last one's."""
     copies = ({}, {})  # the state objects each transformer holds over the replayed steps (`loop.owned`)
     for step in range(1, beyond + 1):
         found = step_localization(body, step, copies)
-        differs = torch.tensor([float(bool(found.get("first")))])
+        differs = torch.tensor([float(found.first is not None)])
         dist.all_reduce(differs, op=dist.ReduceOp.MAX)
         if differs.item() > 0 or step == beyond:
-            return dict(found, beyond_from=beyond)
-    return {}
+            return replace(found, beyond_from=beyond)
+    return ForwardLocalization()
 
 
-def step_localization(body, step: int, copies: tuple = ({}, {})) -> dict:
+def step_localization(body, step: int, copies: tuple = ({}, {})) -> ForwardLocalization:
     """Step `step`'s first transformer call rerun on both transformers with hooks, traced and compared (collective).
     `copies`: the reference's and the parallel transformer's own state objects, kept from the steps replayed before."""
     import contextlib
@@ -77,5 +80,4 @@ def step_localization(body, step: int, copies: tuple = ({}, {})) -> dict:
     calls, _ = rerun.record(ctx.model, call_with(copies[1]), local=localize.local_share)
     found = rerun.traced(calls, ref_calls, model_localize.groups(ctx, ref_calls), model_localize.whole(ctx.model),
                          ctx.atol, ctx.rtol, f"step {step}")
-    found["step"] = step
-    return found
+    return replace(found, step=step)
