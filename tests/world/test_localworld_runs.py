@@ -2,6 +2,7 @@
 
 Two small launches (one process each): an 8-rank world no machine here runs with gloo (Flux on three mesh
 dimensions, `tp2xr2xu2`), and a 4-rank control compared case for case with the gloo session run (`default_run`).
+And one case in this process: the control only three mesh dimensions can show, on that 8-rank layout.
 """
 
 import pytest
@@ -57,3 +58,34 @@ def test_a_control_in_one_process_fails_the_same_checks_on_the_same_ranks_as_on_
         if ours["max_abs"] is not None and other["max_abs"] is not None:
             assert abs(ours["max_abs"] - other["max_abs"]) <= 1e-6 + 1e-5 * abs(other["max_abs"]), check
     assert mine["structure.tp_shards"]["failed_ranks"] == [1, 2]
+
+
+@pytest.mark.slow  # no launch, but a 8-rank case's compute (about 30 s wall at load 11): kept out of the fast tier
+def test_the_collapsed_cp_index_control_is_detected_on_eight_ranks_and_names_ranks_2_to_5(tmp_path):
+    """`cp-collapsed-shard-index` applies to no 4-rank layout (it is each rank's own shard there,
+    tests/adapters/diffusers/test_controls.py); on flux `tp2xr2xu2` ranks 2-5 read TP coordinate 1 - t and hold
+    the other shard. Run in this process as the local world runs a case (`run_local_case`), without the backward:
+    the bug's checks are the structure and the forward (the gradients fail too, 1.96, measured)."""
+    import os
+
+    import paracheck.fixtures as fixtures
+    from paracheck.domain.backends import get_backend
+    from paracheck.domain.case import Case
+    from paracheck.domain.layout import Layout
+    from paracheck.domain.records import CaseStatus, CheckId, Status
+    from paracheck.domain.registry import get_control
+    from paracheck.rank.localrun import run_local_case
+    from paracheck.world.localworld import LocalWorld
+
+    name = "cp-collapsed-shard-index"
+    case = Case("flux", fixtures.FIXTURES["flux"], Layout.parse("tp2xr2xu2"), control=name, grads=False,
+                library="diffusers")
+    os.makedirs(tmp_path / "refs")
+    with LocalWorld(8) as world:
+        results = run_local_case(0, case, get_backend("gloo"), world, str(tmp_path / "refs"), str(tmp_path / "case"))
+    failing = {r.rank: {c.id for c in r.checks if c.status == Status.FAIL} for r in results}
+    assert [rank for rank, ids in failing.items() if CheckId.TP_SHARDS in ids] == [2, 3, 4, 5]
+    assert all(CheckId.FORWARD in ids for ids in failing.values())  # every rank: the output is gathered
+    forward = [c for c in results[0].checks if c.id == CheckId.FORWARD][0]
+    assert forward.max_abs > 1e-2  # 0.113 measured; a pass is below 1e-6
+    assert get_control(name).judge(set().union(*failing.values()))[0] == CaseStatus.DETECTED

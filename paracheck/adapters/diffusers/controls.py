@@ -33,6 +33,29 @@ def _global_index_differs(layout: Layout) -> str | None:
     return None
 
 
+def collapsed_cp_tp_index(layout: Layout, rank: int) -> int:
+    """The TP coordinate `cp-collapsed-shard-index` reads off `rank`: unflattened over the mesh with its two CP
+    dimensions taken as one, of the ring degree (Ulysses's when there is no ring), as code written when ring and
+    Ulysses did not compose would. Where ring or Ulysses is 1, that one dimension *is* the CP group, so the
+    mesh is the layout's own (less a dimension of 1) and the coordinate is the TP one on every rank; only
+    tp, ring and ulysses all above 1 (and TP not the fastest dimension) can tell them apart."""
+    collapsed = layout.ring if layout.ring > 1 else layout.ulysses
+    shape = [(dim, layout.tp if dim == "tp" else collapsed) for dim in layout.mesh_dims if dim != "ulysses"]
+    coords = {}
+    for dim, size in reversed(shape):
+        coords[dim], rank = rank % size, rank // size
+    return coords["tp"]
+
+
+def _collapsed_index_differs(layout: Layout) -> str | None:
+    if not layout.has_tp:
+        return f"layout {layout} has no tensor parallelism"
+    if all(collapsed_cp_tp_index(layout, r) == layout.coords(r)["tp"] for r in range(layout.world)):
+        return (f"on {layout} ({layout.order}) the TP coordinate read over one CP dimension is the mesh's on every "
+                "rank (it takes tp, ring and ulysses all above 1, TP not the fastest), so the bug cannot show")
+    return None
+
+
 def _needs_tp_and_cp(layout: Layout) -> str | None:
     return None if layout.has_tp and layout.has_cp else f"layout {layout} has one kind of parallelism; order is moot"
 
@@ -71,11 +94,24 @@ def _tp_processor_config(model, applied, _):
 
 
 def _global_rank_shard_index(model, applied, reference_state):
+    _reslice(model, applied, reference_state, applied.rank % applied.layout.tp)
+
+
+def _collapsed_cp_shard_index(model, applied, reference_state):
+    _reslice(model, applied, reference_state, collapsed_cp_tp_index(applied.layout, applied.rank))
+
+
+def _reslice(model, applied, reference_state, wrong_index: int):
+    """Every TP-sharded parameter's local tensor overwritten with shard `wrong_index` of the reference's (where
+    the wrong index is this rank's TP coordinate, the very shard the route put there: a no-op). Without TP no
+    parameter is sharded (they are plain tensors, not DTensors), so there is nothing to re-slice."""
     import torch
+
+    if applied.layout.tp == 1:
+        return
 
     from paracheck.checks.shards import local_slice
 
-    wrong_index = applied.rank % applied.layout.tp
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, spec in library.tp_shard_specs(model, applied.layout.tp).items():
@@ -160,6 +196,10 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("global-rank-shard-index", "TP shards picked by global rank (mod tp) instead of TP-mesh coordinate",
             (CheckId.TP_SHARDS, CheckId.FORWARD), _global_index_differs, _global_rank_shard_index,
             plants_in=FIRST_TP_MODULE, per_rank=True),
+    Control("cp-collapsed-shard-index", "TP shards picked by a TP coordinate read off the global rank over a mesh "
+            "with one CP dimension (ring, or Ulysses without ring), as code from before ring and Ulysses composed; "
+            "right on every mesh with at most two dimensions above 1", (CheckId.TP_SHARDS, CheckId.FORWARD),
+            _collapsed_index_differs, _collapsed_cp_shard_index, plants_in=FIRST_TP_MODULE, per_rank=True),
     Control("tp-processor-config", "TP alone, yet processors handed the parallel config",
             (CheckId.PROCESSOR_CONFIG,), _needs_tp_alone, _tp_processor_config),
     Control("backward-only", "the model output's gradient scaled by 1.5 on the way back; forward bit-identical",

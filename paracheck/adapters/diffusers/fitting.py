@@ -205,12 +205,27 @@ def fit_block_counts(model_class: type, init_dict: dict, plans) -> tuple[dict, l
 
 
 def cp_split_problems(model_class: type, inputs: dict, layout: Layout) -> list[str]:
-    """Top-level inputs the `_cp_plan` splits whose split dimension the CP degree does not divide."""
+    """Top-level inputs the `_cp_plan` splits whose split dimension the CP degree does not divide (the entries
+    inside the model need a trace: `splits.plan_splits`, judged by `split_problems`)."""
+    return split_problems([(f"input {key!r}", dim, size)
+                           for key, (dim, size) in cp_split_sizes(model_class, inputs).items()], layout)
+
+
+def split_problems(splits, layout: Layout) -> list[str]:
+    """The rule: the CP degree must divide every length a `_cp_plan` entry splits, top-level or inside the
+    model (diffusers' `EquipartitionSharder` cuts it into equal shards, one per CP rank, and asserts that).
+    `splits`: `(what, dim, size)` each (`splits.Split`); one sentence per size it refuses, naming every split
+    of that size (MiniMax-H3's packed sequence is split at five places)."""
     if not layout.has_cp:
         return []
-    return [f"input {key!r} dim {dim} has size {size}, which the CP degree {layout.cp} "
-            f"(ring {layout.ring} x ulysses {layout.ulysses}) does not divide"
-            for key, (dim, size) in cp_split_sizes(model_class, inputs).items() if size % layout.cp]
+    refused: dict[int, list[str]] = {}
+    for what, dim, size in splits:
+        if size % layout.cp and f"{what} dim {dim}" not in refused.get(size, []):
+            refused.setdefault(size, []).append(f"{what} dim {dim}")
+    return [f"{', '.join(named)} {'has' if len(named) == 1 else 'have'} size {size}, which the CP degree "
+            f"{layout.cp} (ring {layout.ring} x ulysses {layout.ulysses}) does not divide (the _cp_plan splits "
+            f"{'it' if len(named) == 1 else 'each'} into {layout.cp} equal shards, one per CP rank)"
+            for size, named in refused.items()]
 
 
 def cp_split_sizes(model_class: type, inputs: dict) -> dict[str, tuple[int, int]]:

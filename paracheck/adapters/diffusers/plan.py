@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from paracheck.adapters.diffusers import attention
 from paracheck.adapters.diffusers import library
-from paracheck.adapters.diffusers.fitting import Unfittable, cp_split_problems, fit_init_dict
+from paracheck.adapters.diffusers.fitting import Unfittable, cp_split_problems, fit_init_dict, split_problems
 from paracheck.adapters.diffusers.routes import resolve_route
 from paracheck.domain.case import Case, FixtureUnavailable, call_factory
 from paracheck.domain.records import Failure, FailureKind, RankStatus, Route
@@ -56,9 +56,19 @@ class Sources:
 
     def __init__(self):
         self._loaded = Recent(self.KEEP)
+        self._splits = Recent(self.KEEP)
 
     def get(self, case: Case):
         return self._loaded.get((case.payload or case.factory, case.variant, case.shape), lambda: _load(case))
+
+
+    def splits(self, case: Case, model_class: type, init_dict: dict, inputs: dict) -> list:
+        """What the class's `_cp_plan` splits in the case's call, inner entries included (`splits.plan_splits`:
+        one forward on meta where the plan splits inside the model), once per source and fit."""
+        from paracheck.adapters.diffusers.splits import plan_splits
+
+        key = (case.payload or case.factory, case.variant, case.shape, json.dumps(init_dict, sort_keys=True, default=str))
+        return self._splits.get(key, lambda: plan_splits(model_class, init_dict, inputs))
 
 
 def _load(case: Case):
@@ -86,7 +96,8 @@ def plan(case: Case, backend, sources: Sources) -> Plan:
             raise Unfittable(refused)
         fit = fit_init_dict(model_class, init_dict, case.layout, any_heads=bool(options.get("ulysses_anything")))
         p.init_dict, p.fit = fit.init_dict, fit.changes
-        p.route, p.attention = settle(case, backend, model_class, inputs)
+        p.route, p.attention = settle(case, backend, model_class, inputs,
+                                      lambda: sources.splits(case, model_class, p.init_dict, inputs))
     except Unfittable as exc:
         p.stop = Stop(RankStatus.SKIP, str(exc), exc.failure)
         return p
@@ -94,15 +105,19 @@ def plan(case: Case, backend, sources: Sources) -> Plan:
     return p
 
 
-def settle(case: Case, backend, model_class: type, inputs: dict) -> tuple[Route, str]:
+def settle(case: Case, backend, model_class: type, inputs: dict, splits=None) -> tuple[Route, str]:
     """What a fitted case runs through, (route, attention backend), decided alike on every rank; `Unfittable` names
-    what refuses it: the backend's rules, a length the CP degree does not divide (`inputs`: the model's call), the
-    attention backend, or its control's."""
+    what refuses it: the backend's rules, a length the CP degree does not divide (`inputs`: the model's call;
+    `splits`, when given: a callable giving every split its `_cp_plan` makes, inner entries included, asked only
+    where the rule applies), the attention backend, or its control's."""
     from paracheck.domain.registry import get_control
 
     options = dict(case.cp_options)
     uneven_ok = options.get("ulysses_anything") or options.get("ring_anything")
-    problems = backend.problems(case.layout) + ([] if uneven_ok else cp_split_problems(model_class, inputs, case.layout))
+    problems = backend.problems(case.layout)
+    if case.layout.has_cp and not uneven_ok:
+        problems += split_problems(splits(), case.layout) if splits else cp_split_problems(model_class, inputs,
+                                                                                             case.layout)
     if problems:
         raise Unfittable("; ".join(problems))
     route = resolve_route(case.route, case.layout, backend.device_type)

@@ -6,7 +6,7 @@ from hypothesis import given
 from paracheck.domain.registry import get_control
 from paracheck.adapters.diffusers.controls import CONTROLS, applicable
 from tests import strategies
-from paracheck.domain.layout import Layout
+from paracheck.domain.layout import Layout, layouts_for
 
 layouts = strategies.layouts(6, 4)
 
@@ -15,6 +15,29 @@ layouts = strategies.layouts(6, 4)
 def test_global_rank_index_applies_exactly_where_it_can_show(layout):
     differs = any(r % layout.tp != layout.coords(r)["tp"] for r in range(layout.world))
     assert ("global-rank-shard-index" in applicable(layout)) == (layout.has_tp and differs)
+
+
+@given(layouts)
+def test_the_collapsed_cp_index_is_the_tp_coordinate_on_every_mesh_with_at_most_two_dimensions_above_1(layout):
+    """Why `cp-collapsed-shard-index` passes every check on any 4-rank layout: with ring or Ulysses at 1 the one
+    CP dimension it reads the rank over is the CP group itself, so it re-slices each rank's own shard (a no-op);
+    it applies exactly where some rank's index differs, which takes tp, ring and ulysses all above 1."""
+    from paracheck.adapters.diffusers.controls import collapsed_cp_tp_index
+
+    differs = any(collapsed_cp_tp_index(layout, r) != layout.coords(r)["tp"] for r in range(layout.world))
+    if min(layout.tp, layout.ring, layout.ulysses) == 1:
+        assert not differs
+    assert ("cp-collapsed-shard-index" in applicable(layout)) == (layout.has_tp and differs)
+
+
+def test_the_collapsed_cp_index_is_wrong_on_half_the_ranks_of_tp2xr2xu2():
+    from paracheck.adapters.diffusers.controls import collapsed_cp_tp_index
+
+    layout = Layout.parse("tp2xr2xu2")
+    assert [collapsed_cp_tp_index(layout, r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]  # TP coords 0 0 0 0 1 1 1 1
+    assert "cp-collapsed-shard-index" not in applicable(Layout.parse("tp2xr2xu2", "tp-fastest"))
+    assert not {"cp-collapsed-shard-index"} & {n for w in (4, 8) for l in layouts_for(w) if l.name != "tp2xr2xu2"
+                                               for n in applicable(l)}
 
 
 @given(layouts)

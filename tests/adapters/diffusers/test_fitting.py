@@ -17,6 +17,7 @@ from paracheck.adapters.diffusers.fitting import (
     fit_block_counts,
     fit_init_dict,
     plan_block_needs,
+    split_problems,
 )
 from paracheck.domain.layout import Layout, layouts_for
 
@@ -103,6 +104,61 @@ def test_cp_split_problems_name_input_and_dimension(tokens):
     assert bool(problems) == (tokens % 4 != 0)
     if problems:
         assert "'hidden_states' dim 1" in problems[0] and f"size {tokens}" in problems[0]
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.lists(st.tuples(st.sampled_from(["input 'x'", "rope's output 0", "blocks.0's input 'h'"]),
+                          st.integers(0, 3), st.integers(1, 70)), max_size=6),
+       st.sampled_from([Layout.parse(n) for n in ("u2", "r2xu2", "tp2xu4", "r4xu8", "r8xu4", "tp4")]))
+def test_split_problems_refuse_exactly_what_the_degree_does_not_divide(splits, layout):
+    """The pure rule over every split, inner entries alike: refused iff the CP degree does not divide its size; one
+    sentence per refused size naming each split of that size, the size, the degree and its factors."""
+    problems = split_problems(splits, layout)
+    refused = {size for _, _, size in splits if layout.has_cp and size % layout.cp}
+    assert len(problems) == len(refused)
+    for size, sentence in zip(dict.fromkeys(s for _, _, s in splits if s in refused), problems):
+        assert f"size {size}, which the CP degree {layout.cp} (ring {layout.ring} x ulysses {layout.ulysses}) " \
+               "does not divide" in sentence and f"into {layout.cp} equal shards" in sentence
+        assert all(f"{what} dim {dim}" in sentence for what, dim, s in splits if s == size)
+
+
+def test_inner_plan_entries_are_read_from_a_meta_forward():
+    """MiniMax-H3 splits nothing at the top level: its packed sequence (16 rows) is split at five places inside
+    the model, which one forward on meta names with their dims; Flux's plan is top-level only (no forward)."""
+    from paracheck.adapters.diffusers.splits import inner_entries, plan_splits
+
+    cls, init, inputs = fixtures.minimax_h3()
+    assert set(plan_splits(cls, init, inputs)) == {
+        ("rope's output 0", 0, 16), ("rope's output 1", 0, 16), ("transformer_blocks.0's input 'hidden_states'", 1, 16),
+        ("transformer_blocks.*'s input 'adaln_indices'", 0, 16), ("norm_out's input 'timestep_indices'", 0, 16)}
+    cls, init, inputs = fixtures.flux()
+    assert not inner_entries(cls._cp_plan)
+    assert {s.what for s in plan_splits(cls, init, inputs)} == {
+        "input 'hidden_states'", "input 'encoder_hidden_states'", "input 'img_ids'", "input 'txt_ids'"}
+
+
+def test_minimax_h3_at_32_ranks_is_a_skip_decided_by_the_plan():
+    """Found running `--local-world 32`: r4xu8 and r8xu4 were an error on every rank (the library's split
+    asserts); the plan refuses them before any parallel code, in one sentence. At 16 the degree divides 16."""
+    from paracheck.adapters.diffusers.plan import Sources, plan
+    from paracheck.domain.backends import get_backend
+    from paracheck.domain.case import Case
+    from paracheck.domain.records import RankStatus
+
+    sources = Sources()
+    for name in ("r4xu8", "r8xu4", "r2xu8"):
+        layout = Layout.parse(name)
+        p = plan(Case("minimax_h3", fixtures.FIXTURES["minimax_h3"], layout, library="diffusers"),
+                 get_backend("gloo"), sources)
+        if layout.cp == 16:
+            assert p.stop is None
+            continue
+        assert p.stop.status == RankStatus.SKIP
+        assert p.stop.reason == (
+            "rope's output 0 dim 0, rope's output 1 dim 0, transformer_blocks.0's input 'hidden_states' dim 1, "
+            "transformer_blocks.*'s input 'adaln_indices' dim 0, norm_out's input 'timestep_indices' dim 0 have "
+            f"size 16, which the CP degree 32 (ring {layout.ring} x ulysses {layout.ulysses}) does not divide (the "
+            "_cp_plan splits each into 32 equal shards, one per CP rank)")
 
 
 def test_no_plan_no_fit():
