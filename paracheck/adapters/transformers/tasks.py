@@ -9,6 +9,7 @@ every earlier sweep family are causal LMs, whose names and batches stay as they 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from paracheck.adapters.transformers.fixtures import VARIANTS
@@ -55,6 +56,7 @@ def by_suffix(name: str) -> tuple[str, Task]:
     return name, CAUSAL_LM
 
 
+@functools.lru_cache(maxsize=None)
 def classes(task: Task) -> dict[str, str]:
     """model type -> the class name the task's auto mapping gives it (the first, where it names several)."""
     from transformers.models.auto import modeling_auto
@@ -63,19 +65,19 @@ def classes(task: Task) -> dict[str, str]:
     return {k: v if isinstance(v, str) else v[0] for k, v in mapping.items()}
 
 
+def _owner(class_name: str) -> Task | None:
+    return next((t for t in TASKS if class_name in classes(t).values()), None)
+
+
 def of_class_name(name: str) -> Task:
-    """The task whose mapping holds class `name`; a class no mapping names (a user's own) is taken as a causal LM,
-    which is what the adapter ran before it knew tasks."""
-    return next((t for t in TASKS if name in classes(t).values()), CAUSAL_LM)
+    """The task whose mapping holds class `name` (the first in `TASKS`); a class no mapping names (a user's own) is
+    taken as a causal LM, which is what the adapter ran before it knew tasks."""
+    return _owner(name) or CAUSAL_LM
 
 
 def of_model(model) -> Task:
-    """The task of a built model: its class, or the first of its bases a mapping names."""
-    for klass in type(model).__mro__:
-        task = of_class_name(klass.__name__)
-        if task is not CAUSAL_LM or klass.__name__ in classes(CAUSAL_LM).values():
-            return task
-    return CAUSAL_LM
+    """The task of a built model: its class's, or that of the first of its bases a mapping names."""
+    return next((task for klass in type(model).__mro__ if (task := _owner(klass.__name__))), CAUSAL_LM)
 
 
 def of_case(model: str, built) -> Task:
