@@ -1,17 +1,21 @@
 """A vision-language model's image inputs, made with no download: the image size a tiny config is given, the
-placeholder tokens each row carries for its image, and the pixels.
+placeholder tokens each row carries for its image, and the pixels and other per-row tensors its forward takes.
 
 What a family's processor would produce is family-specific (how many placeholders an image becomes, which tensors
-besides `pixel_values` its forward takes), so each family the kit builds inputs for is named in `BUILDERS`; any
-other is refused before launch with `NoBuilder`, naming the families it knows.
+besides `pixel_values` its forward takes), so each family the kit builds inputs for has a `Builder` in `BUILDERS`;
+a family known not to fit the kit's inputs is in `REFUSED` with its reason, any other is refused before launch with
+`NoBuilder`, naming the families it knows. Every tensor a builder adds has one entry per row (dim 0), so
+`inputs.share` splits it over data-parallel ranks as it splits the token rows.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
+from typing import Callable
 
-#: Patches per side of the kit's square image: 4 patches, so 4 placeholders per image where one placeholder stands
-#: for one patch feature.
+#: Placeholders per side of the kit's square image: 4 placeholders per image (a family that merges patches gets an
+#: image of `SIDE * merge` patches a side).
 SIDE = 2
 CHANNELS = 3
 #: The text token the random ids fall back to where they drew the placeholder's id.
@@ -22,34 +26,113 @@ class NoBuilder(ValueError):
     """A vision-language family whose image inputs the kit cannot make."""
 
 
-def _patch_grid(config) -> int:
-    """A CLIP-style tower whose every patch feature is one placeholder (its class token dropped under the
-    "default" feature strategy, kept under "full"): the image is `SIDE` patches square."""
+@dataclass(frozen=True)
+class Builder:
+    """One family's image, as its processor would shape it for a square image of `merge * SIDE` patches a side."""
+    #: Patches merged per side into one placeholder (a pixel shuffle, a pooling, a spatial merge): 1 for none.
+    merge: int = 1
+    #: (config) -> placeholders per image beyond `SIDE * SIDE` (a kept class token, newline features).
+    more: Callable = lambda config: 0
+    #: (config) -> None: the family's own fields for that image (a pooling's token count, an anyres grid).
+    configure: Callable = lambda config: None
+    #: Tiles per image: 0 for `pixel_values` (rows, 3, size, size), n for (rows, n, 3, size, size).
+    tiles: int = 0
+    sizes: bool = False  # `image_sizes` (rows, 2): each image's height and width in pixels
+    #: `token_type_ids` as the processor gives them: "image" (1 on placeholders), "text" (1 on text), or None.
+    token_types: str | None = None
+
+
+def _vision_size(config, size: int) -> None:
     vision = config.vision_config
-    vision.image_size = vision.patch_size * SIDE
-    return SIDE * SIDE + (getattr(config, "vision_feature_select_strategy", "default") == "full")
+    vision.image_size = [size, size] if isinstance(vision.image_size, (list, tuple)) else size
 
 
-#: model type -> (config -> placeholders per image, after making the config's image `SIDE` patches square).
-BUILDERS = {"llava": _patch_grid}
+def _patch(config) -> int:
+    patch = config.vision_config.patch_size
+    return patch[0] if isinstance(patch, (list, tuple)) else patch
+
+
+def _gemma3(config) -> None:
+    config.mm_tokens_per_image = SIDE * SIDE
+
+
+def _paligemma(config) -> None:
+    """The projector maps the tower's features to `projection_dim`, which must be the (fitted) text width."""
+    config.projection_dim = config.vision_config.projection_dim = text_config(config).hidden_size
+
+
+def _pixtral(config) -> None:
+    """Pixtral's rotary tables take `head_dim`, which must be the (fitted) tower's width per head."""
+    vision = config.vision_config
+    vision.head_dim = vision.hidden_size // vision.num_attention_heads
+
+
+def _vipllava(config) -> None:
+    """The tiny tower's last two layers (the default names five layers of a 24-layer tower)."""
+    config.vision_feature_layer = [-2, -1]
+
+
+def _anyres(config) -> None:
+    """One grid cell: the image is its own best fit, so the tiles are the resized base image and one crop."""
+    size = config.vision_config.image_size
+    config.image_grid_pinpoints = [[size, size]]
+
+
+def _cls_kept(config) -> int:
+    """A CLIP tower's class token, kept under the "full" feature strategy (dropped under "default")."""
+    return int(getattr(config, "vision_feature_select_strategy", "default") == "full"
+               and config.vision_config.model_type == "clip_vision_model")
+
+
+def _newlines(config) -> int:
+    """llava_next's anyres: the crop's `SIDE` rows each end with a newline feature, then the base image's
+    `SIDE * SIDE` features."""
+    return SIDE + SIDE * SIDE
+
+
+#: model type -> how the kit shapes its image.
+BUILDERS = {
+    "llava": Builder(more=_cls_kept),
+    "vipllava": Builder(configure=_vipllava),
+    "paligemma": Builder(configure=_paligemma, token_types="text"),  # 0 on the prefix (the image), which attends both ways
+    "gemma3": Builder(merge=2, configure=_gemma3, token_types="image"),  # the image's tokens attend both ways
+    "mistral3": Builder(merge=2, configure=_pixtral, sizes=True),
+    "aya_vision": Builder(merge=2),
+    "cohere2_vision": Builder(merge=2),
+    "internvl": Builder(merge=2),
+    "idefics3": Builder(merge=2, tiles=1),
+    "smolvlm": Builder(merge=2, tiles=1),
+    "llava_next": Builder(more=_newlines, configure=_anyres, tiles=2, sizes=True),
+}
+
+#: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
+REFUSED: dict[str, str] = {}
 
 
 def text_config(config):
     return getattr(config, "text_config", None) or config
 
 
+def builder(config) -> Builder:
+    """The family's builder; `NoBuilder` names a family the kit makes no image inputs for."""
+    found = BUILDERS.get(config.model_type)
+    if found is None:
+        why = REFUSED.get(config.model_type) or (f"the kit makes image inputs for {', '.join(sorted(BUILDERS))} "
+                                                 "only (each family's processor turns an image into its own "
+                                                 "placeholders and tensors)")
+        raise NoBuilder(f"{config.model_type}: {why}")
+    return found
+
+
 def prepared(config):
-    """A copy of `config` whose image is `SIDE` patches square, whose placeholder token is the last of the text
-    vocabulary (a token the random text never draws) and whose image sequence length matches; `NoBuilder` names a
-    family the kit makes no image inputs for."""
-    builder = BUILDERS.get(config.model_type)
-    if builder is None:
-        raise NoBuilder(f"{config.model_type}: the kit makes image inputs for {', '.join(sorted(BUILDERS))} only "
-                        "(each family's processor turns an image into its own placeholders and tensors)")
+    """A copy of `config` whose image is square (`Builder.merge * SIDE` patches a side), whose placeholder token is
+    the last of the text vocabulary (a token the random text never draws) and whose image sequence length matches."""
+    build = builder(config)
     config = copy.deepcopy(config)
-    count = builder(config)
+    _vision_size(config, _patch(config) * build.merge * SIDE)
+    build.configure(config)
     config.image_token_id = text_config(config).vocab_size - 1
-    config.image_seq_length = count
+    config.image_seq_length = SIDE * SIDE + build.more(config)
     return config
 
 
@@ -57,10 +140,29 @@ def placeholders(config) -> int:
     return config.image_seq_length
 
 
+def image_size(config) -> int:
+    size = config.vision_config.image_size
+    return size[0] if isinstance(size, (list, tuple)) else size
+
+
+def pixels(config, rows: int, seed: int) -> dict:
+    """The per-row image tensors of `rows` rows: `pixel_values`, and `image_sizes` where the family takes them."""
+    import torch
+
+    build, size = builder(config), image_size(config)
+    tiles = (build.tiles,) if build.tiles else ()
+    generator = torch.Generator().manual_seed(seed + 2)
+    out = {"pixel_values": torch.randn(rows, *tiles, CHANNELS, size, size, generator=generator)}
+    if build.sizes:
+        out["image_sizes"] = torch.tensor([[size, size]] * rows)
+    return out
+
+
 def with_images(batch: dict, config, seed: int) -> dict:
     """`batch` with one image per row: `placeholders(config)` placeholder tokens from each row's first unmasked
-    position (at least one text token left after them), the pixels, and labels -100 on the placeholders (a
-    vision-language loss predicts text only). Rows too short for an image raise ValueError."""
+    position (at least one text token left after them), the image tensors (`pixels`), `token_type_ids` where the
+    family's processor gives them, and labels -100 on the placeholders (a vision-language loss predicts text only).
+    Rows too short for an image raise ValueError."""
     import torch
 
     ids, token, count = batch["input_ids"].clone(), config.image_token_id, placeholders(config)
@@ -74,9 +176,10 @@ def with_images(batch: dict, config, seed: int) -> dict:
                              "token follows them")
         image[row, int(real[0]):int(real[0]) + count] = True
     ids[image] = token
-    size = config.vision_config.image_size
-    pixels = torch.randn(ids.shape[0], CHANNELS, size, size, generator=torch.Generator().manual_seed(seed + 2))
-    out = dict(batch, input_ids=ids, pixel_values=pixels)
+    out = dict(batch, input_ids=ids, **pixels(config, ids.shape[0], seed))
+    types = builder(config).token_types
+    if types:
+        out["token_type_ids"] = (image if types == "image" else ~image).long()
     if "labels" in batch:
         out["labels"] = ids.masked_fill((batch["labels"] == -100) | image, -100)
     return out
