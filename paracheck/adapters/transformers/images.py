@@ -31,8 +31,11 @@ class Builder:
     """One family's image, as its processor would shape it for a square image of `merge * SIDE` patches a side."""
     #: Patches merged per side into one placeholder (a pixel shuffle, a pooling, a spatial merge): 1 for none.
     merge: int = 1
-    #: (config) -> placeholders per image beyond `SIDE * SIDE` (a kept class token, newline features).
-    more: Callable = lambda config: 0
+    #: Placeholders per side of the image before `more`: fewer than `SIDE` where an image's placeholders must
+    #: still fit a padded row.
+    side: int = SIDE
+    #: (config, side) -> placeholders per image beyond `side * side` (a kept class token, newline features).
+    more: Callable = lambda config, side: 0
     #: (config) -> None: the family's own fields for that image (a pooling's token count, an anyres grid).
     configure: Callable = lambda config: None
     #: Tiles per image: 0 for `pixel_values` (rows, 3, size, size), n for (rows, n, 3, size, size).
@@ -78,16 +81,16 @@ def _anyres(config) -> None:
     config.image_grid_pinpoints = [[size, size]]
 
 
-def _cls_kept(config) -> int:
+def _cls_kept(config, side: int) -> int:
     """A CLIP tower's class token, kept under the "full" feature strategy (dropped under "default")."""
     return int(getattr(config, "vision_feature_select_strategy", "default") == "full"
                and config.vision_config.model_type == "clip_vision_model")
 
 
-def _newlines(config) -> int:
-    """llava_next's anyres: the crop's `SIDE` rows each end with a newline feature, then the base image's
-    `SIDE * SIDE` features."""
-    return SIDE + SIDE * SIDE
+def _newlines(config, side: int) -> int:
+    """llava_next's anyres: the base image's `side * side` features, then the crop's, each of its `side` rows
+    ending with a newline feature."""
+    return side + side * side
 
 
 #: model type -> how the kit shapes its image.
@@ -102,7 +105,9 @@ BUILDERS = {
     "internvl": Builder(merge=2),
     "idefics3": Builder(merge=2, tiles=1),
     "smolvlm": Builder(merge=2, tiles=1),
-    "llava_next": Builder(more=_newlines, configure=_anyres, tiles=2, sizes=True),
+    # The base image and one crop, each of one patch (with a class token dropped): 3 placeholders.
+    "llava_next": Builder(side=1, more=_newlines, configure=_anyres, tiles=2, sizes=True),
+    "llava_onevision": Builder(side=1, more=_newlines, configure=_anyres, tiles=2, sizes=True),
 }
 
 #: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
@@ -129,10 +134,10 @@ def prepared(config):
     the last of the text vocabulary (a token the random text never draws) and whose image sequence length matches."""
     build = builder(config)
     config = copy.deepcopy(config)
-    _vision_size(config, _patch(config) * build.merge * SIDE)
+    _vision_size(config, _patch(config) * build.merge * build.side)
     build.configure(config)
     config.image_token_id = text_config(config).vocab_size - 1
-    config.image_seq_length = SIDE * SIDE + build.more(config)
+    config.image_seq_length = build.side * build.side + build.more(config, build.side)
     return config
 
 
