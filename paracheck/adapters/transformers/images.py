@@ -41,13 +41,15 @@ class Builder:
     #: Tiles per image: 0 for `pixel_values` (rows, 3, size, size), n for (rows, n, 3, size, size).
     tiles: int = 0
     sizes: bool = False  # `image_sizes` (rows, 2): each image's height and width in pixels
-    #: `token_type_ids` as the processor gives them: "image" (1 on placeholders), "text" (1 on text), or None.
-    token_types: str | None = None
+    #: (key, on) where the processor marks tokens: `key` 1 on "image" placeholders or on "text", else None.
+    token_types: tuple[str, str] | None = None
+    #: (config, rows, size, generator) -> the image tensors, where they are not `pixel_values` of whole images.
+    pixels: Callable | None = None
 
 
 def _vision_size(config, size: int) -> None:
     vision = config.vision_config
-    vision.image_size = [size, size] if isinstance(vision.image_size, (list, tuple)) else size
+    vision.image_size = [size, size] if isinstance(getattr(vision, "image_size", None), (list, tuple)) else size
 
 
 def _patch(config) -> int:
@@ -75,6 +77,39 @@ def _vipllava(config) -> None:
     config.vision_feature_layer = [-2, -1]
 
 
+def _patches(config, rows: int, size: int, generator) -> dict:
+    """Qwen-VL's flattened patches: `pixel_values` (rows, patches, channels x temporal x patch x patch), one
+    image per row, and `image_grid_thw` (rows, 3). The processor's layout is (all images' patches, ...); the
+    tower reads it through `view(-1, ...)`, so a row-major (rows, patches, ...) is the same tensor, and one whose
+    dim 0 `inputs.share` splits by rows."""
+    import torch
+
+    vision, grid = config.vision_config, size // _patch(config)
+    flat = vision.in_channels * vision.temporal_patch_size * _patch(config) ** 2
+    return {"pixel_values": torch.randn(rows, grid * grid, flat, generator=generator),
+            "image_grid_thw": torch.tensor([[1, grid, grid]] * rows)}
+
+
+def _qwen_vl(config) -> None:
+    """M-RoPE's sections (temporal, height, width) cover the fitted text's rotary half-width, as the real ones
+    cover a 128-wide head's 64; the merger's output is the fitted text width."""
+    text = text_config(config)
+    config.vision_config.out_hidden_size = text.hidden_size
+    half = (getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads) // 2
+    # Read with a default of a 128-wide head's sections where the config names none.
+    text.rope_parameters = dict(text.rope_parameters or {}, mrope_section=[half - 2 * (half // 4), half // 4,
+                                                                         half // 4])
+
+
+def _qwen2_vl(config) -> None:
+    """Qwen2-VL's tower keeps its own sizes (`embed_dim`, `depth`), which the tiny rule does not know: 2 blocks of
+    32, and an output (`hidden_size`) of the fitted text width."""
+    _qwen_vl(config)
+    vision = config.vision_config
+    vision.embed_dim, vision.depth, vision.num_heads = 32, 2, 2
+    vision.hidden_size = text_config(config).hidden_size
+
+
 def _anyres(config) -> None:
     """One grid cell: the image is its own best fit, so the tiles are the resized base image and one crop."""
     size = config.vision_config.image_size
@@ -97,8 +132,10 @@ def _newlines(config, side: int) -> int:
 BUILDERS = {
     "llava": Builder(more=_cls_kept),
     "vipllava": Builder(configure=_vipllava),
-    "paligemma": Builder(configure=_paligemma, token_types="text"),  # 0 on the prefix (the image), which attends both ways
-    "gemma3": Builder(merge=2, configure=_gemma3, token_types="image"),  # the image's tokens attend both ways
+    # 0 on the prefix (the image), which attends both ways.
+    "paligemma": Builder(configure=_paligemma, token_types=("token_type_ids", "text")),
+    # The image's tokens attend both ways.
+    "gemma3": Builder(merge=2, configure=_gemma3, token_types=("token_type_ids", "image")),
     "mistral3": Builder(merge=2, configure=_pixtral, sizes=True),
     "aya_vision": Builder(merge=2),
     "cohere2_vision": Builder(merge=2),
@@ -108,6 +145,10 @@ BUILDERS = {
     # The base image and one crop, each of one patch (with a class token dropped): 3 placeholders.
     "llava_next": Builder(side=1, more=_newlines, configure=_anyres, tiles=2, sizes=True),
     "llava_onevision": Builder(side=1, more=_newlines, configure=_anyres, tiles=2, sizes=True),
+    # M-RoPE reads where the image is from `mm_token_type_ids`.
+    "qwen2_vl": Builder(merge=2, configure=_qwen2_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "qwen2_5_vl": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "qwen3_vl": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
 }
 
 #: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
@@ -157,6 +198,8 @@ def pixels(config, rows: int, seed: int) -> dict:
     build, size = builder(config), image_size(config)
     tiles = (build.tiles,) if build.tiles else ()
     generator = torch.Generator().manual_seed(seed + 2)
+    if build.pixels:
+        return build.pixels(config, rows, size, generator)
     out = {"pixel_values": torch.randn(rows, *tiles, CHANNELS, size, size, generator=generator)}
     if build.sizes:
         out["image_sizes"] = torch.tensor([[size, size]] * rows)
@@ -184,7 +227,8 @@ def with_images(batch: dict, config, seed: int) -> dict:
     out = dict(batch, input_ids=ids, **pixels(config, ids.shape[0], seed))
     types = builder(config).token_types
     if types:
-        out["token_type_ids"] = (image if types == "image" else ~image).long()
+        key, on = types
+        out[key] = (image if on == "image" else ~image).long()
     if "labels" in batch:
         out["labels"] = ids.masked_fill((batch["labels"] == -100) | image, -100)
     return out
