@@ -110,6 +110,15 @@ def _qwen2_vl(config) -> None:
     vision.hidden_size = text_config(config).hidden_size
 
 
+def _llama4(config) -> None:
+    """Llama 4's pixel-shuffle MLP and projector keep their own widths, which the tiny rule does not know: the
+    tower's width after the shuffle (which its MLP's `intermediate_size` also is, as in the real tower), then the
+    tower's width."""
+    vision = config.vision_config
+    vision.intermediate_size = int(vision.hidden_size / vision.pixel_shuffle_ratio ** 2)
+    vision.projector_input_dim = vision.projector_output_dim = vision.vision_output_dim = vision.hidden_size
+
+
 def _anyres(config) -> None:
     """One grid cell: the image is its own best fit, so the tiles are the resized base image and one crop."""
     size = config.vision_config.image_size
@@ -148,6 +157,7 @@ BUILDERS = {
     # M-RoPE reads where the image is from `mm_token_type_ids`.
     "qwen2_vl": Builder(merge=2, configure=_qwen2_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
     "qwen2_5_vl": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "llama4": Builder(merge=2, configure=_llama4),
     "qwen3_vl": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
 }
 
