@@ -95,10 +95,11 @@ def _qwen_vl(config) -> None:
     cover a 128-wide head's 64; the merger's output is the fitted text width."""
     text = text_config(config)
     config.vision_config.out_hidden_size = text.hidden_size
-    half = (getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads) // 2
+    rope = dict(text.rope_parameters or {})
+    rotary = rope.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", None) or 1.0)
+    half = int((getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads) * rotary) // 2
     # Read with a default of a 128-wide head's sections where the config names none.
-    text.rope_parameters = dict(text.rope_parameters or {}, mrope_section=[half - 2 * (half // 4), half // 4,
-                                                                         half // 4])
+    text.rope_parameters = dict(rope, mrope_section=[half - 2 * (half // 4), half // 4, half // 4])
 
 
 def _qwen2_vl(config) -> None:
@@ -159,6 +160,14 @@ BUILDERS = {
     "qwen2_5_vl": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
     "llama4": Builder(merge=2, configure=_llama4),
     "qwen3_vl": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "qwen3_vl_moe": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "qwen3_5": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "qwen3_5_moe": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "glm4v": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "glm4v_moe": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "lighton_ocr": Builder(merge=2, configure=_pixtral, sizes=True),
+    "llava_next_video": Builder(side=1, more=_newlines, configure=_anyres, tiles=2, sizes=True),
+    "got_ocr2": Builder(merge=4),  # its neck convolves the patches down 4 a side
 }
 
 #: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
