@@ -171,7 +171,12 @@ BUILDERS = {
 }
 
 #: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
-REFUSED: dict[str, str] = {}
+REFUSED = {
+    "aria": "its projector holds queries only for its real images' patch counts (35 or 70 a side), so no tiny image",
+    "deepseek_vl_hybrid": "each image is also a second, high-resolution tensor (high_res_pixel_values) of its own "
+                          "tower",
+    "emu3": "its images are a VQ tokenizer's codes in the text, not a vision tower's features",
+}
 
 
 def text_config(config):
