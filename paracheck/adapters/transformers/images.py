@@ -1,17 +1,21 @@
 """A vision-language model's image inputs, made with no download: the image size a tiny config is given, the
-placeholder tokens each row carries for its image, and the pixels.
+placeholder tokens each row carries for its image, and the pixels and other per-row tensors its forward takes.
 
 What a family's processor would produce is family-specific (how many placeholders an image becomes, which tensors
-besides `pixel_values` its forward takes), so each family the kit builds inputs for is named in `BUILDERS`; any
-other is refused before launch with `NoBuilder`, naming the families it knows.
+besides `pixel_values` its forward takes), so each family the kit builds inputs for has a `Builder` in `BUILDERS`;
+a family known not to fit the kit's inputs is in `REFUSED` with its reason, any other is refused before launch with
+`NoBuilder`, naming the families it knows. Every tensor a builder adds has one entry per row (dim 0), so
+`inputs.share` splits it over data-parallel ranks as it splits the token rows.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
+from typing import Callable
 
-#: Patches per side of the kit's square image: 4 patches, so 4 placeholders per image where one placeholder stands
-#: for one patch feature.
+#: Placeholders per side of the kit's square image: 4 placeholders per image (a family that merges patches gets an
+#: image of `SIDE * merge` patches a side).
 SIDE = 2
 CHANNELS = 3
 #: The text token the random ids fall back to where they drew the placeholder's id.
@@ -22,34 +26,183 @@ class NoBuilder(ValueError):
     """A vision-language family whose image inputs the kit cannot make."""
 
 
-def _patch_grid(config) -> int:
-    """A CLIP-style tower whose every patch feature is one placeholder (its class token dropped under the
-    "default" feature strategy, kept under "full"): the image is `SIDE` patches square."""
+@dataclass(frozen=True)
+class Builder:
+    """One family's image, as its processor would shape it for a square image of `merge * SIDE` patches a side."""
+    #: Patches merged per side into one placeholder (a pixel shuffle, a pooling, a spatial merge): 1 for none.
+    merge: int = 1
+    #: Placeholders per side of the image before `more`: fewer than `SIDE` where an image's placeholders must
+    #: still fit a padded row.
+    side: int = SIDE
+    #: (config, side) -> placeholders per image beyond `side * side` (a kept class token, newline features).
+    more: Callable = lambda config, side: 0
+    #: (config) -> None: the family's own fields for that image (a pooling's token count, an anyres grid).
+    configure: Callable = lambda config: None
+    #: Tiles per image: 0 for `pixel_values` (rows, 3, size, size), n for (rows, n, 3, size, size).
+    tiles: int = 0
+    sizes: bool = False  # `image_sizes` (rows, 2): each image's height and width in pixels
+    #: (key, on) where the processor marks tokens: `key` 1 on "image" placeholders or on "text", else None.
+    token_types: tuple[str, str] | None = None
+    #: (config, rows, size, generator) -> the image tensors, where they are not `pixel_values` of whole images.
+    pixels: Callable | None = None
+
+
+def _vision_size(config, size: int) -> None:
     vision = config.vision_config
-    vision.image_size = vision.patch_size * SIDE
-    return SIDE * SIDE + (getattr(config, "vision_feature_select_strategy", "default") == "full")
+    vision.image_size = [size, size] if isinstance(getattr(vision, "image_size", None), (list, tuple)) else size
 
 
-#: model type -> (config -> placeholders per image, after making the config's image `SIDE` patches square).
-BUILDERS = {"llava": _patch_grid}
+def _patch(config) -> int:
+    patch = config.vision_config.patch_size
+    return patch[0] if isinstance(patch, (list, tuple)) else patch
+
+
+def _gemma3(config) -> None:
+    config.mm_tokens_per_image = SIDE * SIDE
+
+
+def _paligemma(config) -> None:
+    """The projector maps the tower's features to `projection_dim`, which must be the (fitted) text width."""
+    config.projection_dim = config.vision_config.projection_dim = text_config(config).hidden_size
+
+
+def _pixtral(config) -> None:
+    """Pixtral's rotary tables take `head_dim`, which must be the (fitted) tower's width per head."""
+    vision = config.vision_config
+    vision.head_dim = vision.hidden_size // vision.num_attention_heads
+
+
+def _vipllava(config) -> None:
+    """The tiny tower's last two layers (the default names five layers of a 24-layer tower)."""
+    config.vision_feature_layer = [-2, -1]
+
+
+def _patches(config, rows: int, size: int, generator) -> dict:
+    """Qwen-VL's flattened patches: `pixel_values` (rows, patches, channels x temporal x patch x patch), one
+    image per row, and `image_grid_thw` (rows, 3). The processor's layout is (all images' patches, ...); the
+    tower reads it through `view(-1, ...)`, so a row-major (rows, patches, ...) is the same tensor, and one whose
+    dim 0 `inputs.share` splits by rows."""
+    import torch
+
+    vision, grid = config.vision_config, size // _patch(config)
+    flat = vision.in_channels * vision.temporal_patch_size * _patch(config) ** 2
+    return {"pixel_values": torch.randn(rows, grid * grid, flat, generator=generator),
+            "image_grid_thw": torch.tensor([[1, grid, grid]] * rows)}
+
+
+def _qwen_vl(config) -> None:
+    """M-RoPE's sections (temporal, height, width) cover the fitted text's rotary half-width, as the real ones
+    cover a 128-wide head's 64; the merger's output is the fitted text width."""
+    text = text_config(config)
+    config.vision_config.out_hidden_size = text.hidden_size
+    rope = dict(text.rope_parameters or {})
+    rotary = rope.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", None) or 1.0)
+    half = int((getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads) * rotary) // 2
+    # Read with a default of a 128-wide head's sections where the config names none.
+    text.rope_parameters = dict(rope, mrope_section=[half - 2 * (half // 4), half // 4, half // 4])
+
+
+def _qwen2_vl(config) -> None:
+    """Qwen2-VL's tower keeps its own sizes (`embed_dim`, `depth`), which the tiny rule does not know: 2 blocks of
+    32, and an output (`hidden_size`) of the fitted text width."""
+    _qwen_vl(config)
+    vision = config.vision_config
+    vision.embed_dim, vision.depth, vision.num_heads = 32, 2, 2
+    vision.hidden_size = text_config(config).hidden_size
+
+
+def _llama4(config) -> None:
+    """Llama 4's pixel-shuffle MLP and projector keep their own widths, which the tiny rule does not know: the
+    tower's width after the shuffle (which its MLP's `intermediate_size` also is, as in the real tower), then the
+    tower's width."""
+    vision = config.vision_config
+    vision.intermediate_size = int(vision.hidden_size / vision.pixel_shuffle_ratio ** 2)
+    vision.projector_input_dim = vision.projector_output_dim = vision.vision_output_dim = vision.hidden_size
+
+
+def _anyres(config) -> None:
+    """One grid cell: the image is its own best fit, so the tiles are the resized base image and one crop."""
+    size = config.vision_config.image_size
+    config.image_grid_pinpoints = [[size, size]]
+
+
+def _cls_kept(config, side: int) -> int:
+    """A CLIP tower's class token, kept under the "full" feature strategy (dropped under "default")."""
+    return int(getattr(config, "vision_feature_select_strategy", "default") == "full"
+               and config.vision_config.model_type == "clip_vision_model")
+
+
+def _newlines(config, side: int) -> int:
+    """llava_next's anyres: the base image's `side * side` features, then the crop's, each of its `side` rows
+    ending with a newline feature."""
+    return side + side * side
+
+
+#: model type -> how the kit shapes its image.
+BUILDERS = {
+    "llava": Builder(more=_cls_kept),
+    "vipllava": Builder(configure=_vipllava),
+    # 0 on the prefix (the image), which attends both ways.
+    "paligemma": Builder(configure=_paligemma, token_types=("token_type_ids", "text")),
+    # The image's tokens attend both ways.
+    "gemma3": Builder(merge=2, configure=_gemma3, token_types=("token_type_ids", "image")),
+    "mistral3": Builder(merge=2, configure=_pixtral, sizes=True),
+    "aya_vision": Builder(merge=2),
+    "cohere2_vision": Builder(merge=2),
+    "internvl": Builder(merge=2),
+    "idefics3": Builder(merge=2, tiles=1),
+    "smolvlm": Builder(merge=2, tiles=1),
+    # The base image and one crop, each of one patch (with a class token dropped): 3 placeholders.
+    "llava_next": Builder(side=1, more=_newlines, configure=_anyres, tiles=2, sizes=True),
+    "llava_onevision": Builder(side=1, more=_newlines, configure=_anyres, tiles=2, sizes=True),
+    # M-RoPE reads where the image is from `mm_token_type_ids`.
+    "qwen2_vl": Builder(merge=2, configure=_qwen2_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "qwen2_5_vl": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "llama4": Builder(merge=2, configure=_llama4),
+    "qwen3_vl": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "qwen3_vl_moe": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "qwen3_5": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "qwen3_5_moe": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "glm4v": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "glm4v_moe": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "lighton_ocr": Builder(merge=2, configure=_pixtral, sizes=True),
+    "llava_next_video": Builder(side=1, more=_newlines, configure=_anyres, tiles=2, sizes=True),
+    "got_ocr2": Builder(merge=4),  # its neck convolves the patches down 4 a side
+}
+
+#: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
+REFUSED = {
+    "aria": "its projector holds queries only for its real images' patch counts (35 or 70 a side), so no tiny image",
+    "deepseek_vl_hybrid": "each image is also a second, high-resolution tensor (high_res_pixel_values) of its own "
+                          "tower",
+    "emu3": "its images are a VQ tokenizer's codes in the text, not a vision tower's features",
+}
 
 
 def text_config(config):
     return getattr(config, "text_config", None) or config
 
 
+def builder(config) -> Builder:
+    """The family's builder; `NoBuilder` names a family the kit makes no image inputs for."""
+    found = BUILDERS.get(config.model_type)
+    if found is None:
+        why = REFUSED.get(config.model_type) or (f"the kit makes image inputs for {', '.join(sorted(BUILDERS))} "
+                                                 "only (each family's processor turns an image into its own "
+                                                 "placeholders and tensors)")
+        raise NoBuilder(f"{config.model_type}: {why}")
+    return found
+
+
 def prepared(config):
-    """A copy of `config` whose image is `SIDE` patches square, whose placeholder token is the last of the text
-    vocabulary (a token the random text never draws) and whose image sequence length matches; `NoBuilder` names a
-    family the kit makes no image inputs for."""
-    builder = BUILDERS.get(config.model_type)
-    if builder is None:
-        raise NoBuilder(f"{config.model_type}: the kit makes image inputs for {', '.join(sorted(BUILDERS))} only "
-                        "(each family's processor turns an image into its own placeholders and tensors)")
+    """A copy of `config` whose image is square (`Builder.merge * SIDE` patches a side), whose placeholder token is
+    the last of the text vocabulary (a token the random text never draws) and whose image sequence length matches."""
+    build = builder(config)
     config = copy.deepcopy(config)
-    count = builder(config)
+    _vision_size(config, _patch(config) * build.merge * build.side)
+    build.configure(config)
     config.image_token_id = text_config(config).vocab_size - 1
-    config.image_seq_length = count
+    config.image_seq_length = build.side * build.side + build.more(config, build.side)
     return config
 
 
@@ -57,10 +210,31 @@ def placeholders(config) -> int:
     return config.image_seq_length
 
 
+def image_size(config) -> int:
+    size = config.vision_config.image_size
+    return size[0] if isinstance(size, (list, tuple)) else size
+
+
+def pixels(config, rows: int, seed: int) -> dict:
+    """The per-row image tensors of `rows` rows: `pixel_values`, and `image_sizes` where the family takes them."""
+    import torch
+
+    build, size = builder(config), image_size(config)
+    tiles = (build.tiles,) if build.tiles else ()
+    generator = torch.Generator().manual_seed(seed + 2)
+    if build.pixels:
+        return build.pixels(config, rows, size, generator)
+    out = {"pixel_values": torch.randn(rows, *tiles, CHANNELS, size, size, generator=generator)}
+    if build.sizes:
+        out["image_sizes"] = torch.tensor([[size, size]] * rows)
+    return out
+
+
 def with_images(batch: dict, config, seed: int) -> dict:
     """`batch` with one image per row: `placeholders(config)` placeholder tokens from each row's first unmasked
-    position (at least one text token left after them), the pixels, and labels -100 on the placeholders (a
-    vision-language loss predicts text only). Rows too short for an image raise ValueError."""
+    position (at least one text token left after them), the image tensors (`pixels`), `token_type_ids` where the
+    family's processor gives them, and labels -100 on the placeholders (a vision-language loss predicts text only).
+    Rows too short for an image raise ValueError."""
     import torch
 
     ids, token, count = batch["input_ids"].clone(), config.image_token_id, placeholders(config)
@@ -74,9 +248,11 @@ def with_images(batch: dict, config, seed: int) -> dict:
                              "token follows them")
         image[row, int(real[0]):int(real[0]) + count] = True
     ids[image] = token
-    size = config.vision_config.image_size
-    pixels = torch.randn(ids.shape[0], CHANNELS, size, size, generator=torch.Generator().manual_seed(seed + 2))
-    out = dict(batch, input_ids=ids, pixel_values=pixels)
+    out = dict(batch, input_ids=ids, **pixels(config, ids.shape[0], seed))
+    types = builder(config).token_types
+    if types:
+        key, on = types
+        out[key] = (image if on == "image" else ~image).long()
     if "labels" in batch:
         out["labels"] = ids.masked_fill((batch["labels"] == -100) | image, -100)
     return out

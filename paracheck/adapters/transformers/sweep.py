@@ -204,7 +204,7 @@ def build(family: Family, folder: str):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             model = auto.from_config(family.config, dtype=torch.float32)
-            _nonzero_biases(model)
+            _nonzero_biases(model, zero_weights=family.task is tasks.IMAGE_TEXT)
         model.save_pretrained(path)
     except ImportError as exc:  # an optional dependency the family's modeling code needs: a named skip
         return RankStatus.SKIP, f"{family.name} cannot be built here: {type(exc).__name__}: {exc}".splitlines()[0]
@@ -232,14 +232,17 @@ def _defaults_unbuilt(family: Family) -> str:
     return ""
 
 
-def _nonzero_biases(model) -> None:
+def _nonzero_biases(model, zero_weights: bool = False) -> None:
     """Biases drawn small instead of transformers' zeros: a zero bias hides every bug in how a bias is added
-    (tf-rowwise-bias-before-reduce is not detected on zeros)."""
+    (tf-rowwise-bias-before-reduce is not detected on zeros). With `zero_weights`, any other weight left zero but
+    a norm's too: a zero image projector (gemma3's) hides the image from the text, and the text's first norm then
+    meets zeros, where its gradient is rounding noise times 1/sqrt(eps)."""
     import torch
 
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith(".bias") and not param.any():
+            drawn = name.endswith(".bias") or (zero_weights and "norm" not in name)
+            if drawn and not param.any():
                 param.normal_(0.0, 0.02)
 
 

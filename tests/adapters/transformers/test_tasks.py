@@ -42,10 +42,38 @@ def _llava():
 
 
 def test_a_family_without_an_image_builder_is_refused_by_name():
-    from transformers import Gemma3Config
+    from transformers import FuyuConfig
 
-    with pytest.raises(images.NoBuilder, match="gemma3: the kit makes image inputs for llava only"):
-        images.prepared(Gemma3Config())
+    with pytest.raises(images.NoBuilder, match="fuyu: the kit makes image inputs for .*llava.* only"):
+        images.prepared(FuyuConfig())
+
+
+#: One family per way a builder shapes its image or sets its config (the rest share one of these builders'
+#: parts): the whole table runs in the 2-rank sweep, at ~1 s a family here on 2 cores.
+SHAPES = ("llava", "vipllava", "paligemma", "gemma3", "mistral3", "idefics3", "llava_next", "qwen2_vl", "qwen2_5_vl",
+          "llama4")
+
+
+@pytest.mark.parametrize("model_type", SHAPES)
+def test_each_builders_inputs_run_the_tiny_model_and_split_by_rows(model_type):
+    """A builder's inputs run its family's tiny model on one process, and each data-parallel share of them (dim 0
+    of every tensor, as `inputs.share` cuts them) gives that share's rows of the whole batch's logits."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from paracheck.adapters.transformers import fitting
+
+    config = tasks.prepared(fitting.tiny(CONFIG_MAPPING[model_type]), tasks.IMAGE_TEXT)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
+    batch = tasks.with_labels(tasks.IMAGE_TEXT, inputs.global_batch("left_pad", 2, config.get_text_config().vocab_size),
+                              config, seed=1)
+    with torch.no_grad():
+        out = model(**batch, use_cache=False)
+        rows = [model(**{k: v for k, v in inputs.share(batch, i, 2).items() if k != "labels"}, use_cache=False).logits
+                for i in range(2)]
+    assert torch.isfinite(out.loss)
+    torch.testing.assert_close(torch.cat(rows), out.logits, atol=1e-5, rtol=1e-5)
 
 
 @settings(max_examples=30, deadline=None)
