@@ -1,4 +1,5 @@
-"""One transformers family's tiny checkpoint (the kit's sweep builds it), loaded with `DistributedConfig` on 4 gloo
+"""One transformers family's tiny checkpoint (the kit's sweep builds it; a task's family by its sweep name, such as
+`esmc-seq-cls`), loaded with `DistributedConfig` on 4 gloo
 ranks and run forward and backward once: the reproduction the upstream pages below name by family and sizes.
 
     FAMILY=llama4_text python docs/upstream/reproduce_family.py /tmp/ckpt            # writes the checkpoint
@@ -24,17 +25,18 @@ def write(folder: str) -> None:
 
 def run(folder: str) -> None:
     import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
     from transformers.distributed import DistributedConfig
+
+    from paracheck.adapters.transformers import inputs, tasks
 
     sizes = {k: int(v) for k, v in (item.split("=") for item in os.environ.get("SIZES", "tp_size=4").split(","))}
     dist.init_process_group("gloo")
     try:
-        model = AutoModelForCausalLM.from_pretrained(os.path.join(folder, FAMILY), dtype=torch.float32,
-                                                     distributed_config=DistributedConfig(**sizes))
-        torch.manual_seed(0)
-        ids = torch.randint(0, model.config.vocab_size, (2, 12))
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        model = tasks.load(os.path.join(folder, FAMILY), dtype=torch.float32,
+                           distributed_config=DistributedConfig(**sizes))
+        batch = inputs.global_batch("base", 1, model.config.get_text_config().vocab_size)
+        batch = tasks.with_labels(tasks.by_suffix(FAMILY)[1], batch, model.config, seed=1)  # the task's labels
+        model(**batch, use_cache=False).loss.backward()
         print(f"rank {dist.get_rank()}: load, forward and backward ran")
     except Exception as exc:  # what the family's code raises on this layout
         print(f"rank {dist.get_rank()}: {type(exc).__name__}: {exc}".splitlines()[0])

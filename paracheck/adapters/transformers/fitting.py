@@ -477,7 +477,8 @@ def _shrunk(default) -> dict:
 def _keep_derived(defaults: dict, values: dict) -> None:
     """Sizes the shrunk ones must still relate to as the defaults' do: query heads at least twice the key/value
     heads where the defaults have them so (mimo_v2_flash doubles its key/value heads on sliding layers), the
-    query/key head width the sum of its two parts (the latent-attention families: longcat_flash), and the Mamba
+    query/key head width the sum of its two parts (the latent-attention families: longcat_flash; mistral4 calls it
+    head_dim), and the Mamba
     mixers' groups no more than their heads (nemotron_h divides one by the other)."""
     q, kv = defaults.get("num_attention_heads"), defaults.get("num_key_value_heads")
     if _is_int(q) and _is_int(kv) and kv and q // kv >= 2 and "num_key_value_heads" in values:
@@ -485,6 +486,9 @@ def _keep_derived(defaults: dict, values: dict) -> None:
     parts = [values.get(k, defaults.get(k)) for k in ("qk_nope_head_dim", "qk_rope_head_dim")]
     if _is_int(defaults.get("qk_head_dim")) and all(_is_int(p) for p in parts):
         values["qk_head_dim"] = sum(parts)
+    was = [defaults.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim")]
+    if all(_is_int(p) for p in parts + was) and defaults.get("head_dim") == sum(was) and "head_dim" in values:
+        values["head_dim"] = sum(parts)  # mistral4: its rotary takes head_dim x partial_rotary_factor = the rope part
     heads = values.get("mamba_num_heads", defaults.get("mamba_num_heads"))
     if _is_int(defaults.get("n_groups")) and _is_int(heads) and defaults["n_groups"] > heads:
         values["n_groups"] = heads
