@@ -8,8 +8,9 @@ with `MALLOC_CHECK_=3` (`MALLOC_CHECK_` alone checks nothing on glibc >= 2.34), 
 `nice -n 15`; its ranks inherit the environment. Per run, one JSON line in OUTDIR/soak.jsonl: exit code (a negative
 one is the signal that ended it), seconds, the report's case counts, the cases that are errors (a rank that died is
 one), heap and fatal-signal lines found in its output, and how many of its processes were still alive after it
-exited (found by a tag in their environment, then killed). At `--stop-at` (UTC, HH:MM) the runs in flight are
-killed, recorded as `stopped`, and no pair is started after it.
+exited (found by a tag in their environment, then killed), and how many of its processes were seen while it ran and
+how many of those lacked the debug library in their maps (`unchecked`: should be 0). At `--stop-at` (UTC, HH:MM) the
+runs in flight are killed, recorded as `stopped`, and no pair is started after it.
 """
 
 import argparse
@@ -65,6 +66,18 @@ def tagged(tag: str) -> list[int]:
     return pids
 
 
+def sample_checked(tag: str, seen: dict) -> None:
+    """Note, in `seen` (pid -> mapped), whether each live process of the run has the debug library mapped: the
+    proof that its ranks, not only the run, are checked."""
+    for pid in tagged(tag):
+        if pid not in seen:
+            try:
+                with open(f"/proc/{pid}/maps") as f:
+                    seen[pid] = os.path.basename(DEBUG_LIB) in f.read()
+            except OSError:
+                continue
+
+
 def kill_tagged(tag: str) -> int:
     pids = tagged(tag)
     for pid in pids:
@@ -92,7 +105,7 @@ def _start(out: str, name: str, args: list[str]):
     return proc, log, time.monotonic()
 
 
-def _finish(out: str, name: str, proc, log, started: float, stopped: bool) -> dict:
+def _finish(out: str, name: str, proc, log, started: float, stopped: bool, seen: dict) -> dict:
     log.close()
     seconds = time.monotonic() - started
     time.sleep(1)  # a rank the run is reaping gets its second
@@ -104,7 +117,7 @@ def _finish(out: str, name: str, proc, log, started: float, stopped: bool) -> di
             report = json.load(f)
     with open(os.path.join(out, f"{name}.log"), errors="replace") as f:
         record = run_record(name, proc.returncode, seconds, f.read(), report, left)
-    return dict(record, stopped=stopped)
+    return dict(record, stopped=stopped, processes=len(seen), unchecked=sum(not m for m in seen.values()))
 
 
 def soak(out: str, pairs: int, stop_at: float, args: list[str]) -> list[dict]:
@@ -114,8 +127,11 @@ def soak(out: str, pairs: int, stop_at: float, args: list[str]) -> list[dict]:
         if time.time() >= stop_at:
             break
         running = [(n, *_start(out, n, args)) for n in (f"pair{i:02d}-a", f"pair{i:02d}-b")]
-        stopped = set()
+        stopped, seen = set(), {name: {} for name, *_ in running}
         while any(p.poll() is None for _, p, _, _ in running):
+            for name, p, _, _ in running:
+                if p.poll() is None:
+                    sample_checked(name, seen[name])
             if time.time() >= stop_at:
                 for name, p, _, _ in running:
                     if p.poll() is None:
@@ -124,7 +140,7 @@ def soak(out: str, pairs: int, stop_at: float, args: list[str]) -> list[dict]:
                         p.kill()
             time.sleep(2)
         for name, p, log, started in running:
-            record = _finish(out, name, p, log, started, name in stopped)
+            record = _finish(out, name, p, log, started, name in stopped, seen[name])
             records.append(record)
             with open(os.path.join(out, "soak.jsonl"), "a") as f:
                 f.write(json.dumps(record) + "\n")
@@ -137,14 +153,16 @@ def main(argv=None) -> int:
     parser.add_argument("out")
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--stop-at", help="UTC HH:MM: kill what runs then, start nothing after")
-    parser.add_argument("run_args", nargs="*", help="after --: paracheck run's arguments")
-    ns = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    ns = parser.parse_args(argv[:cut])
+    ns.run_args = argv[cut + 1:]  # paracheck run's own arguments
     if not os.path.exists(DEBUG_LIB):
         raise SystemExit(f"{DEBUG_LIB} not found: the runs would be unchecked")
     records = soak(ns.out, ns.pairs, _stop_time(ns.stop_at), ns.run_args or ["--timeout", "1800"])
     done = [r for r in records if not r["stopped"]]
     pairs_done = len({r["run"][:6] for r in records} - {r["run"][:6] for r in records if r["stopped"]})
-    bad = [r for r in done if r["exit"] != 0 or r["heap"] or r["errors"] or r["left_running"]]
+    bad = [r for r in done if r["exit"] != 0 or r["heap"] or r["errors"] or r["left_running"] or r["unchecked"]]
     print(f"{pairs_done} pairs completed, {len(done)} runs completed, {len(bad)} not clean, "
           f"{len(records) - len(done)} stopped", flush=True)
     return 1 if bad else 0

@@ -1,6 +1,6 @@
 """scripts/run_soak.py's pure parts: each run's environment really turns glibc's heap checks on, its output's heap
 and signal lines are found, a run's line names its signal and its error cases, and its leftover processes are found
-by their tag and killed (docs/ci.md, "The ring crash")."""
+by their tag and killed, and one without the debug library is seen unchecked (docs/ci.md, "The ring crash")."""
 
 import importlib.util
 import os
@@ -41,6 +41,9 @@ def test_a_process_left_by_a_run_is_found_by_its_tag_and_killed():
     proc = subprocess.Popen(["sleep", "30"], env=env)
     try:
         assert soak.tagged(f"test-{os.getpid()}") == [proc.pid]
+        seen = {}
+        soak.sample_checked(f"test-{os.getpid()}", seen)
+        assert seen == {proc.pid: False}  # started without the preload: unchecked, and said so
         assert soak.kill_tagged(f"test-{os.getpid()}") == 1
         assert proc.wait(timeout=5) == -9
     finally:
