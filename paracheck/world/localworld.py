@@ -140,14 +140,17 @@ def _compare(op):
 
 def _all_gather_list(output_tensors, input_tensors, process_group_so, async_op=True, timeout=-1):
     """`dist.all_gather` (the list form) under `LocalTensorMode`, each group's gather written to that group's ranks
-    only. torch 2.13's own (`_local_tensor._c10d._local_all_gather_`) copies each group's pieces into every rank's
-    outputs, so over a subgroup every rank ends with the last group's (docs/upstream/localtensor_all_gather.md)."""
+    only. torch's own (`_local_tensor._c10d._local_all_gather_`, 2.13 to 2.15) copies each group's pieces into
+    every rank's outputs, so over a subgroup every rank ends with the last group's
+    (docs/upstream/localtensor_all_gather.md)."""
     from torch._C._distributed_c10d import FakeWork
     from torch.distributed._local_tensor import LocalTensor, _c10d
     from torch.distributed.distributed_c10d import Work
 
     (outputs,), (source,) = output_tensors, input_tensors
-    ranks, offsets, _ = _c10d._prepare_collective_groups(process_group_so)
+    # (the group's ranks less its first, the first rank of each group like it): torch 2.13 also returns that first
+    # rank, 2.15 does not
+    ranks, offsets = _c10d._prepare_collective_groups(process_group_so)[:2]
     for offset in offsets:
         members = [offset + r for r in ranks]
         for i, sender in enumerate(members):

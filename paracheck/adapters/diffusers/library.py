@@ -454,15 +454,24 @@ def neuron_tensor_parallel():
             return original_neuron(model, tp_mesh.mesh if isinstance(tp_mesh, _ReadsAsNeuron) else tp_mesh,
                                    groups, specs)
 
+    def missed() -> NeuronPathNotReached:
+        return NeuronPathNotReached(f"apply_tensor_parallel ran {calls['tp']} time(s), _apply_tp_neuron "
+                                    f"{calls['neuron']}")
+
     tp.apply_tensor_parallel, neuron._apply_tp_neuron = apply, apply_neuron
     try:
         yield
+    except Exception as exc:
+        # A miss can also fail on the way: the default path handed the stand-in mesh, which torch >= 2.15's
+        # DTensor refuses ("Expected to find a valid mesh"); the miss is the finding, not torch's words.
+        if calls["tp"] != calls["neuron"]:
+            raise missed() from exc
+        raise
     finally:
         tp.apply_tensor_parallel, neuron._apply_tp_neuron = original_apply, original_neuron
     # Neither called is a miss too: the TP was applied some other way, and would pass for the Neuron path.
     if calls["tp"] == 0 or calls["tp"] != calls["neuron"]:
-        raise NeuronPathNotReached(f"apply_tensor_parallel ran {calls['tp']} time(s), _apply_tp_neuron "
-                                   f"{calls['neuron']}")
+        raise missed()
 
 
 @contextlib.contextmanager

@@ -142,8 +142,8 @@ def test_a_checkpointed_plan_passes_every_layout_and_the_controls_fire_through_t
 @pytest.mark.slow
 def test_two_ranks_compile_loss_parallel_pipelines_and_each_planted_bug(tmp_path):
     """On tp2, fsdp2 and pp2, without training (the 4-rank world trains): per-block compile passes (aot_eager),
-    checkpointing before it is torch's declared failure on TP and passes fsdp2; loss_parallel passes and the vocabulary-parallel loss
-    on gathered logits is off by log 2; GPipe and interleaved 1F1B pass and a stage that freezes its last block
+    checkpointing before it is torch's declared failure on TP before 2.15 and passes fsdp2; loss_parallel passes
+    and the vocabulary-parallel loss on gathered logits is off by log 2; GPipe and interleaved 1F1B pass and a stage that freezes its last block
     fails parity.grads there; context parallelism is a skip naming why; a parallelize that raises names its pass; a
     weight planted inside a checkpointed or a compiled block is localized there, by the reference's names."""
     specs = [f"{SPECS}:gpt2_compile", f"{SPECS}:gpt2_ac_compile", f"{GPT2}:spec_loss_parallel",
@@ -157,7 +157,10 @@ def test_two_ranks_compile_loss_parallel_pipelines_and_each_planted_bug(tmp_path
            c["layout"]): c for c in run.report["cases"] if c["control"] is None}
     assert run.code == 1, run.out
     assert by["gpt2_compile", "tp2"]["status"] == "pass"
-    assert by["gpt2_ac_compile", "tp2"]["status"] == "xfail", by["gpt2_ac_compile", "tp2"]
+    # torch's declared failure (docs/upstream/torch_compile_checkpoint_dtensor.md); torch 2.15.0 trains it. The entry
+    # has a `message`, so a case it no longer matches is `pass`, never `xpass`.
+    fixed = torch.torch_version.TorchVersion(torch.__version__) >= (2, 15)
+    assert by["gpt2_ac_compile", "tp2"]["status"] == ("pass" if fixed else "xfail"), by["gpt2_ac_compile", "tp2"]
     assert by["gpt2_ac_compile", "fsdp2"]["status"] == "pass"
     assert by["spec_loss_parallel", "tp2"]["status"] == "pass"
     _assert_loss_on_gathered_logits(by["spec_loss_gathered", "tp2"])
