@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.adapters.diffusers import library
+from paracheck.adapters.diffusers.splits import plan_modules
 from paracheck.checks import localize
 from paracheck.checks.buckets import gather_each, reduce_each
 from paracheck.checks.compare import compare, problems_text
@@ -133,17 +134,6 @@ def _library_group(applied, part: str) -> list[int]:
     if part == "cp":
         return group_ranks(library.cp_flattened_mesh(applied.parallel_config.context_parallel_config))
     return group_ranks(applied.meshes["tp"], "tp")
-
-
-def plan_modules(model, module_id: str) -> list:
-    """Modules a `_cp_plan` key names; `*` expands over a ModuleList (resolved here, not by diffusers)."""
-    modules = [model]
-    for atom in [a for a in module_id.split(".") if a] if module_id else []:
-        nxt = []
-        for module in modules:
-            nxt.extend(list(module) if atom == "*" else [getattr(module, atom)])
-        modules = nxt
-    return modules
 
 
 @check(CheckId.CP_HOOKS)

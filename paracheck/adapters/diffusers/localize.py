@@ -101,7 +101,7 @@ def groups(ctx, ref_calls: list) -> list[localize.Group]:
 def split_lengths(model, ref_calls: list, cp: int) -> tuple:
     """Per-rank lengths of the inputs the `_cp_plan` splits (read from the reference's calls of the modules
     it names): a joint sequence is one of these per rank, laid end to end."""
-    from paracheck.adapters.diffusers.checks import plan_modules
+    from paracheck.adapters.diffusers.splits import plan_modules
 
     names = {id(m): (n or "<root>") for n, m in model.named_modules()}
     first = {}
@@ -150,7 +150,7 @@ def cp_dims(model) -> tuple:
 def whole(model) -> set:
     """Module names whose outputs the plan keeps whole on every rank: the root and the `_cp_plan`'s gather
     points (`*` expanded over a ModuleList)."""
-    from paracheck.adapters.diffusers.checks import plan_modules
+    from paracheck.adapters.diffusers.splits import plan_modules
 
     names = {id(m): (n or "<root>") for n, m in model.named_modules()}
     out = {"<root>"}

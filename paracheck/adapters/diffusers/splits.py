@@ -6,7 +6,8 @@ call's own inputs; an entry inside the model from one forward of the model on me
 weights), with a hook on each module the plan names. A plan with no inner split entry (Flux) costs nothing more;
 one forward on meta of a bundled fixture costs 40-180 ms (measured at load 9), once per source and fit in a
 process (`plan.Sources`). A forward meta cannot run (Helios: a kernel with no meta rule) yields the entries
-reached before it raised; the run itself still catches the rest as an error, as it did before.
+reached before it raised; the run itself still catches the rest as an error, as it did before. `plan_modules`
+resolves a plan key to its modules for every reader (the structure check, localization, this).
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ def inner_entries(plan: dict) -> dict:
 
 def traced_splits(model_class: type, init_dict: dict, inputs: dict, entries: dict) -> list[Split]:
     """The inner entries' splits, read by hooks on one forward on meta; those reached before a raise."""
-    from paracheck.adapters.diffusers.checks import plan_modules
     from paracheck.adapters.diffusers.simulate.fakeworld import build_meta, meta_inputs, quiet
 
     found: list[Split] = []
@@ -101,3 +101,14 @@ def _split(what: str, spec, value) -> Split | None:
     if expected is not None and value.dim() != expected:
         return None
     return Split(what, spec.split_dim, value.shape[spec.split_dim])
+
+
+def plan_modules(model, module_id: str) -> list:
+    """Modules a `_cp_plan` key names; `*` expands over a ModuleList (resolved here, not by diffusers)."""
+    modules = [model]
+    for atom in [a for a in module_id.split(".") if a] if module_id else []:
+        nxt = []
+        for module in modules:
+            nxt.extend(list(module) if atom == "*" else [getattr(module, atom)])
+        modules = nxt
+    return modules

@@ -139,6 +139,12 @@ def test_a_sweep_case_replays_by_its_family_name():
     assert "--models transformers:sarvam_moe" in command and "--spec" not in command
 
 
+#: (family, layout, control) each detected in the tasks' world below; the vision-language plan shapes live only here.
+TASKS_PLANTED = (("llama-seq-cls", "fsdp2", "tf-grad-divide"), ("llava-image-text", "tp2", "tf-cache-all-heads"),
+                 ("llava-image-text", "fsdp2", "tf-skip-dp-reduce"), ("llava-image-text", "tp2", "tf-embed-replicate"),
+                 ("llava-image-text", "tp2", "tf-vlm-head-unplanned"))
+
+
 @pytest.mark.slow
 def test_a_classification_head_and_a_vision_language_model_run_on_real_ranks(tmp_path):
     """Tasks beyond the causal LM through the sweep on 2 gloo ranks: a sequence-classification head (its loss a
@@ -155,9 +161,7 @@ def test_a_classification_head_and_a_vision_language_model_run_on_real_ranks(tmp
         ("llava-image-text", "fsdp2"): "xfail"}
     generated = next(k for k in by[("llava-image-text", "tp2", None)]["checks"] if k["id"] == "parity.generate")
     assert generated["status"] == "pass"
-    for key in [("llama-seq-cls", "fsdp2", "tf-grad-divide"), ("llava-image-text", "tp2", "tf-cache-all-heads"),
-                ("llava-image-text", "fsdp2", "tf-skip-dp-reduce"), ("llava-image-text", "tp2", "tf-embed-replicate"),
-                ("llava-image-text", "tp2", "tf-vlm-head-unplanned")]:
+    for key in TASKS_PLANTED:
         assert by[key]["status"] == "detected", key
     assert by[("llama-seq-cls", "tp2", "tf-vlm-head-unplanned")]["status"] == "skip"  # no nested language model
     assert {c["status"] for k, c in by.items() if k[2]} <= {"detected", "skip", "inconclusive"}

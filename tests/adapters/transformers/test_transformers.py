@@ -260,9 +260,10 @@ def test_every_registered_control_is_planted_in_the_world_above():
     from tests.checks.test_generate import GENERATE_PLANTED
     from .test_localize_controls import PIPELINE_PLANTED
     from .test_steps_transformers import STEPS_PLANTED
-    from .test_sweep import SWEEP_PLANTED
+    from .test_sweep import SWEEP_PLANTED, TASKS_PLANTED
 
     assert set(controls("transformers")) == ({c for c, _, _ in PLANTED} | {c for *_, cs in SWEEP_PLANTED for c in cs}
+                                             | {c for *_, c in TASKS_PLANTED}
                                              | {c for c, *_ in CHECKPOINT_PLANTED} | {c for c, _ in STEPS_PLANTED}
                                              | PIPELINE_PLANTED | {c for c, *_ in GENERATE_PLANTED})
 
@@ -277,13 +278,14 @@ def test_every_registered_control_is_detected(gloo_verdicts):
     from tests.checks.test_generate import GENERATE_PLANTED
     from .test_localize_controls import PIPELINE_PLANTED
     from .test_steps_transformers import STEPS_PLANTED
-    from .test_sweep import SWEEP_PLANTED
+    from .test_sweep import SWEEP_PLANTED, TASKS_PLANTED
 
     # The sweep's controls, parity.steps' and checkpoint.roundtrip's, the pipeline's and generation's (detected in
     # their own worlds: tests/adapters/transformers/test_steps_transformers.py, tests/adapters/transformers/test_checkpoint_transformers.py, the pipeline run of
     # tests/adapters/transformers/test_localize_controls.py, tests/checks/test_generate.py; this world trains, saves, generates and pipelines
     # nothing).
-    elsewhere = (({c for *_, cs in SWEEP_PLANTED for c in cs} | {c for c, _ in STEPS_PLANTED}) - {c for c, _, _ in PLANTED}) \
+    elsewhere = (({c for *_, cs in SWEEP_PLANTED for c in cs} | {c for c, _ in STEPS_PLANTED}
+                  | {c for *_, c in TASKS_PLANTED}) - {c for c, _, _ in PLANTED}) \
         | {c for c, *_ in CHECKPOINT_PLANTED} | PIPELINE_PLANTED | {c for c, *_ in GENERATE_PLANTED}
     for name in set(controls("transformers")) - elsewhere:
         statuses = [v.status.value for k, v in gloo_verdicts.items() if k[3] == name]
