@@ -1,19 +1,13 @@
 """scripts/ring_soak.py's heap-checking guard: `MALLOC_CHECK_` without libc_malloc_debug preloaded checks nothing on
 glibc >= 2.34, and the soak must refuse to run so rather than pass for a checked one (docs/ci.md, "The ring crash")."""
 
-import importlib.util
-import os
-
 import pytest
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "ring_soak.py")
+from tests.support import script
 
 
 def _soak():
-    spec = importlib.util.spec_from_file_location("ring_soak", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("ring_soak")
 
 
 def test_malloc_check_without_the_debug_library_is_refused(monkeypatch):

@@ -2,18 +2,14 @@
 and signal lines are found, a run's line names its signal and its error cases, and its leftover processes are found
 by their tag and killed, and one without the debug library is seen unchecked (docs/ci.md, "The ring crash")."""
 
-import importlib.util
 import os
 import subprocess
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "run_soak.py")
+from tests.support import script
 
 
 def _soak():
-    spec = importlib.util.spec_from_file_location("run_soak", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("run_soak")
 
 
 def test_each_run_preloads_the_debug_library_with_the_check_on():
