@@ -185,12 +185,12 @@ class _Roundtrip:
                           "(declared upstream: parity.loss on pp*)")
         if self.other is None:
             raise Refused(f"no other layout of {dist.get_world_size()} ranks to resume on")
-        expected = _reference_steps(self.body.path, self.body.batch, BEFORE + AFTER)
+        expected = _reference_steps(self.body.path, self.body.batch, BEFORE + AFTER, self.body.task)
         model = self._load(self.body.path, self.layout, plant=False)
         with _folder(self.root, "resume") as path:
             self.notes.append(_trainer_refusal(model, os.path.join(path, "trainer")))
             optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-            records = [_step(model, optimizer, self.body.batch, self.layout) for _ in range(BEFORE)]
+            records = [_step(model, optimizer, self.body.batch, self.layout, self.body.task) for _ in range(BEFORE)]
             with _planted(self.plant.dcp_save_plant, model):
                 model.save_pretrained(os.path.join(path, "model"), distributed_checkpoint=True)
             save_optimizer_distributed(model, optimizer, os.path.join(path, "optimizer"))
@@ -199,7 +199,7 @@ class _Roundtrip:
             optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
             with _planted(self.plant.optimizer_load_plant):
                 load_optimizer_distributed(model, optimizer, os.path.join(path, "optimizer"))
-            records += [_step(model, optimizer, self.body.batch, self.other) for _ in range(AFTER)]
+            records += [_step(model, optimizer, self.body.batch, self.other, self.body.task) for _ in range(AFTER)]
         steps = compare_steps(records, expected, self.tol.atol, self.tol.rtol)
         detail = f"{self.layout} -> {self.other}: {steps.detail}" if steps.detail else ""
         return Part(steps.status.value, detail, steps.max_abs or 0.0, steps.max_rel or 0.0)
@@ -249,11 +249,11 @@ def _verdict(parts: dict, notes: list, other, tol, failure) -> CheckResult:
 # -- steps (e) -----------------------------------------------------------------------------------------------
 
 
-def _reference_steps(path: str, batch: dict, count: int) -> list[StepRecord]:
+def _reference_steps(path: str, batch: dict, count: int, task) -> list[StepRecord]:
     """`count` steps of a fresh single-device load of the checkpoint (the shared reference is left alone)."""
     model = tasks.load(path, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    counted = tasks.loss_kwargs(tasks.of_model(model), batch["labels"])
+    counted = tasks.loss_kwargs(task, batch["labels"])
     records = []
     for _ in range(count):
         optimizer.zero_grad(set_to_none=True)
@@ -265,13 +265,12 @@ def _reference_steps(path: str, batch: dict, count: int) -> list[StepRecord]:
     return records
 
 
-def _step(model, optimizer, batch: dict, layout) -> StepRecord:
+def _step(model, optimizer, batch: dict, layout, task) -> StepRecord:
     """One step of the parallel model on this rank's share of the global batch; the loss, like the reference's,
     the global mean (the ranks' shares summed, each counted once)."""
     rank = dist.get_rank()
     mine = inputs.share(batch, layout.dp_index(rank), layout.dp)
     optimizer.zero_grad(set_to_none=True)
-    task = tasks.of_model(model)
     loss = model(**mine, **tasks.loss_kwargs(task, batch["labels"]), use_cache=False).loss
     # FSDP averages gradients over the dp ranks: a loss that is a share of the global mean is scaled back up.
     (loss * (1 if task.shard_mean else layout.dp)).backward()
