@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from paracheck.adapters.transformers import fitting, tasks
+from paracheck.adapters.transformers import fitting, fixtures, tasks
 from paracheck.adapters.transformers.controls import applicable
 from paracheck.domain.adapter import Swept
 from paracheck.domain.case import Case
@@ -206,7 +206,7 @@ def build(family: Family, folder: str):
             torch.manual_seed(0)
             model = auto.from_config(family.config, dtype=torch.float32)
             _nonzero_biases(model, zero_weights=family.task is tasks.IMAGE_TEXT)
-        model.save_pretrained(path)
+        fixtures.write(model, path)
     except ImportError as exc:  # an optional dependency the family's modeling code needs: a named skip
         return RankStatus.SKIP, f"{family.name} cannot be built here: {type(exc).__name__}: {exc}".splitlines()[0]
     except Exception as exc:  # the fitted tiny config does not build: the kit's tiny rule, reported as an error
