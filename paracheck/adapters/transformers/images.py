@@ -23,7 +23,12 @@ TEXT_ID = 1
 
 
 class NoBuilder(ValueError):
-    """A vision-language family whose image inputs the kit cannot make."""
+    """A vision-language family whose image inputs the kit cannot make: `model_type`, and `why` (the same sentence
+    for every family without a builder, so a report groups them as one reason)."""
+
+    def __init__(self, model_type: str, why: str):
+        super().__init__(f"{model_type}: {why}")
+        self.model_type, self.why = model_type, why
 
 
 @dataclass(frozen=True)
@@ -202,7 +207,7 @@ def builder(config) -> Builder:
         why = REFUSED.get(config.model_type) or (f"the kit makes image inputs for {', '.join(sorted(BUILDERS))} "
                                                  "only (each family's processor turns an image into its own "
                                                  "placeholders and tensors)")
-        raise NoBuilder(f"{config.model_type}: {why}")
+        raise NoBuilder(config.model_type, why)
     return found
 
 

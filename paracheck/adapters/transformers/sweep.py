@@ -111,7 +111,10 @@ def fitted(family: Family, world: int, dtype: str = "fp32") -> Family:
                             itemsize=fitting.ITEMSIZE[dtype])
         fit = fitting.fit(tiny, need)
         config = tasks.prepared(fit.config, family.task)
-    except (fitting.Unfittable, NoBuilder) as exc:
+    except NoBuilder as exc:  # the case names the family: the reason alone, so the report groups them
+        family.refused = exc.why
+        return family
+    except fitting.Unfittable as exc:
         family.refused = str(exc)
         return family
     family.config, family.changes = config, fit.changes
