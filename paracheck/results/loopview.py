@@ -27,21 +27,21 @@ def _e(value) -> str:
     return escape("" if value is None else str(value), quote=True)
 
 
-def has_view(case: dict) -> bool:
-    return bool(items(case.get("steps"))) or isinstance(case.get("images"), dict)
+def has_view(lifted: dict) -> bool:
+    return bool(items(lifted.get("steps"))) or isinstance(lifted.get("images"), dict)
 
 
-def section(case: dict, prefix: str) -> str:
-    """The case's pictures and step curve (empty when it carries neither)."""
-    if not has_view(case):
+def section(lifted: dict, prefix: str) -> str:
+    """The pictures and step curve a case's checks lifted (`Verdict.lifted`; empty when it carries neither)."""
+    if not has_view(lifted):
         return ""
     parts = ['<div class="loopview">']
-    images = case.get("images")
+    images = lifted.get("images")
     if isinstance(images, dict):
-        parts.append(_pictures(images, case.get("rank")))
-    steps = items(case.get("steps"))
+        parts.append(_pictures(images, lifted.get("rank")))
+    steps = items(lifted.get("steps"))
     if steps:
-        parts.append(f'<h3>Error after each step{_rank(case.get("rank"))}</h3>'
+        parts.append(f'<h3>Error after each step{_rank(lifted.get("rank"))}</h3>'
                      f'<figure class="step-plot">{curve_svg(steps, prefix)}</figure>{_table(steps)}')
     return "\n".join(parts) + "</div>"
 

@@ -36,7 +36,7 @@ def test_the_grid_has_a_cell_per_model_and_layout_each_linking_to_a_case_of_it(c
     if not cases:
         assert 'id="grid"' not in page
         return
-    models, layouts, held = overview.cells(cases)
+    models, layouts, held = overview.cells([c.row for c in html.read({"cases": cases})])
     grid = page[page.index('id="grid"'):page.index("</table>", page.index('id="grid"'))]
     assert grid.count('<tr><th scope="row">') == len(models)
     assert grid.count('class="cell c-') == len(held)
