@@ -368,6 +368,13 @@ class RunEvent:
     def to_json(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, data) -> "RunEvent | None":
+        """What `to_json` wrote; None where `data` is no object, a field that is not the schema's read as absent."""
+        if not isinstance(data, dict):
+            return None
+        return cls(text(data.get("kind")) or "", integer(data.get("index")), text(data.get("message")) or "")
+
 
 @dataclass(frozen=True)
 class Raised:

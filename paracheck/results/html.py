@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from html import escape
 
 from paracheck.domain.localization import ForwardLocalization, GradsLocalization, Merged, items, number, text
-from paracheck.domain.records import CheckId, MergedCheck
+from paracheck.domain.records import CheckId, MergedCheck, RunEvent
 from paracheck.launch.attribution import ranks_text
 from paracheck.results import localization, loopview, overview, plots
 from paracheck.results.grouping import Row, groups
@@ -146,10 +146,10 @@ def _meta(data: dict) -> str:
 
 
 def _events(data: dict) -> str:
-    events = items(data.get("events"))
+    events = [RunEvent.from_json(e) for e in items(data.get("events"))]
     if not events:
         return ""
-    lines = "".join(f"<li><b>run broke ({_e(e.get('kind'))})</b>: {_e(e.get('message'))}</li>" for e in events)
+    lines = "".join(f"<li><b>run broke ({_e(e.kind)})</b>: {_e(e.message)}</li>" for e in events)
     return f'<section class="events" id="events"><h2>The run broke</h2><ul>{lines}</ul></section>'
 
 
