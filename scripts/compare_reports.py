@@ -27,12 +27,15 @@ from pathlib import Path
 
 #: Fields that change from run to run whatever the code, at any depth: how long and how much memory it took.
 VOLATILE = {"seconds", "timings", "peak_rss_mb", "rss_mb", "cpu_seconds", "threads", "process_groups"}
+#: Fields a change added on purpose (docs/reports.md): one the first report lacks and the second has is no difference
+#: (issue 40: a case's findings as records beside their lines).
+ADDED = {"findings_seen"}
 
 
 def differences(a, b, path: str = "") -> list[str]:
     """The paths at which two JSON values differ (NaN equals NaN; the `VOLATILE` fields left out)."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted((set(a) | set(b)) - VOLATILE, key=str)
+        return [d for k in sorted((set(a) | set(b)) - VOLATILE - (ADDED & (set(b) - set(a))), key=str)
                 for d in ([f"{path}.{k}: only in one"] if (k in a) != (k in b)
                           else differences(a[k], b[k], f"{path}.{k}"))]
     if isinstance(a, list) and isinstance(b, list):
@@ -78,7 +81,7 @@ def page(tree: Path, report: str) -> str:
 def first_difference(a: str, b: str) -> str:
     for n, (x, y) in enumerate(zip(a.splitlines(), b.splitlines()), 1):
         if x != y:
-            at = next(i for i, (p, q) in enumerate(zip(x, y)) if p != q) if x[:len(y)] != y[:len(x)] else min(len(x), len(y))
+            at = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
             return f"line {n}, column {at + 1}: {x[max(0, at - 60):at + 60]!r} then {y[max(0, at - 60):at + 60]!r}"
     return f"{len(a.splitlines())} lines, then {len(b.splitlines())}"
 
@@ -100,7 +103,8 @@ def main(argv=None) -> int:
     parser.add_argument("before", help="the first report (with --html: the first report to draw)")
     parser.add_argument("after", nargs="+", help="the second report (with --html: more reports to draw)")
     parser.add_argument("--only", help="compare this field of each case alone")
-    parser.add_argument("--html", metavar="BEFORE_TREE", help="compare the pages drawn by BEFORE_TREE and this checkout")
+    parser.add_argument("--html", metavar="BEFORE_TREE",
+                        help="compare the pages drawn by BEFORE_TREE and by this checkout")
     args = parser.parse_args(argv)
     if args.html:
         return compare_pages(args.html, [args.before, *args.after])

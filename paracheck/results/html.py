@@ -82,10 +82,9 @@ def render(data: dict, title: str = "paracheck report", with_plots: bool | None 
     check_report(data)
     cases = read(data)
     with_plots = plots.available() if with_plots is None else with_plots
-    rows = [s.row for s in cases]
+    rows, run_order = [s.row for s in cases], [s.row for s in sorted(cases, key=lambda s: s.at)]
     found = groups(rows)
-    body = [_header(data, cases, title), overview.grid(rows, _anchor, [s.row for s in sorted(cases, key=lambda s: s.at)]),
-            _events(data),
+    body = [_header(data, cases, title), overview.grid(rows, _anchor, run_order), _events(data),
             _cases(cases, with_plots), _known(cases, found), _skips(cases, found),
             f'<footer>paracheck {_e(data.get("paracheck", ""))} · one self-contained file: nothing here is fetched'
             "</footer>"]

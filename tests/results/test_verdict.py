@@ -247,8 +247,8 @@ _figure = st.none() | st.floats(-1e6, 1e6)
 _json_values = st.recursive(st.none() | st.booleans() | st.integers(-9, 9) | _words,
                             lambda inner: st.lists(inner, max_size=2) | st.dictionaries(_words, inner, max_size=2),
                             max_leaves=4)
-_failures = st.none() | st.builds(Failure, st.sampled_from(list(FailureKind)), st.none() | st.sampled_from(list(CheckId)),
-                                  _words, _words, _words, _words)
+_failures = st.none() | st.builds(Failure, st.sampled_from(list(FailureKind)),
+                                  st.none() | st.sampled_from(list(CheckId)), _words, _words, _words, _words)
 _merged = st.builds(MergedCheck, st.sampled_from(list(CheckId)), st.sampled_from(list(Status)), _ranks_drawn, _figure,
                     _figure, _figure, _figure, _words, st.none() | st.integers(0, 7),
                     st.dictionaries(_words, _json_values, max_size=2), _failures,
