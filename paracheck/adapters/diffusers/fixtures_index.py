@@ -111,6 +111,12 @@ PIPELINE_KINDS: dict[str, tuple[str, str]] = {
     "ltx2-i2v-pipeline": ("ltx2", "LTX2ImageToVideo"), "flux-controlnet-pipeline": ("flux", "FluxControlNet"),
     "flux2-klein-inpaint-pipeline": ("flux2", "Flux2KleinInpaint"),
     "qwenimage-edit-pipeline": ("qwenimage", "QwenImageEdit"), "lucy-edit-pipeline": ("wan", "LucyEdit"),
+    "flux-control-img2img-pipeline": ("flux", "FluxControlImg2Img"),
+    "flux-control-inpaint-pipeline": ("flux", "FluxControlInpaint"),
+    "flux-controlnet-img2img-pipeline": ("flux", "FluxControlNetImg2Img"),
+    "flux-controlnet-inpaint-pipeline": ("flux", "FluxControlNetInpaint"),
+    "qwenimage-controlnet-pipeline": ("qwenimage", "QwenImageControlNet"),
+    "flux2-klein-kv-pipeline": ("flux2", "Flux2KleinKV"),
 }
 PIPELINE_FIXTURES.update({name: f"paracheck.fixtures.pipeline_kinds:{cls}PipelineCase"
                           for name, (_, cls) in PIPELINE_KINDS.items()})

@@ -23,14 +23,18 @@ KIND_INPUTS = {
     "qwenimage-img2img-pipeline": {"image", "strength"}, "qwenimage-inpaint-pipeline": {"image", "mask_image"},
     "qwenimage-edit-pipeline": {"image"}, "wan-i2v-pipeline": {"image"}, "wan-v2v-pipeline": {"video", "strength"},
     "lucy-edit-pipeline": {"video"}, "ltx-i2v-pipeline": {"image"}, "ltx-condition-pipeline": {"image", "frame_index"},
-    "ltx2-i2v-pipeline": {"image"},
+    "ltx2-i2v-pipeline": {"image"}, "flux-control-img2img-pipeline": {"image", "control_image", "strength"},
+    "flux-control-inpaint-pipeline": {"image", "control_image", "mask_image"},
+    "flux-controlnet-img2img-pipeline": {"image", "control_image", "strength"},
+    "flux-controlnet-inpaint-pipeline": {"image", "control_image", "mask_image"},
+    "qwenimage-controlnet-pipeline": {"control_image"}, "flux2-klein-kv-pipeline": {"image"},
 }
 
 
 def test_every_kind_is_bundled_named_and_left_out_of_the_default_run():
     assert set(KIND_INPUTS) == set(PIPELINE_KINDS) <= set(PIPELINE_FIXTURES) & set(PIPELINE_NOT_DEFAULT)
+    # The default run takes PIPELINE_FIXTURES less PIPELINE_NOT_DEFAULT (test_pipeline_cases holds it to that).
     assert all(PIPELINE_TRANSFORMERS[name] == model for name, (model, _) in PIPELINE_KINDS.items())
-    assert not {c.model for c in cases()} & set(PIPELINE_KINDS)
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINE_KINDS))
@@ -54,3 +58,15 @@ def test_models_pipelines_takes_each_kind_on_the_layouts_of_its_text_pipeline():
     assert set(layouts) == set(PIPELINE_KINDS) | {"flux-pipeline", "wan-pipeline"}
     assert all(layouts[name] == {"tp2", "u2", "r2"} for name in layouts)
     assert {c.variant for c in found} == {"base"}
+
+
+def test_a_controlnet_takes_the_heads_fitting_gave_its_transformer():
+    """Its residuals are added to the transformer's hidden states: fitted to 4 heads (tp2 on a 3-head transformer),
+    the ControlNet must have 4 too, or the pipeline fails on one device (64 against 48)."""
+    from paracheck.adapters.diffusers.pipelines.plan import _heads_followed
+
+    controlnet = load_object(PIPELINE_FIXTURES["qwenimage-controlnet-pipeline"])().get_dummy_components()["controlnet"]
+    followed = _heads_followed(controlnet, {"num_attention_heads": 4})
+    assert followed.config.num_attention_heads == 4 and controlnet.config.num_attention_heads == 3
+    assert followed.config.attention_head_dim == controlnet.config.attention_head_dim
+    assert _heads_followed(controlnet, {"num_kv_heads": 2}) is controlnet
