@@ -117,6 +117,8 @@ PIPELINE_KINDS: dict[str, tuple[str, str]] = {
     "flux-controlnet-inpaint-pipeline": ("flux", "FluxControlNetInpaint"),
     "qwenimage-controlnet-pipeline": ("qwenimage", "QwenImageControlNet"),
     "flux2-klein-kv-pipeline": ("flux2", "Flux2KleinKV"),
+    "qwenimage-edit-plus-pipeline": ("qwenimage", "QwenImageEditPlus"),
+    "ltx2-condition-pipeline": ("ltx2", "LTX2Condition"),
 }
 PIPELINE_FIXTURES.update({name: f"paracheck.fixtures.pipeline_kinds:{cls}PipelineCase"
                           for name, (_, cls) in PIPELINE_KINDS.items()})

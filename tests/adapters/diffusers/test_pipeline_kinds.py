@@ -28,6 +28,7 @@ KIND_INPUTS = {
     "flux-controlnet-img2img-pipeline": {"image", "control_image", "strength"},
     "flux-controlnet-inpaint-pipeline": {"image", "control_image", "mask_image"},
     "qwenimage-controlnet-pipeline": {"control_image"}, "flux2-klein-kv-pipeline": {"image"},
+    "qwenimage-edit-plus-pipeline": {"image"}, "ltx2-condition-pipeline": {"conditions"},
 }
 
 
