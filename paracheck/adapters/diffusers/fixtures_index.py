@@ -97,10 +97,36 @@ PIPELINE_FIXTURES: dict[str, str] = {
         ("qwenimage21", "QwenImage21"), ("chronoedit", "ChronoEdit"), ("helios", "Helios"), ("ltx2", "LTX2"),
         ("flux-kontext", "FluxKontext"))
 }
+#: The other kinds of pipeline on those transformers (`fixtures/pipeline_kinds.py`: img2img, inpaint, fill,
+#: control, edit, image-to-video, video-to-video, Flux2 Klein): `<name>-pipeline` -> (its transformer's model
+#: fixture, its tester class's name).
+PIPELINE_KINDS: dict[str, tuple[str, str]] = {
+    "flux-img2img-pipeline": ("flux", "FluxImg2Img"), "flux-inpaint-pipeline": ("flux", "FluxInpaint"),
+    "flux-fill-pipeline": ("flux", "FluxFill"), "flux-control-pipeline": ("flux", "FluxControl"),
+    "flux-kontext-inpaint-pipeline": ("flux", "FluxKontextInpaint"), "flux2-klein-pipeline": ("flux2", "Flux2Klein"),
+    "qwenimage-img2img-pipeline": ("qwenimage", "QwenImageImg2Img"),
+    "qwenimage-inpaint-pipeline": ("qwenimage", "QwenImageInpaint"),
+    "wan-i2v-pipeline": ("wan", "WanImageToVideo"), "wan-v2v-pipeline": ("wan", "WanVideoToVideo"),
+    "ltx-i2v-pipeline": ("ltx", "LTXImageToVideo"), "ltx-condition-pipeline": ("ltx", "LTXCondition"),
+    "ltx2-i2v-pipeline": ("ltx2", "LTX2ImageToVideo"), "flux-controlnet-pipeline": ("flux", "FluxControlNet"),
+    "flux2-klein-inpaint-pipeline": ("flux2", "Flux2KleinInpaint"),
+    "qwenimage-edit-pipeline": ("qwenimage", "QwenImageEdit"), "lucy-edit-pipeline": ("wan", "LucyEdit"),
+    "flux-control-img2img-pipeline": ("flux", "FluxControlImg2Img"),
+    "flux-control-inpaint-pipeline": ("flux", "FluxControlInpaint"),
+    "flux-controlnet-img2img-pipeline": ("flux", "FluxControlNetImg2Img"),
+    "flux-controlnet-inpaint-pipeline": ("flux", "FluxControlNetInpaint"),
+    "qwenimage-controlnet-pipeline": ("qwenimage", "QwenImageControlNet"),
+    "flux2-klein-kv-pipeline": ("flux2", "Flux2KleinKV"),
+    "qwenimage-edit-plus-pipeline": ("qwenimage", "QwenImageEditPlus"),
+    "ltx2-condition-pipeline": ("ltx2", "LTX2Condition"),
+}
+PIPELINE_FIXTURES.update({name: f"paracheck.fixtures.pipeline_kinds:{cls}PipelineCase"
+                          for name, (_, cls) in PIPELINE_KINDS.items()})
 #: Each pipeline fixture's transformer, as the model fixture of that class is named (its plans, its class); a
 #: pipeline built on another's transformer names it.
 PIPELINE_TRANSFORMERS: dict[str, str] = dict({name: name.removesuffix("-pipeline") for name in PIPELINE_FIXTURES},
-                                             **{"flux-kontext-pipeline": "flux"})
+                                             **{"flux-kontext-pipeline": "flux"},
+                                             **{name: model for name, (model, _) in PIPELINE_KINDS.items()})
 #: diffusers' cache hooks, one variant each (`pipelines.caches`): the same cache on one device and in parallel.
 CACHE_VARIANTS = ("first-block-cache", "faster-cache", "pyramid-attention-broadcast", "mag-cache", "taylorseer-cache",
                   "sea-cache", "text-kv-cache")
@@ -115,8 +141,8 @@ PIPELINE_DEFAULT_KIND: dict[str, str] = {
 }
 #: Pipelines the default run leaves to `--models pipelines` and `--all`: Helios's 40 blocks (its `_cp_plan` names
 #: them) make one 4-rank case 21 s here, against 2 to 9 s for the others (measured, 2 shared cores); Flux Kontext's
-#: transformer is Flux's, whose pipeline the default run takes.
-PIPELINE_NOT_DEFAULT = ("helios-pipeline", "flux-kontext-pipeline")
+#: transformer is Flux's, whose pipeline the default run takes; so is every other kind's (CI's budget is spent).
+PIPELINE_NOT_DEFAULT = ("helios-pipeline", "flux-kontext-pipeline") + tuple(PIPELINE_KINDS)
 #: The route of a pipeline's one case in the default run where it is not `auto`: its transformer loaded with a
 #: `parallel_config` from a saved checkpoint, the other way a user makes it parallel.
 PIPELINE_DEFAULT_ROUTE: dict[str, str] = {"flux2-pipeline": "sharded-load", "wan-pipeline": "sharded-load"}

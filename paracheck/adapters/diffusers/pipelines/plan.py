@@ -49,8 +49,13 @@ class PipelinePlan:
         source seeds it, so every rank builds the same weights; the reference's are loaded over them anyway)."""
         components = self.source.components()
         if self.fit:
+            original = components["transformer"].config
             torch.manual_seed(0)
             components["transformer"] = self.transformer_class(**self.init_dict).eval()
+            heads = {k: v for k, v in self.init_dict.items() if "head" in k and original.get(k) != v}
+            for name, component in components.items():
+                if name.startswith("controlnet"):
+                    components[name] = _heads_followed(component, heads)
         return components
 
     def pipeline(self, components: dict | None = None):
@@ -58,6 +63,17 @@ class PipelinePlan:
 
     def inputs(self) -> dict:
         return self.source.inputs(0)
+
+
+def _heads_followed(controlnet, heads: dict):
+    """A ControlNet rebuilt with the heads fitting gave its transformer (seeded as the source seeds it): its
+    residuals are added to the transformer's hidden states, so its inner dim must stay the transformer's."""
+    config = {k: v for k, v in controlnet.config.items() if not k.startswith("_")}
+    shared = {k: v for k, v in heads.items() if k in config}
+    if not shared:
+        return controlnet
+    torch.manual_seed(0)
+    return type(controlnet)(**dict(config, **shared)).eval()
 
 
 class Sources:
