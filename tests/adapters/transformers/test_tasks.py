@@ -116,8 +116,9 @@ def test_a_row_too_short_for_an_image_is_refused():
 
 
 @functools.lru_cache(maxsize=None)
-def _seq2seq(model_type: str):
-    """The family's tiny seq2seq model, as the sweep prepares its config (no size changed: 2 ranks fit it)."""
+def _seq2seq(model_type: str, device: str = "cpu"):
+    """The family's tiny seq2seq model, as the sweep prepares its config (no size changed: 2 ranks fit it); on
+    the meta device where only its label shift is used."""
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -125,33 +126,43 @@ def _seq2seq(model_type: str):
 
     config = tasks.prepared(fitting.tiny(CONFIG_MAPPING[model_type]), tasks.SEQ2SEQ)
     torch.manual_seed(0)
-    return transformers.AutoModelForSeq2SeqLM.from_config(config, dtype=torch.float32).eval()
+    with torch.device(device):
+        return transformers.AutoModelForSeq2SeqLM.from_config(config, dtype=torch.float32).eval()
 
 
-@settings(max_examples=12, deadline=None)
-@given(st.sampled_from(("t5gemma", "t5gemma2")), st.sampled_from(tasks.SEQ2SEQ.variants), st.sampled_from((1, 2)),
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(("t5gemma", "t5gemma2")), st.sampled_from(tasks.SEQ2SEQ.variants), st.sampled_from((1, 2, 4)),
        st.integers(0, 1000))
-def test_a_seq2seq_batch_shifts_its_labels_as_the_model_does_and_its_shares_losses_add_up(model_type, variant, dp,
-                                                                                            seed):
-    """The decoder's inputs are the model's own shift of the labels (so a forward given them equals one given the
-    labels alone); labels are -100 only on a padded variant's every second row's end; each data-parallel share's
-    loss, given the global count of labels, adds up to the whole batch's (the loss divides by
-    `num_items_in_batch`, as a causal LM's does)."""
-    model = _seq2seq(model_type)
+def test_a_seq2seq_batch_shifts_its_labels_as_the_model_does(model_type, variant, dp, seed):
+    """The decoder's inputs are the model's own shift of the labels; labels are -100 exactly on a padded variant's
+    every second row's last `TARGET_PAD`; the loss counts every label but those (none shifted away)."""
+    model = _seq2seq(model_type, "meta")
     batch = tasks.with_labels(tasks.SEQ2SEQ, inputs.global_batch(variant, dp, 128, seed), model.config, seed)
     labels = batch["labels"]
     assert labels.shape == (batch["input_ids"].shape[0], tasks.TARGET)
     assert torch.equal(batch["decoder_input_ids"], model.prepare_decoder_input_ids_from_labels(labels))
-    padded = (labels == -100).nonzero()[:, 0].unique().tolist()
-    assert padded == (list(range(1, labels.shape[0], 2)) if variant != "base" else [])
-    counted = tasks.loss_kwargs(tasks.SEQ2SEQ, labels)
-    assert counted == {"num_items_in_batch": int((labels != -100).sum())}
+    expected = torch.zeros_like(labels, dtype=torch.bool)
+    if variant != "base":
+        expected[1::2, tasks.TARGET - tasks.TARGET_PAD:] = True
+    assert torch.equal(labels == -100, expected)
+    assert tasks.loss_kwargs(tasks.SEQ2SEQ, labels) == {"num_items_in_batch": int((~expected).sum())}
+
+
+def test_a_seq2seq_models_shift_is_the_batchs_and_its_shares_losses_add_up_to_the_whole():
+    """A forward given the labels alone (the model shifts them) equals one given the batch's decoder inputs, and
+    each data-parallel share's loss, given the global count of labels, adds up to the whole batch's: the loss
+    divides by `num_items_in_batch`, as a causal LM's does, so the kit sums the shares' losses."""
+    model = _seq2seq("t5gemma")
+    batch = tasks.with_labels(tasks.SEQ2SEQ, inputs.global_batch("left_pad", 2, 128), model.config, seed=1)
+    counted = tasks.loss_kwargs(tasks.SEQ2SEQ, batch["labels"])
     with torch.no_grad():
         whole = model(**batch, use_cache=False).loss
         shifted_by_model = model(**{k: v for k, v in batch.items() if k != "decoder_input_ids"}, use_cache=False)
-        shares = sum(model(**inputs.share(batch, i, dp), **counted, use_cache=False).loss for i in range(dp))
+        shares = sum(model(**inputs.share(batch, i, 2), **counted, use_cache=False).loss for i in range(2))
+        mean_of_shares = sum(model(**inputs.share(batch, i, 2), use_cache=False).loss for i in range(2)) / 2
     torch.testing.assert_close(shifted_by_model.loss, whole, atol=0, rtol=0)
     torch.testing.assert_close(shares, whole, atol=1e-6, rtol=1e-6)
+    assert abs(float(mean_of_shares - whole)) > 1e-4  # the rows' label counts differ: a shard mean would be wrong
 
 
 def test_a_seq2seq_class_that_is_no_encoder_decoder_is_refused_by_name():
