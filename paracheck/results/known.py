@@ -165,6 +165,12 @@ def apply(verdicts: list, entries: list[KnownFailure]) -> None:
             v.reason = f"declared as a known failure but passed; remove the entry: {passed.reason}"
 
 
+def explaining(verdict, entries: list[KnownFailure]) -> list[KnownFailure]:
+    """The declared entries that together explain how `verdict` failed or raised (any case, a control's too);
+    empty when one way is unexplained."""
+    return _explaining(verdict, [e for e in entries if e.matches(verdict)])
+
+
 def _explaining(verdict, matching: list[KnownFailure]) -> list[KnownFailure]:
     """The entries that together explain every failing check (or the raise); empty when one is unexplained."""
     matching = [e for e in matching if e.message_matches(verdict)]

@@ -339,8 +339,31 @@ def judge(cases: list[Case], results: list[list[RankResult]], entries, plain_so_
     known.apply(verdicts, entries)
     plain = {} if plain_so_far is None else plain_so_far
     plain.update({v.case.plain: v for v in verdicts if not v.case.control})
+    judge_declared_raises(verdicts, plain, entries)
     judge_controls(verdicts, plain)
     return verdicts
+
+
+def judge_declared_raises(verdicts: list[Verdict], plain: dict, entries) -> None:
+    """A control whose ranks raised the upstream failure its plain case is declared for (the same entries explain
+    the raise) is no kit error: it is judged on the checks it must trip, detected where each failed, missed where
+    one passed, inconclusive where one never ran before the raise (then `judge_controls` holds it to what its plain
+    case passes). T5Gemma2's TP backward raises in every case, a planted one too, after structure has run."""
+    for v in verdicts:
+        base = plain.get(v.case.plain)
+        if not v.case.control or v.status != CaseStatus.ERROR or base is None or base.status != CaseStatus.XFAIL:
+            continue
+        explaining = known.explaining(v, entries)
+        if not explaining:
+            continue
+        control = get_control(v.case.control)
+        raised = f"its ranks then raised its plain case's declared upstream failure ({v.reason})"
+        unrun = [c.value for c in control.must_trip if (v.check(c) is None or v.check(c).status == Status.SKIP)]
+        if unrun:
+            v.status, v.reason = CaseStatus.INCONCLUSIVE, f"{', '.join(unrun)} never ran: {raised}"
+            continue
+        status, reason = control.judge(v.failing_checks)
+        v.status, v.reason = status, f"{reason}; {raised}"
 
 
 def judge_controls(verdicts: list[Verdict], plain: dict | None = None) -> None:

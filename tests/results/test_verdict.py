@@ -12,7 +12,8 @@ from paracheck.domain.localization import Localization
 from paracheck.domain.records import (CaseStatus, CheckId, CheckResult, Failure, FailureKind, Finding, MergedCheck,
                                       RankResult, RankStatus, Route, Status)
 from tests.domain.test_localization import localizations
-from paracheck.results.verdict import NamedLayout, Verdict, inconclusive_rule, judge_controls, merge, outcome_for_test
+from paracheck.results.verdict import (NamedLayout, Verdict, inconclusive_rule, judge, judge_controls, merge,
+                                       outcome_for_test)
 
 U4 = Layout.parse("u4")
 
@@ -309,3 +310,34 @@ def test_findings_a_report_words_alone_are_read_back_with_their_ranks():
     assert (found.ranks, found.message) == ([0, 1, 2, 5], line.split(": ", 1)[1])
     v = Verdict.from_json({"status": "pass", "findings": [line]})
     assert v.to_json()["findings"] == [line] and v.to_json()["findings_seen"] == [found.to_json()]
+
+
+RAISES = known.KnownFailure(reason="upstream backward raises", model="flux", layout="u*", check="error",
+                            message="*boom upstream*")
+
+
+def _raising(failing: dict, message: str = "RuntimeError: boom upstream") -> list:
+    """Every rank raising `message` after the checks in `failing` ran (ranks listed fail)."""
+    ranks = _ranks(failing, status=RankStatus.ERROR)
+    for r in ranks:
+        r.reason = message
+    return ranks
+
+
+@pytest.mark.parametrize("failing, message, expected", [
+    ({CheckId.CP_HOOKS: [0], CheckId.PROCESSOR_CONFIG: [1]}, "boom upstream", CaseStatus.DETECTED),
+    ({CheckId.CP_HOOKS: [], CheckId.PROCESSOR_CONFIG: [1]}, "boom upstream", CaseStatus.MISSED),
+    ({CheckId.CP_HOOKS: [0]}, "boom upstream", CaseStatus.INCONCLUSIVE),  # processor_config never ran
+    ({CheckId.CP_HOOKS: [0], CheckId.PROCESSOR_CONFIG: [1]}, "another raise", CaseStatus.ERROR),  # undeclared
+])
+def test_a_control_raising_its_plain_cases_declared_failure_is_judged_on_its_checks(failing, message, expected):
+    """The plain case raises a declared upstream failure after its checks passed; a control raising the same is
+    judged on the checks it must trip that ran before the raise, never a kit error; another raise stays one."""
+    plain_ranks = _raising({CheckId.CP_HOOKS: [], CheckId.PROCESSOR_CONFIG: []})
+    control_ranks = _raising(failing, f"RuntimeError: {message}")
+    cases = [_case(), _case("skip-cp-hooks")]
+    plain, control = judge(cases, [plain_ranks, control_ranks], [RAISES])
+    assert plain.status == CaseStatus.XFAIL
+    assert control.status == expected, control.reason
+    if expected != CaseStatus.ERROR:
+        assert "declared upstream failure (rank 0: RuntimeError: boom upstream" in control.reason

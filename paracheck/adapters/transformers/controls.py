@@ -378,9 +378,12 @@ def _cache_first_heads(model, layout) -> None:
     """Each decode step reads the key/value cache as if it held every head: every TP rank takes the first heads
     (TP coordinate 0's) instead of its own. Planted around each attention's forward by bending its cache's `update`
     for that call, on decode steps only (one new token): the prompt's forward and every pass without a cache run as
-    they were."""
+    they were. Only in the attentions the TP plan splits: one it leaves whole (an encoder-decoder's cross-attention,
+    which T5Gemma's plan does not name) holds every head on every rank already."""
     for attention in _attentions(model):
         weight = attention.q_proj.weight
+        if not hasattr(weight, "device_mesh"):  # a plain parameter: replicated, no other rank's heads to read
+            continue
         group = weight.device_mesh.get_group("tp")
         forward = attention.forward
 

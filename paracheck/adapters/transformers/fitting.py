@@ -142,11 +142,16 @@ def plan_problems(config, need: Need) -> str | None:
     return None
 
 
+#: Sub-configs whose plans stand for the model's: a vision-language model's language model, an encoder-decoder's
+#: two halves (T5Gemma keeps its plans on `encoder` and `decoder`, each built as a model of its own).
+_PLANNED_PARTS = ("text_config", "encoder", "decoder")
+
+
 def has_plan(config, degree: str) -> bool:
-    """Whether `config` or its `text_config` carries the plan `degree` ("tp", "ep", "pp") needs: where
-    `plan_problems` looks."""
+    """Whether `config`, its `text_config` or an encoder-decoder's `encoder` or `decoder` carries the plan
+    `degree` ("tp", "ep", "pp") needs: where `plan_problems` looks."""
     plan = _PLANS[degree]
-    return bool(getattr(config, plan, None) or getattr(getattr(config, "text_config", None), plan, None))
+    return any(getattr(part, plan, None) for part in [config] + [getattr(config, k, None) for k in _PLANNED_PARTS])
 
 
 def parts(config, need: Need) -> list[tuple[str, object, Need]]:

@@ -1,15 +1,17 @@
 """`paracheck run --models transformers:all`: every model class transformers registers for a task the adapter runs
-(`tasks`: causal LM, sequence and token classification, image-text-to-text) whose config has a TP plan (its own or
-its text config's), each as a tiny config fitted to the world by `fitting`, over every layout its plans allow.
+(`tasks`: causal LM, sequence and token classification, image-text-to-text, seq2seq LM) whose config has a TP plan
+(its own, its text config's, or an encoder-decoder's halves'), each as a tiny config fitted to the world by
+`fitting`, over every layout its plans allow.
 
-A family is a model type and a task, named `llama` (causal LM, as before tasks), `llama-seq-cls`, `llava-image-text`;
-`transformers:all-seq-cls` selects one task's. Per family (sorted by task, then name): `fitting.tiny` shrinks the
-config class's defaults, `fitting.fit` raises what the world's degrees split, so one checkpoint serves every layout,
-and `tasks.prepared` gives it the task's label count, padding token or image sizes. A layout
-whose sizes the rule refuses is a skip with the rule's sentence, decided here, before any rank starts; so is a
-family whose config transformers rejects (`Unfittable`) or whose model cannot be built at all (an optional
-dependency missing: `ImportError`). The rest run as `payload` cases (the mixins' kind: each rank loads the
-checkpoint with and without `distributed_config`), with the checks and controls of the bundled fixtures.
+A family is a model type and a task, named `llama` (causal LM, as before tasks), `llama-seq-cls`, `llava-image-text`,
+`t5gemma-seq2seq`; `transformers:all-seq-cls` selects one task's. Per family (sorted by task, then name):
+`fitting.tiny` shrinks the config class's defaults, `fitting.fit` raises what the world's degrees split, so one
+checkpoint serves every layout, and `tasks.prepared` gives it the task's label count, padding token or image sizes
+(or refuses a seq2seq class that is no encoder-decoder). A layout whose sizes the rule refuses is a skip with the
+rule's sentence, decided here, before any rank starts; so is a family whose config transformers rejects
+(`Unfittable`) or whose model cannot be built at all (an optional dependency missing: `ImportError`). The rest
+run as `payload` cases (the mixins' kind: each rank loads the checkpoint with and without `distributed_config`),
+with the checks and controls of the bundled fixtures.
 
 Splitting and resuming: `--shard I/N` keeps the I-th slice of the case list, a family's cases whole in one
 slice (`domain.sharding`); only the families of that slice are built. `--resume REPORT.json` leaves out the cases
@@ -106,12 +108,14 @@ def fitted(family: Family, world: int, dtype: str = "fp32") -> Family:
                                      " fit the nested text config's own family instead")
         if family.task is tasks.IMAGE_TEXT:
             builder(tiny)  # a family whose image inputs the kit cannot make is refused before fitting
+        if family.task is tasks.SEQ2SEQ:
+            tasks.prepared(tiny, family.task)  # likewise a seq2seq class that is no encoder-decoder
         has = {degree: fitting.has_plan(tiny, degree) for degree in ("pp", "ep")}
         need = fitting.Need(tp=world, pp=world if has["pp"] else 1, ep=world if has["ep"] else 1, dp=world,
                             itemsize=fitting.ITEMSIZE[dtype])
         fit = fitting.fit(tiny, need)
         config = tasks.prepared(fit.config, family.task)
-    except NoBuilder as exc:  # the case names the family: the reason alone, so the report groups them
+    except (NoBuilder, tasks.NotEncoderDecoder) as exc:  # the case names the family: the reason alone, grouped
         family.refused = exc.why
         return family
     except fitting.Unfittable as exc:

@@ -42,9 +42,32 @@ TOKEN_CLASSIFICATION = Task("token classification", "token-cls", "-token-cls", "
 # No embeds variant: a vision-language model finds its image placeholders in `input_ids`.
 IMAGE_TEXT = Task("image-text-to-text", "image-text", "-image-text", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
                   "AutoModelForImageTextToText", True, False, ("base", "left_pad", "right_pad", "packed"))
-TASKS = (CAUSAL_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, IMAGE_TEXT)
+# An encoder-decoder: the token rows feed the encoder, a target of its own (`TARGET` tokens) the decoder. Its loss is
+# the decoder's token mean like a causal LM's (it takes `num_items_in_batch`), over every label, none shifted away
+# (the decoder's inputs are the labels shifted right). Padding only on the encoder's rows: no packed documents
+# (a bidirectional encoder has no block-diagonal mask of packed rows), no embeds.
+SEQ2SEQ = Task("seq2seq LM", "seq2seq", "-seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+               "AutoModelForSeq2SeqLM", True, False, ("base", "left_pad", "right_pad"))
+TASKS = (CAUSAL_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, IMAGE_TEXT, SEQ2SEQ)
 #: Labels a classification head tells apart in the kit's configs (transformers' default is 2).
 NUM_LABELS = 3
+#: A seq2seq target's tokens: fewer than the encoder's rows, so a decoder length taken for the encoder's shows;
+#: a padded variant's second row ends in `TARGET_PAD` labels -100 (a collator pads targets on the right).
+TARGET = 8
+TARGET_PAD = 3
+
+
+class NotEncoderDecoder(ValueError):
+    """A class of the seq2seq mapping that is no encoder-decoder: an audio encoder in front of a causal LM, whose
+    audio inputs the kit does not make (a named refusal before launch). `why` is the same sentence for each, so a
+    report groups them as one reason; the message adds the family and the sub-configs in front of its LM."""
+
+    WHY = ("not an encoder-decoder (an audio or other encoder in front of a causal LM), whose inputs the kit does "
+           "not make; the seq2seq task runs encoder-decoders (t5gemma, t5gemma2)")
+
+    def __init__(self, model_type: str, fed: str):
+        super().__init__(f"{model_type}: {self.WHY} ({fed})")
+        self.model_type, self.why = model_type, self.WHY
 
 
 def by_suffix(name: str) -> tuple[str, Task]:
@@ -122,7 +145,24 @@ def prepared(config, task: Task):
             text.pad_token_id = PAD_ID
     if task is IMAGE_TEXT:
         config = images.prepared(config)
+    if task is SEQ2SEQ:
+        _encoder_decoder(config)
     return config
+
+
+def _encoder_decoder(config) -> None:
+    """The seq2seq task's check on a config (raises `NotEncoderDecoder`), and the padding id its decoder's inputs
+    take where a label is -100 (as the kit's prompts and targets pad)."""
+    from paracheck.adapters.transformers.inputs import PAD_ID
+
+    if not getattr(config, "is_encoder_decoder", False):
+        fed = sorted(k for k in vars(config) if k.endswith("_config") and k != "text_config")
+        raise NotEncoderDecoder(config.model_type, f"{', '.join(fed) or 'no encoder'} in front of its LM")
+    config.pad_token_id = PAD_ID
+    for key in ("encoder", "decoder", "text_config"):
+        part = getattr(config, key, None)
+        if part is not None and hasattr(part, "pad_token_id"):
+            part.pad_token_id = PAD_ID
 
 
 def with_labels(task: Task, batch: dict, config, seed: int) -> dict:
@@ -134,6 +174,8 @@ def with_labels(task: Task, batch: dict, config, seed: int) -> dict:
 
     if task is IMAGE_TEXT:
         return images.with_images(batch, config, seed)
+    if task is SEQ2SEQ:
+        return with_target(batch, config, seed)
     if not task.shard_mean:
         return batch
     generator = torch.Generator().manual_seed(seed + 1)
@@ -144,9 +186,39 @@ def with_labels(task: Task, batch: dict, config, seed: int) -> dict:
     return dict(batch, labels=drawn.masked_fill(labels == -100, -100))
 
 
+def with_target(batch: dict, config, seed: int) -> dict:
+    """A seq2seq batch: the token rows (and their mask) for the encoder, `TARGET` random labels per row for the
+    decoder (where the rows pad, every second row's last `TARGET_PAD` are -100), and `decoder_input_ids`: the
+    labels shifted right behind the decoder's start token, -100 read as padding, as the model's own
+    `prepare_decoder_input_ids_from_labels` makes them (given here so a pass without labels, no_grad inference,
+    has the decoder's inputs too; with labels the model takes them instead of shifting its own)."""
+    import torch
+
+    rows = batch["input_ids"].shape[0]
+    vocab = config.get_text_config(decoder=True).vocab_size
+    labels = torch.randint(1, vocab, (rows, TARGET), generator=torch.Generator().manual_seed(seed + 2))
+    if "attention_mask" in batch:
+        labels[1::2, TARGET - TARGET_PAD:] = -100
+    out = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")}
+    return dict(out, labels=labels, decoder_input_ids=shifted_right(labels, config))
+
+
+def shifted_right(labels, config):
+    """The decoder's inputs for `labels`: each row shifted right by one behind the decoder's start token (its
+    `bos_token_id`), -100 replaced by its padding id."""
+    decoder = config.get_text_config(decoder=True)
+    shifted = labels.new_full(labels.shape, decoder.bos_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    return shifted.masked_fill(shifted == -100, decoder.pad_token_id)
+
+
 def loss_kwargs(task: Task, labels) -> dict:
     """What the training forward takes besides the batch: the global count of predicted tokens where the task's
-    loss divides by it (the shards' losses then add up to the global mean), nothing where it is a shard mean."""
+    loss divides by it (the shards' losses then add up to the global mean), nothing where it is a shard mean. A
+    seq2seq loss predicts every label (its decoder's inputs are already shifted), a causal LM's all but each
+    row's first."""
     from paracheck.adapters.transformers.inputs import predicted_tokens
 
-    return {} if task.shard_mean else {"num_items_in_batch": predicted_tokens(labels)}
+    if task.shard_mean:
+        return {}
+    return {"num_items_in_batch": int((labels != -100).sum()) if task is SEQ2SEQ else predicted_tokens(labels)}

@@ -1,5 +1,8 @@
 """The transformers adapter's tasks, in process: a family's name and its task both ways, the labels each task's
-batch carries, and where an image's placeholders go (hypothesis over padded rows)."""
+batch carries, where an image's placeholders go (hypothesis over padded rows), and a seq2seq batch's decoder
+inputs and loss count (hypothesis over variants, data-parallel degrees and seeds)."""
+
+import functools
 
 import pytest
 from hypothesis import given, settings
@@ -11,10 +14,14 @@ pytest.importorskip("transformers")
 from paracheck.adapters.transformers import images, inputs, tasks  # noqa: E402
 
 
+#: A model type each task's mapping holds (and no earlier task's, so its class names that task).
+EXAMPLE = {tasks.IMAGE_TEXT: "llava", tasks.SEQ2SEQ: "t5gemma"}
+
+
 @pytest.mark.parametrize("task", tasks.TASKS, ids=lambda t: t.key)
 def test_a_family_name_carries_its_task_and_causal_lms_keep_bare_names(task):
     assert tasks.by_suffix("gpt_neox" + task.suffix) == ("gpt_neox", task)
-    assert tasks.of_class_name(tasks.classes(task)["llava" if task is tasks.IMAGE_TEXT else "llama"]) is task
+    assert tasks.of_class_name(tasks.classes(task)[EXAMPLE.get(task, "llama")]) is task
     assert tasks.of_case("gpt_neox" + task.suffix, None) is task
 
 
@@ -106,3 +113,62 @@ def test_a_row_too_short_for_an_image_is_refused():
     ids = torch.ones(1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="an image takes 4 placeholders"):
         images.with_images({"input_ids": ids}, config, seed=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _seq2seq(model_type: str, device: str = "cpu"):
+    """The family's tiny seq2seq model, as the sweep prepares its config (no size changed: 2 ranks fit it); on
+    the meta device where only its label shift is used."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from paracheck.adapters.transformers import fitting
+
+    config = tasks.prepared(fitting.tiny(CONFIG_MAPPING[model_type]), tasks.SEQ2SEQ)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return transformers.AutoModelForSeq2SeqLM.from_config(config, dtype=torch.float32).eval()
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(("t5gemma", "t5gemma2")), st.sampled_from(tasks.SEQ2SEQ.variants), st.sampled_from((1, 2, 4)),
+       st.integers(0, 1000))
+def test_a_seq2seq_batch_shifts_its_labels_as_the_model_does(model_type, variant, dp, seed):
+    """The decoder's inputs are the model's own shift of the labels; labels are -100 exactly on a padded variant's
+    every second row's last `TARGET_PAD`; the loss counts every label but those (none shifted away)."""
+    model = _seq2seq(model_type, "meta")
+    batch = tasks.with_labels(tasks.SEQ2SEQ, inputs.global_batch(variant, dp, 128, seed), model.config, seed)
+    labels = batch["labels"]
+    assert labels.shape == (batch["input_ids"].shape[0], tasks.TARGET)
+    assert torch.equal(batch["decoder_input_ids"], model.prepare_decoder_input_ids_from_labels(labels))
+    expected = torch.zeros_like(labels, dtype=torch.bool)
+    if variant != "base":
+        expected[1::2, tasks.TARGET - tasks.TARGET_PAD:] = True
+    assert torch.equal(labels == -100, expected)
+    assert tasks.loss_kwargs(tasks.SEQ2SEQ, labels) == {"num_items_in_batch": int((~expected).sum())}
+
+
+def test_a_seq2seq_models_shift_is_the_batchs_and_its_shares_losses_add_up_to_the_whole():
+    """A forward given the labels alone (the model shifts them) equals one given the batch's decoder inputs, and
+    each data-parallel share's loss, given the global count of labels, adds up to the whole batch's: the loss
+    divides by `num_items_in_batch`, as a causal LM's does, so the kit sums the shares' losses."""
+    model = _seq2seq("t5gemma")
+    batch = tasks.with_labels(tasks.SEQ2SEQ, inputs.global_batch("left_pad", 2, 128), model.config, seed=1)
+    counted = tasks.loss_kwargs(tasks.SEQ2SEQ, batch["labels"])
+    with torch.no_grad():
+        whole = model(**batch, use_cache=False).loss
+        shifted_by_model = model(**{k: v for k, v in batch.items() if k != "decoder_input_ids"}, use_cache=False)
+        shares = sum(model(**inputs.share(batch, i, 2), **counted, use_cache=False).loss for i in range(2))
+        mean_of_shares = sum(model(**inputs.share(batch, i, 2), use_cache=False).loss for i in range(2)) / 2
+    torch.testing.assert_close(shifted_by_model.loss, whole, atol=0, rtol=0)
+    torch.testing.assert_close(shares, whole, atol=1e-6, rtol=1e-6)
+    assert abs(float(mean_of_shares - whole)) > 1e-4  # the rows' label counts differ: a shard mean would be wrong
+
+
+def test_a_seq2seq_class_that_is_no_encoder_decoder_is_refused_by_name():
+    """The mapping's audio-LLMs (an audio encoder in front of a causal LM) take audio the kit does not make."""
+    from transformers import Qwen2AudioConfig
+
+    with pytest.raises(tasks.NotEncoderDecoder, match=r"qwen2_audio: not an encoder-decoder .*\(audio_config") as e:
+        tasks.prepared(Qwen2AudioConfig(), tasks.SEQ2SEQ)
+    assert e.value.why == tasks.NotEncoderDecoder.WHY  # one reason for every such family, as a report groups it

@@ -85,3 +85,24 @@ def test_a_model_without_a_row_parallel_bias_says_so():
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                       intermediate_size=64)
     assert "no row-parallel module with a bias" in controls._bias_shows(transformers.LlamaForCausalLM(config))
+
+
+def test_the_cache_control_plants_only_in_the_attentions_tp_splits(tp_mesh_of_one):
+    """tf-cache-all-heads bends the attentions whose `q_proj` the TP plan shards (a DTensor); an encoder-decoder's
+    cross-attention, which T5Gemma's plan leaves whole on every rank, is left as it is (it has no other rank's heads
+    to read, and a plain parameter has no mesh to read them over)."""
+    import torch
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from paracheck.adapters.transformers import fitting
+
+    with torch.device("meta"):
+        model = transformers.T5GemmaForConditionalGeneration(fitting.tiny(transformers.T5GemmaConfig))
+    for layer in model.model.decoder.layers:  # as the plan shards them: self_attn.q_proj colwise
+        q_proj = layer.self_attn.q_proj
+        q_proj.weight = torch.nn.Parameter(distribute_tensor(torch.zeros(q_proj.weight.shape), tp_mesh_of_one,
+                                                             [Shard(0)]))
+    controls._cache_first_heads(model, None)
+    bent = {name.split(".")[-1] for name, m in model.named_modules() if "forward" in vars(m)}
+    assert bent == {"self_attn"}
+    assert all("forward" not in vars(layer.cross_attn) for layer in model.model.decoder.layers)

@@ -136,3 +136,17 @@ def test_a_parent_plan_naming_a_sub_model_reaches_its_config():
     assert fitting._reaches({"model.vision_tower.blocks.*.attn.qkv": "colwise"}, "vision_config")
     assert not fitting._reaches({"multi_modal_projector.linear_1": "colwise"}, "vision_config")
     assert not fitting._reaches(None, "text_config")
+
+
+def test_an_encoder_decoders_plans_on_its_two_halves_allow_tp_and_pp_and_fit_both():
+    """T5Gemma keeps its plans on `encoder` and `decoder` (each built as a model of its own), none on the config or a
+    `text_config`: the layouts its plans allow include TP and pipelines, and fitting splits both halves' heads."""
+    from paracheck.adapters.transformers.mixin_cases import plan_layouts
+
+    config = fitting.tiny(transformers.T5GemmaConfig)
+    assert not getattr(config, "base_model_tp_plan", None) and not hasattr(config, "text_config")
+    assert fitting.has_plan(config, "tp") and fitting.has_plan(config, "pp") and not fitting.has_plan(config, "ep")
+    assert {"tp2", "pp2"} <= {layout.name for layout in plan_layouts(config, 2)}
+    fit = fitting.fit(config, Need(tp=4, pp=4))
+    assert fit.config.encoder.num_attention_heads % 4 == 0 and fit.config.decoder.num_attention_heads % 4 == 0
+    assert fitting.refusal(fit.config, Need(tp=4, pp=4)) is None
