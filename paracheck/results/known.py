@@ -14,7 +14,8 @@ masks something out), so a bug in mask handling matches a user's own inputs what
 and `message`, a glob the failure's text (the error, or the failing check's detail) must match, for a bug
 that shares its check with others; `site`, a glob the named check's typed failure site must match (its
 `Failure.site`: where it raised, or the origin a check typed, e.g. "tp_plan:replicated_with_grad_allreduce"),
-the typed way to the same end. A plain case that fails the named check becomes `xfail`; one that
+the typed way to the same end; `fixed_in` ("transformers 5.25.0"), the release that fixed the bug: where it or a
+later one is installed the entry is left out, so the case passes plainly and a return of the bug fails. A plain case that fails the named check becomes `xfail`; one that
 matches an entry and passes becomes `xpass`, so the entry can go.
 Torch-free.
 """
@@ -58,6 +59,22 @@ class KnownFailure:
     inputs: tuple[str, ...] = ()
     upstream: str = ""
     library: str = "*"
+    #: "<distribution> <version>": the release that fixed it; the entry holds only where an older one is installed.
+    fixed_in: str = ""
+
+    def holds_here(self) -> bool:
+        """Whether the installed release still has the bug: no `fixed_in`, an older release, or none installed."""
+        if not self.fixed_in:
+            return True
+        from importlib.metadata import PackageNotFoundError, version
+
+        from packaging.version import Version
+
+        name, fixed = self.fixed_in.split()
+        try:
+            return Version(version(name)) < Version(fixed)
+        except PackageNotFoundError:
+            return True
 
     def matches(self, verdict) -> bool:
         """Whether the entry names this verdict's case (model or class, layout, variant, dtype, route, options)."""
@@ -121,7 +138,8 @@ def load(path: str | None) -> list[KnownFailure]:
         raise KnownFailuresError(f"--known-failures {path}: cannot read it ({exc.strerror})") from exc
     except tomllib.TOMLDecodeError as exc:
         raise KnownFailuresError(f"--known-failures {path}: not valid TOML ({exc})") from exc
-    return [_entry(path, i, raw) for i, raw in enumerate(data.get("known", []))]
+    entries = [_entry(path, i, raw) for i, raw in enumerate(data.get("known", []))]
+    return [e for e in entries if e.holds_here()]
 
 
 def as_data(entries: list[KnownFailure]) -> list[dict]:
@@ -143,7 +161,21 @@ def _entry(path: str, i: int, raw: dict) -> KnownFailure:
     inputs = raw.get("inputs", [])
     if not isinstance(inputs, list) or not set(inputs) <= set(INPUT_TRAITS):
         raise KnownFailuresError(f"{where}: inputs {inputs!r} must be a list of {', '.join(INPUT_TRAITS)}")
+    fixed = raw.get("fixed_in", "")
+    if fixed and not _release(fixed):
+        raise KnownFailuresError(f"{where}: fixed_in {fixed!r} must be a distribution and a version, "
+                                 "e.g. 'transformers 5.25.0'")
     return KnownFailure(**dict(raw, inputs=tuple(inputs)))
+
+
+def _release(text: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    parts = text.split()
+    try:
+        return len(parts) == 2 and bool(Version(parts[1]))
+    except InvalidVersion:
+        return False
 
 
 def apply(verdicts: list, entries: list[KnownFailure]) -> None:

@@ -76,7 +76,8 @@ def _reference(ref, batches: dict) -> dict:
     for mode in MODES:
         try:
             found[mode] = generation(ref, batches[mode], mode)
-        except (ValueError, NotImplementedError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever one process cannot do, no layout is held to
+            # (deepseek_v4's StaticCache raises KeyError on its layer type in transformers 5.25); said on the check
             found[mode] = f"the single-process model does not generate in mode {mode}: {type(exc).__name__}: {exc}"
     return found
 
