@@ -154,24 +154,27 @@ def has_plan(config, degree: str) -> bool:
     return any(getattr(part, plan, None) for part in [config] + [getattr(config, k, None) for k in _PLANNED_PARTS])
 
 
-def parts(config, need: Need) -> list[tuple[str, object, Need]]:
+def parts(config, need: Need, world: Need | None = None) -> list[tuple[str, object, Need]]:
     """(key path, config, the degrees that reach it) for `config` ("" its path, every degree of `need`) and each
     sub-config nested in it at any depth (`text_config`, `vision_config`, `audio_config`, a projector's, ...).
     A degree reaches a sub-config as transformers 5.25 applies plans (`DistributedMixin.init_parallel_plans`):
     each sub-model built from a sub-config takes its own config's `base_model_*_plan`, and a parent merges its
     children's plans under their module names; so a sub-config is split by the plans it has itself, and by
-    tp where its parent's TP plan names its module (`_reaches`). A sub-config no plan reaches is replicated."""
+    tp where its parent's TP plan names its module (`_reaches`). A sub-config no plan reaches is replicated.
+    `world` is the layout's degrees: a plan of its own reaches a sub-config under a parent that has none
+    (T5Gemma2's encoder text config, under an encoder config with no plan)."""
+    world = world or need
     out = [("", config, need)]
     for key in _nested(config):
-        out += [(f"{key}.{path}" if path else key, c, n) for path, c, n in parts(getattr(config, key),
-                                                                                   _sub_need(config, key, need))]
+        out += [(f"{key}.{path}" if path else key, c, n)
+                for path, c, n in parts(getattr(config, key), _sub_need(config, key, need, world), world)]
     return out
 
 
-def _sub_need(config, key: str, need: Need) -> Need:
-    """The degrees of `need` that reach `config`'s sub-config `key` (1 for those that do not)."""
+def _sub_need(config, key: str, need: Need, world: Need) -> Need:
+    """The degrees of the layout (`world`) that reach `config`'s sub-config `key` (1 for those that do not)."""
     sub = getattr(config, key)
-    reach = {d: getattr(need, d) if getattr(sub, plan, None) else 1 for d, plan in _PLANS.items()}
+    reach = {d: getattr(world, d) if getattr(sub, plan, None) else 1 for d, plan in _PLANS.items()}
     if _reaches(getattr(config, "base_model_tp_plan", None), key):
         reach["tp"] = need.tp
     return Need(reach["tp"], reach["pp"], reach["ep"], 1, need.itemsize)
@@ -249,13 +252,14 @@ def fit(config, need: Need) -> Fit:
     return Fit(fitted, changes)
 
 
-def _fit_part(config, need: Need, path: str = "") -> tuple[object, list[str]]:
-    """`config` fitted to `need`, its sub-configs first (each to the degrees that reach it), and the changes made
-    ("text_config.num_attention_heads 2->4")."""
+def _fit_part(config, need: Need, path: str = "", world: Need | None = None) -> tuple[object, list[str]]:
+    """`config` fitted to `need`, its sub-configs first (each to the degrees that reach it: `parts`), and the
+    changes made ("text_config.num_attention_heads 2->4")."""
+    world = world or need
     values = _fields(config)
     notes = []
     for key in _nested(config):
-        sub, sub_notes = _fit_part(getattr(config, key), _sub_need(config, key, need), f"{path}{key}.")
+        sub, sub_notes = _fit_part(getattr(config, key), _sub_need(config, key, need, world), f"{path}{key}.", world)
         if sub_notes:  # a dict, which the config class builds its sub-config from
             values[key], notes = sub.to_dict(), notes + sub_notes
     notes += [f"{path}{note}" for note in _follow_hidden(_fields(config), values)]
