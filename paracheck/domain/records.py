@@ -12,6 +12,8 @@ import os
 import traceback
 from dataclasses import asdict, dataclass, field, fields
 
+from paracheck.domain.localization import integer, ints, number, text
+
 
 class CheckId(str, enum.Enum):
     """The stable check ids (the contract); `short` is the report's column name."""
@@ -158,11 +160,22 @@ class Failure:
         return _jsonable(asdict(self))
 
     @classmethod
-    def from_json(cls, data: dict | None) -> "Failure | None":
-        if not data:
+    def from_json(cls, data) -> "Failure | None":
+        """None where `data` is no failure of a kind this version knows; a field that is not the schema's reads
+        as absent (a check this version does not know, a name that is no text)."""
+        kind = enum_value(FailureKind, data.get("kind")) if isinstance(data, dict) else None
+        if kind is None:
             return None
-        return cls(**dict(data, kind=FailureKind(data["kind"]),
-                          check=CheckId(data["check"]) if data.get("check") else None))
+        names = {f.name: text(data.get(f.name)) or "" for f in fields(cls) if f.name not in ("kind", "check")}
+        return cls(kind, enum_value(CheckId, data.get("check")), **names)
+
+
+def enum_value(kind: type[enum.Enum], value):
+    """`kind(value)`, or None where `value` is none of its values (a report from another version)."""
+    try:
+        return kind(value)
+    except (ValueError, TypeError):
+        return None
 
 
 def _site(tb) -> str:
@@ -306,6 +319,22 @@ class MergedCheck:
     def to_json(self) -> dict:
         return _without_empty_facets(_jsonable(asdict(self)))
 
+    @classmethod
+    def from_json(cls, data) -> "MergedCheck | None":
+        """What `to_json` wrote; None where `data` is no check this version knows (its id or status is none of
+        ours). Any other field that is not the schema's reads as absent."""
+        if not isinstance(data, dict):
+            return None
+        check_id, status = enum_value(CheckId, data.get("id")), enum_value(Status, data.get("status"))
+        if check_id is None or status is None:
+            return None
+        held, facets = data.get("data"), data.get("facets")
+        return cls(check_id, status, ints(data.get("failed_ranks")), number(data.get("max_abs")),
+                   number(data.get("max_rel")), number(data.get("atol")), number(data.get("rtol")),
+                   text(data.get("detail")) or "", integer(data.get("detail_rank")),
+                   dict(held) if isinstance(held, dict) else {}, Failure.from_json(data.get("failure")),
+                   {str(k): v for k, v in facets.items() if isinstance(v, bool)} if isinstance(facets, dict) else {})
+
 
 def _without_empty_facets(data: dict) -> dict:
     """A check without parts writes none (the JSON of every older check stays as it was)."""
@@ -320,6 +349,14 @@ class Finding:
     message: str
     ranks: list[int]
 
+    def to_json(self) -> dict:
+        return {"message": self.message, "ranks": list(self.ranks)}
+
+    @classmethod
+    def from_json(cls, data) -> "Finding | None":
+        message = text(data.get("message")) if isinstance(data, dict) else None
+        return None if message is None else cls(message, ints(data.get("ranks")))
+
 
 @dataclass
 class RunEvent:
@@ -330,6 +367,13 @@ class RunEvent:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data) -> "RunEvent | None":
+        """What `to_json` wrote; None where `data` is no object, a field that is not the schema's read as absent."""
+        if not isinstance(data, dict):
+            return None
+        return cls(text(data.get("kind")) or "", integer(data.get("index")), text(data.get("message")) or "")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The report's groupings, built once for every renderer: known failures, skips by reason, never-runnable layouts.
 
 The terminal notes group `Verdict`s; the HTML report groups a JSON report's cases (`paracheck report` renders a
-file). Both first read each case into a `Row`, the fields a grouping needs with one spelling, and then share
-`groups()`, so a grouping rule is written, and changed, once.
+file), each read back into its `Verdict` (`Verdict.from_json`). Both read each verdict into a `Row`, the fields a
+grouping needs with one spelling, and then share `groups()`, so a grouping rule is written, and changed, once.
 """
 
 from __future__ import annotations
@@ -34,15 +34,6 @@ class Row:
         return cls(index, v.id, c.model, c.variant, c.dtype, c.layout.name, v.route.value, c.control, v.status.value,
                    v.reason, v.known, v.failure.missing_plan if v.failure else None,
                    (c.model, c.layout.name, c.layout.order, v.route.value, c.variant, c.dtype))
-
-    @classmethod
-    def of_json(cls, index: int, c: dict) -> "Row":
-        failure = c.get("failure") if isinstance(c.get("failure"), dict) else {}
-        model, variant, dtype = str(c.get("model")), c.get("variant") or "base", c.get("dtype") or "fp32"
-        layout, route = str(c.get("layout")), str(c.get("route") or "")
-        return cls(index, str(c.get("id")), model, variant, dtype, layout, route, c.get("control"),
-                   str(c.get("status")), str(c.get("reason") or ""), c.get("known_failure"),
-                   failure.get("missing_plan"), (model, layout, c.get("order"), route, variant, dtype))
 
     @property
     def who(self) -> str:

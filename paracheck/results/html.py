@@ -6,20 +6,23 @@ It shows a summary line of counts by status, the run's metadata, the models-by-l
 details and localization (`plots`), a loop's pictures and error curve where its case carries them (`loopview`),
 the known failures with the cases they cover and a command that reproduces them, and the skips grouped by reason.
 
-`render` reads the report defensively (any field may be missing, the report may be another version's);
+`render` reads each case into its `Verdict` (`Verdict.from_json`, which reads a field that is missing or not the
+schema's as absent, so the report may be another version's) and draws from the records;
 `check_report` says what makes a JSON document no report at all. Torch-free; matplotlib only in `plots`.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, replace
 from html import escape
 
-from paracheck.domain.localization import (ForwardLocalization, GradsLocalization, Localization, Merged, ints, items,
-                                           number)
+from paracheck.domain.localization import ForwardLocalization, GradsLocalization, Merged, items, number, text
+from paracheck.domain.records import CheckId, MergedCheck, RunEvent
 from paracheck.launch.attribution import ranks_text
 from paracheck.results import localization, loopview, overview, plots
 from paracheck.results.grouping import Row, groups
+from paracheck.results.verdict import Verdict
 
 #: Status order in the summary and the table: what needs a look first.
 ORDER = ("fail", "error", "missed", "xpass", "xfail", "inconclusive", "pass", "detected", "skip")
@@ -33,6 +36,31 @@ NO_PLOTS = "Plots need matplotlib (pip install 'paracheck[html]'); the figures a
 
 class ReportError(ValueError):
     """A JSON document that is not a paracheck report."""
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A report's case as the page draws it: its verdict (`Verdict.from_json`), its row (`grouping.Row`: its place on
+    the page, its id and status as the report wrote them, so another version's status shows as written), the
+    command the report gives to replay it, and its place in the run (`at`, the report's order)."""
+    verdict: Verdict
+    row: Row
+    replay: str | None
+    at: int
+
+
+def read(data: dict) -> list[Shown]:
+    """The cases of report `data` (checked by `check_report`) in the page's order: failing first, then by `ORDER`,
+    run order within a status."""
+    rank = {s: i for i, s in enumerate(ORDER)}
+    at = sorted(range(len(data["cases"])), key=lambda j: rank.get(data["cases"][j]["status"], len(ORDER)))
+    return [_shown(i, data["cases"][j], j) for i, j in enumerate(at)]
+
+
+def _shown(index: int, case: dict, at: int) -> Shown:
+    v = Verdict.from_json(case)
+    row = replace(Row.of_verdict(index, v), id=text(case.get("id")) or "", status=case["status"])
+    return Shown(v, row, text(case.get("replay")), at)
 
 
 def check_report(data) -> None:
@@ -52,10 +80,11 @@ def render(data: dict, title: str = "paracheck report", with_plots: bool | None 
     references), so no locale can garble it. `with_plots`: draw the localization plots (default: where
     matplotlib can be imported; without it the page says the plots need it)."""
     check_report(data)
-    cases = _ordered(data["cases"])
+    cases = read(data)
     with_plots = plots.available() if with_plots is None else with_plots
-    found = groups([Row.of_json(i, c) for i, c in enumerate(cases)])
-    body = [_header(data, cases, title), overview.grid(cases, _anchor, data["cases"]), _events(data),
+    rows, run_order = [s.row for s in cases], [s.row for s in sorted(cases, key=lambda s: s.at)]
+    found = groups(rows)
+    body = [_header(data, cases, title), overview.grid(rows, _anchor, run_order), _events(data),
             _cases(cases, with_plots), _known(cases, found), _skips(cases, found),
             f'<footer>paracheck {_e(data.get("paracheck", ""))} · one self-contained file: nothing here is fetched'
             "</footer>"]
@@ -73,20 +102,14 @@ def _e(value) -> str:
     return escape("" if value is None else str(value), quote=True)
 
 
-def _ordered(cases: list[dict]) -> list[dict]:
-    """Failing cases first, then by `ORDER`; run order within a status."""
-    rank = {s: i for i, s in enumerate(ORDER)}
-    return sorted(cases, key=lambda c: rank.get(c["status"], len(ORDER)))
-
-
-def _counts(cases: list[dict]) -> dict[str, int]:
+def _counts(cases: list[Shown]) -> dict[str, int]:
     counts = {s: 0 for s in ORDER}
     for c in cases:
-        counts[c["status"]] = counts.get(c["status"], 0) + 1
+        counts[c.row.status] = counts.get(c.row.status, 0) + 1
     return counts
 
 
-def _header(data: dict, cases: list[dict], title: str) -> str:
+def _header(data: dict, cases: list[Shown], title: str) -> str:
     counts = _counts(cases)
     badges = " ".join(f'<button type="button" class="badge s-{_e(s)}" data-status="{_e(s)}">'
                       f'<span class="num">{n}</span> {_e(LABEL.get(s, s))}</button>'
@@ -122,53 +145,49 @@ def _meta(data: dict) -> str:
 
 
 def _events(data: dict) -> str:
-    events = items(data.get("events"))
+    events = [RunEvent.from_json(e) for e in items(data.get("events"))]
     if not events:
         return ""
-    lines = "".join(f"<li><b>run broke ({_e(e.get('kind'))})</b>: {_e(e.get('message'))}</li>" for e in events)
+    lines = "".join(f"<li><b>run broke ({_e(e.kind)})</b>: {_e(e.message)}</li>" for e in events)
     return f'<section class="events" id="events"><h2>The run broke</h2><ul>{lines}</ul></section>'
 
 
 # -- the case table -----------------------------------------------------------------------------------
 
 
-def _forward(case: dict) -> dict:
+def _forward(v: Verdict) -> MergedCheck | None:
     """The check whose max_abs the table shows: the forward's, or a pipeline's (which has none)."""
-    return _check(case, "parity.forward") or _check(case, "parity.pipeline")
+    return v.check(CheckId.FORWARD) or v.check(CheckId.PIPELINE)
 
 
-def _check(case: dict, check_id: str) -> dict:
-    return next((c for c in items(case.get("checks")) if c.get("id") == check_id), {})
-
-
-def _columns(cases: list[dict]) -> list[tuple[str, object]]:
+def _columns(cases: list[Shown]) -> list[tuple[str, object]]:
     """(heading, cell function); control and dtype only where some case has one."""
-    cols = [("model", lambda c: c.get("model")), ("layout", lambda c: c.get("layout")),
-            ("route", lambda c: c.get("route")), ("variant", lambda c: c.get("variant"))]
-    if any(c.get("dtype") not in (None, "fp32") for c in cases):
-        cols.append(("dtype", lambda c: c.get("dtype")))
-    if any(c.get("control") for c in cases):
-        cols.append(("control", lambda c: c.get("control") or ""))
+    cols = [("model", lambda c: c.row.model), ("layout", lambda c: c.row.layout),
+            ("route", lambda c: c.row.route), ("variant", lambda c: c.row.variant)]
+    if any(c.row.dtype != "fp32" for c in cases):
+        cols.append(("dtype", lambda c: c.row.dtype))
+    if any(c.row.control for c in cases):
+        cols.append(("control", lambda c: c.row.control or ""))
     return cols
 
 
-def _cases(cases: list[dict], with_plots: bool) -> str:
+def _cases(cases: list[Shown], with_plots: bool) -> str:
     cols = _columns(cases)
-    models = list(dict.fromkeys(_key(c, "model") for c in cases))
-    layouts = list(dict.fromkeys(_key(c, "layout") for c in cases))
-    statuses = [s for s in ORDER if any(c["status"] == s for c in cases)]
-    statuses += [s for s in dict.fromkeys(c["status"] for c in cases) if s not in statuses]
+    models = list(dict.fromkeys(c.row.model for c in cases))
+    layouts = list(dict.fromkeys(c.row.layout for c in cases))
+    statuses = [s for s in ORDER if any(c.row.status == s for c in cases)]
+    statuses += [s for s in dict.fromkeys(c.row.status for c in cases) if s not in statuses]
     filters = (_select("model", models, []) + _select("layout", layouts, [])
                + _select("status", statuses, [("failing", "failing (fail, error, missed)")])
                + f'<span id="shown" class="shown">{len(cases)} of {len(cases)} cases shown</span>')
     head = "".join(f"<th>{_e(h)}</th>" for h, _ in cols) + \
         "<th>status</th><th>failed ranks</th><th>max_abs</th><th>reason</th>"
     rows = []
-    for i, case in enumerate(cases):
-        rows.append(_row(case, i, cols))
+    for case in cases:
+        rows.append(_row(case, cols))
         if _opens(case):
-            rows.append(f'<tr class="detail" id="{_anchor(case, i)}-detail" hidden><td colspan="{len(cols) + 4}">'
-                        f"{_detail(case, i, with_plots)}</td></tr>")
+            rows.append(f'<tr class="detail" id="{_anchor(case.row)}-detail" hidden><td colspan="{len(cols) + 4}">'
+                        f"{_detail(case, with_plots)}</td></tr>")
     note = "" if with_plots else f'<p class="note" id="no-plots">{_e(NO_PLOTS)}</p>'
     return (f'<section id="cases"><h2>Cases</h2>{note}<form class="filters" id="filters">{filters}</form>\n'
             f'<table class="cases" id="case-table"><thead><tr>{head}</tr></thead>\n<tbody>\n'
@@ -181,36 +200,31 @@ def _select(name: str, values: list[str], extra: list[tuple[str, str]]) -> str:
     return f'<label>{_e(name)} <select id="f-{name}" name="{name}">{inner}</select></label> '
 
 
-def _key(case: dict, field: str) -> str:
-    """What a filter matches a case's `field` by: the same text in its option and in the row."""
-    return str(case.get(field))
+def _opens(case: Shown) -> bool:
+    v = case.verdict
+    return case.row.status in OPENS or bool(v.localization) or loopview.has_view(v.lifted)
 
 
-def _opens(case: dict) -> bool:
-    return case["status"] in OPENS or isinstance(case.get("localization"), dict) or loopview.has_view(case)
+def _anchor(row: Row) -> str:
+    return "case-" + re.sub(r"[^A-Za-z0-9_-]", "_", str(row.id or row.index)) + f"-{row.index}"
 
 
-def _anchor(case: dict, i: int) -> str:
-    return "case-" + re.sub(r"[^A-Za-z0-9_-]", "_", str(case.get("id") or i)) + f"-{i}"
-
-
-def _row(case: dict, i: int, cols) -> str:
-    status = case["status"]
-    forward = _forward(case)
-    ranks = sorted({r for c in items(case.get("checks")) for r in ints(c.get("failed_ranks"))}
-                   | set(ints(case.get("error_ranks"))))
+def _row(case: Shown, cols) -> str:
+    v, status, anchor = case.verdict, case.row.status, _anchor(case.row)
+    forward = _forward(v)
+    ranks = v.failed_ranks
     opens = _opens(case)
-    toggle = (f'<button type="button" class="toggle" aria-expanded="false" aria-controls="{_anchor(case, i)}-detail"'
+    toggle = (f'<button type="button" class="toggle" aria-expanded="false" aria-controls="{anchor}-detail"'
               f' title="details">▸</button> ' if opens else "")
     cells = [f"<td>{toggle if j == 0 else ''}{_e(get(case))}</td>" for j, (_, get) in enumerate(cols)]
     cells += [f'<td><span class="status s-{_e(status)}">{_e(status)}</span></td>',
               f'<td class="num">{_e(ranks_text(ranks) if ranks else "")}</td>',
-              f'<td class="num">{_number(forward.get("max_abs"))}</td>',
-              f'<td class="reason" title="{_e(case.get("reason"))}">'
-              f'<div class="clamp">{_e(case.get("reason"))}</div></td>']
-    data = (f'data-model="{_e(_key(case, "model"))}" data-layout="{_e(_key(case, "layout"))}" '
+              f'<td class="num">{_number(forward.max_abs if forward else None)}</td>',
+              f'<td class="reason" title="{_e(v.reason)}">'
+              f'<div class="clamp">{_e(v.reason)}</div></td>']
+    data = (f'data-model="{_e(case.row.model)}" data-layout="{_e(case.row.layout)}" '
             f'data-status="{_e(status)}" data-failing="{int(status in FAILING)}"')
-    return (f'<tr class="case row-{_e(status)}{" expandable" if opens else ""}" id="{_anchor(case, i)}" {data}>'
+    return (f'<tr class="case row-{_e(status)}{" expandable" if opens else ""}" id="{anchor}" {data}>'
             + "".join(cells) + "</tr>")
 
 
@@ -222,53 +236,52 @@ def _number(value) -> str:
 # -- one case's details -------------------------------------------------------------------------------
 
 
-def _detail(case: dict, i: int, with_plots: bool) -> str:
-    parts = [f'<p class="why"><b>{_e(case.get("id"))}</b>: {_e(case.get("reason"))}</p>']
-    if case.get("known_failure"):
-        parts.append(f'<p>known failure: {_e(case["known_failure"])}</p>')
-    if case.get("replay"):
-        parts.append(f'<p>reproduce: <code class="replay">{_e(case["replay"])}</code></p>')
-    parts.append(_checks(case))
-    parts.append(loopview.section(case, _anchor(case, i)))
-    loc = case.get("localization")
-    if isinstance(loc, dict):
-        parts.append(_localization(case, loc, _anchor(case, i), with_plots))
-    if case.get("traceback"):
-        parts.append(f"<details><summary>traceback</summary><pre>{_e(case['traceback'])}</pre></details>")
+def _detail(case: Shown, with_plots: bool) -> str:
+    v, anchor = case.verdict, _anchor(case.row)
+    parts = [f'<p class="why"><b>{_e(case.row.id)}</b>: {_e(v.reason)}</p>']
+    if v.known:
+        parts.append(f'<p>known failure: {_e(v.known)}</p>')
+    if case.replay:
+        parts.append(f'<p>reproduce: <code class="replay">{_e(case.replay)}</code></p>')
+    parts.append(_checks(v.checks))
+    parts.append(loopview.section(v.lifted, anchor))
+    if v.localization:
+        parts.append(_localization(v, anchor, with_plots))
+    if v.traceback:
+        parts.append(f"<details><summary>traceback</summary><pre>{_e(v.traceback)}</pre></details>")
     return "\n".join(parts)
 
 
-def _checks(case: dict) -> str:
-    checks = items(case.get("checks"))
+def _checks(checks: list[MergedCheck]) -> str:
     if not checks:
         return ""
     rows = "".join(
-        f'<tr><td>{_e(c.get("id"))}</td><td><span class="status s-{_e(c.get("status"))}">{_e(c.get("status"))}'
-        f'</span></td><td class="num">{_e(ranks_text(ints(c.get("failed_ranks"))))}</td>'
-        f'<td class="num">{_number(c.get("max_abs"))}</td><td class="num">{_number(c.get("max_rel"))}</td>'
-        f'<td class="num">{_number(c.get("atol"))}</td><td class="num">{_number(c.get("rtol"))}</td>'
-        f'<td class="reason">{_e(c.get("detail"))}</td></tr>' for c in checks)
+        f'<tr><td>{_e(c.id.value)}</td><td><span class="status s-{_e(c.status.value)}">{_e(c.status.value)}'
+        f'</span></td><td class="num">{_e(ranks_text(c.failed_ranks))}</td>'
+        f'<td class="num">{_number(c.max_abs)}</td><td class="num">{_number(c.max_rel)}</td>'
+        f'<td class="num">{_number(c.atol)}</td><td class="num">{_number(c.rtol)}</td>'
+        f'<td class="reason">{_e(c.detail)}</td></tr>' for c in checks)
     return ('<table class="checks"><thead><tr><th>check</th><th>status</th><th>failed ranks</th><th>max_abs</th>'
             f"<th>max_rel</th><th>atol</th><th>rtol</th><th>detail</th></tr></thead><tbody>{rows}</tbody></table>")
 
 
-def _localization(case: dict, loc: dict, anchor: str, with_plots: bool) -> str:
-    found = Localization.from_json(loc)
+def _localization(v: Verdict, anchor: str, with_plots: bool) -> str:
+    found = v.localization
     parts = ['<div class="localization">']
     for part, title, forward in found.forward_parts():
         if forward.decode_step is not None:
             title += f" ({forward.mode}, decode step {forward.decode_step:.0f})"
         parts.append(_forward_part(forward, title, f"{anchor}-{part}", with_plots))
     if found.grads is not None:
-        parts.append(_grads_part(found.grads, _check(case, "parity.grads"), anchor, with_plots))
+        parts.append(_grads_part(found.grads, v.check(CheckId.GRADS), anchor, with_plots))
     if found.steps is not None and not found.steps.error:
-        parts.append(_steps_part(found.steps, _check(case, "parity.steps"), anchor, with_plots))
+        parts.append(_steps_part(found.steps, v.check(CheckId.STEPS), anchor, with_plots))
     if found.not_run:
         parts.append(f'<p class="not-run">{_e(found.not_run)}</p>')
     return "\n".join(parts) + "</div>"
 
 
-def _steps_part(steps, check: dict, anchor: str, with_plots: bool) -> str:
+def _steps_part(steps, check: MergedCheck | None, anchor: str, with_plots: bool) -> str:
     """A failing parity.steps' first parting step, rerun: where it parts, then that step's forward (where it is
     the forward) and gradients (where they part), drawn as the case's own are."""
     count = {k: "?" if v is None else str(int(v)) for k, v in (("step", steps.step), ("of", steps.of))}
@@ -315,13 +328,14 @@ def _forward_part(forward: ForwardLocalization, title: str, prefix: str, with_pl
     return head + plot + rest
 
 
-def _grads_part(grads: GradsLocalization, check: dict, anchor: str, with_plots: bool) -> str:
+def _grads_part(grads: GradsLocalization, check: MergedCheck | None, anchor: str, with_plots: bool) -> str:
     params = grads.params or ()
     beyond = sum(p.within is False for p in params)
     head = (f'<h3>Gradients, parameter by parameter{_e(_from_ranks(grads.merged))}</h3>'
             f'<p class="where"><span class="num">{beyond}</span> of <span class="num">{len(params)}</span> '
             f"parameters beyond tolerance" + (f"; {_e(grads.pattern)}" if grads.pattern else "") + "</p>")
-    plot = _plot(lambda: plots.grads_svg(grads, check.get("atol"), check.get("rtol"), f"{anchor}-grads"),
+    tolerances = (check.atol, check.rtol) if check else (None, None)
+    plot = _plot(lambda: plots.grads_svg(grads, *tolerances, f"{anchor}-grads"),
                  "grads-plot", with_plots, params)
     state = {True: "ok", False: "beyond", None: ""}
     rows = "".join(f'<tr><td><code>{_e(p.param)}</code></td><td class="num">{_number(p.max_abs)}</td>'
@@ -344,15 +358,15 @@ def _plot(draw, kind: str, with_plots: bool, items: list) -> str:
 # -- known failures and skips -------------------------------------------------------------------------
 
 
-def _known(cases: list[dict], found) -> str:
+def _known(cases: list[Shown], found) -> str:
     """The known failures (`grouping.groups`): each entry's reason, the cases it covers, a replay, the links."""
     known = [g for g in found if g.kind in ("xfail", "xpass")]
     if not known:
         return ""
     entries = []
     for g in known:
-        links = ", ".join(f'<a href="#{_anchor(cases[r.index], r.index)}">{_e(r.id)}</a>' for r in g.rows)
-        replay = next((cases[r.index].get("replay") for r in g.rows if cases[r.index].get("replay")), None)
+        links = ", ".join(f'<a href="#{_anchor(r)}">{_e(r.id)}</a>' for r in g.rows)
+        replay = next((cases[r.index].replay for r in g.rows if cases[r.index].replay), None)
         xpass = g.kind == "xpass"
         entries.append(
             f'<li class="known{" xpass" if xpass else ""}"><p class="known-reason">'
@@ -364,9 +378,9 @@ def _known(cases: list[dict], found) -> str:
     return f'<section id="known"><h2>Known failures</h2><ul class="known-list">{"".join(entries)}</ul></section>'
 
 
-def _skips(cases: list[dict], found) -> str:
+def _skips(cases: list[Shown], found) -> str:
     """The skips, grouped as the terminal groups them (`grouping.groups`)."""
-    skipped = sum(c["status"] == "skip" for c in cases)
+    skipped = sum(c.row.status == "skip" for c in cases)
     if not skipped:
         return ""
     lines = [f"<li>{_e(g.never_line)}</li>" for g in found if g.kind == "never"]

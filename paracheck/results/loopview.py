@@ -4,7 +4,8 @@ held to (`steps`), as an inline SVG drawn here (no plotting library), on a log s
 
 The JSON a case carries: `steps`, a list of `{max_abs, bound, over}` per step (`over`: the worst element's
 |difference| over its own bound, > 1 beyond tolerance), `images`: `{reference, parallel, difference}` as base64 PNG
-with `height`, `width`, `max_abs`, `scale`, and `rank`, the rank they are from. Read defensively. Torch-free.
+with `height`, `width`, `max_abs`, `scale`, and `rank`, the rank they are from; read into typed records
+(`domain.lifted.LoopFigures`), which read what is not the schema's as absent. Torch-free.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import re
 import sys
 from html import escape
 
-from paracheck.domain.localization import items, number
+from paracheck.domain.lifted import LoopFigures, Pictures, StepError
+from paracheck.domain.localization import number
 
 #: What a picture must be to be shown: base64 text (anything else in a report is left out).
 BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")
@@ -27,53 +29,52 @@ def _e(value) -> str:
     return escape("" if value is None else str(value), quote=True)
 
 
-def has_view(case: dict) -> bool:
-    return bool(items(case.get("steps"))) or isinstance(case.get("images"), dict)
+def has_view(lifted: dict) -> bool:
+    return bool(LoopFigures.from_lifted(lifted))
 
 
-def section(case: dict, prefix: str) -> str:
-    """The case's pictures and step curve (empty when it carries neither)."""
-    if not has_view(case):
+def section(lifted: dict, prefix: str) -> str:
+    """The pictures and step curve a case's checks lifted (`Verdict.lifted`; empty when it carries neither)."""
+    figures = LoopFigures.from_lifted(lifted)
+    if not figures:
         return ""
     parts = ['<div class="loopview">']
-    images = case.get("images")
-    if isinstance(images, dict):
-        parts.append(_pictures(images, case.get("rank")))
-    steps = items(case.get("steps"))
-    if steps:
-        parts.append(f'<h3>Error after each step{_rank(case.get("rank"))}</h3>'
-                     f'<figure class="step-plot">{curve_svg(steps, prefix)}</figure>{_table(steps)}')
+    if figures.pictures is not None:
+        parts.append(_pictures(figures.pictures, figures.rank))
+    if figures.steps:
+        parts.append(f'<h3>Error after each step{_rank(figures.rank)}</h3>'
+                     f'<figure class="step-plot">{curve_svg(figures.steps, prefix)}</figure>{_table(figures.steps)}')
     return "\n".join(parts) + "</div>"
 
 
-def _rank(rank) -> str:
-    return f" (rank {rank}, the worst)" if isinstance(rank, int) and not isinstance(rank, bool) else ""
+def _rank(rank: int | None) -> str:
+    return f" (rank {rank}, the worst)" if rank is not None else ""
 
 
-def _pictures(images: dict, rank) -> str:
-    height, width = number(images.get("height")) or 1, number(images.get("width")) or 1
+def _pictures(images: Pictures, rank: int | None) -> str:
+    height, width = images.height or 1, images.width or 1
     factor = max(1, int(SHOWN // max(height, width)))
     size = f'width="{int(width * factor)}" height="{int(height * factor)}"'
-    shown = [("reference", "reference (one device)"), ("parallel", f"parallel{_rank(rank)}")]
-    worst = number(images.get("max_abs"))
-    if images.get("difference") is not None:
-        stretch = number(images.get("scale"))
+    shown = [("reference", "reference (one device)", images.reference),
+             ("parallel", f"parallel{_rank(rank)}", images.parallel)]
+    worst = images.max_abs
+    if images.has_difference:
+        stretch = images.scale
         what = (f"|difference|, x{stretch:.3g} (largest {worst:.2e})" if stretch else "|difference|: none")
-        shown.append(("difference", what))
+        shown.append(("difference", what, images.difference))
     figures = []
-    for key, caption in shown:
-        data = images.get(key)
-        if not isinstance(data, str) or not BASE64.match(data):
+    for key, caption, data in shown:
+        if data is None or not BASE64.match(data):
             continue
         figures.append(f'<figure class="picture {key}"><img alt="{_e(caption)}" {size} '
                        f'src="data:image/png;base64,{_e(data)}"><figcaption>{_e(caption)}</figcaption></figure>')
     return f'<h3>Output</h3><div class="pictures">{"".join(figures)}</div>'
 
 
-def _table(steps: list[dict]) -> str:
+def _table(steps: tuple[StepError, ...]) -> str:
     rows = "".join(
-        f'<tr><td class="num">{i + 1}</td><td class="num">{_num(s.get("max_abs"))}</td>'
-        f'<td class="num">{_num(s.get("bound"))}</td><td class="num">{_num(s.get("over"), ".2f")}</td></tr>'
+        f'<tr><td class="num">{i + 1}</td><td class="num">{_num(s.max_abs)}</td>'
+        f'<td class="num">{_num(s.bound)}</td><td class="num">{_num(s.over, ".2f")}</td></tr>'
         for i, s in enumerate(steps))
     return ('<details><summary>every step</summary><table class="steps"><thead><tr><th>step</th><th>max_abs</th>'
             f'<th>bound</th><th>over</th></tr></thead><tbody>{rows}</tbody></table></details>')
@@ -88,10 +89,10 @@ def _log(value: float | None, floor: float) -> float:
     return math.log10(max(value, floor)) if value is not None and math.isfinite(value) else math.log10(floor)
 
 
-def curve_svg(steps: list[dict], prefix: str, width: int = 480, height: int = 200) -> str:
+def curve_svg(steps: tuple[StepError, ...], prefix: str, width: int = 480, height: int = 200) -> str:
     """max_abs per step (a point each: red beyond its bound, `over` > 1) and the bound (dashed), log y."""
-    values = [number(s.get("max_abs")) for s in steps]
-    bounds = [number(s.get("bound")) for s in steps]
+    values = [s.max_abs for s in steps]
+    bounds = [s.bound for s in steps]
     seen = [v for v in values + bounds if v is not None and v > 0 and math.isfinite(v)]
     if not seen:
         return '<p class="note">no step has a figure to draw</p>'
@@ -120,7 +121,7 @@ def curve_svg(steps: list[dict], prefix: str, width: int = 480, height: int = 20
     path = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values) if v is not None)
     parts.append(f'<polyline class="error" points="{path}" fill="none" stroke="#424242"/>')
     for i, (step, v) in enumerate(zip(steps, values)):
-        beyond = (number(step.get("over")) or 0.0) > 1
+        beyond = (step.over or 0.0) > 1
         parts.append(f'<circle class="{"beyond" if beyond else "within"}" cx="{x(i):.1f}" cy="{y(v):.1f}" r="3.5" '
                      f'fill="{BAD_COLOR if beyond else OK_COLOR}"><title>step {i + 1}: max_abs {_num(v)}</title>'
                      '</circle>')

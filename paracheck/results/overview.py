@@ -3,12 +3,14 @@ linking to its case, so a reader sees the whole run at a glance.
 
 A cell holds every case of its model and layout (routes, variants, controls); it shows the status that needs a look
 first (`ORDER`), how many cases it holds, and links to the first case with that status (the page opens a linked
-case's row whatever the filters). Torch-free, pure.
+case's row whatever the filters). It reads each case's `grouping.Row`. Torch-free, pure.
 """
 
 from __future__ import annotations
 
 from html import escape
+
+from paracheck.results.grouping import Row
 
 #: What needs a look first; a cell shows the first of these its cases have.
 ORDER = ("fail", "error", "missed", "xpass", "xfail", "inconclusive", "pass", "detected", "skip")
@@ -24,22 +26,21 @@ def cell_status(statuses: list[str]) -> str:
     return known[0] if known else (statuses[0] if statuses else "")
 
 
-def cells(cases: list[dict], order: list[dict] | None = None) -> tuple[list[str], list[str], dict]:
-    """(models, layouts, (model, layout) -> [(index, case)]): models and layouts in the order `order` (the run's
-    order; default `cases`') first names them, each cell's cases with their index in `cases`."""
+def cells(cases: list[Row], order: list[Row] | None = None) -> tuple[list[str], list[str], dict]:
+    """(models, layouts, (model, layout) -> [row]): models and layouts in the order `order` (the run's order; default
+    `cases`') first names them, each cell's cases in the order of `cases`."""
     models, layouts, held = [], [], {}
     for case in order if order is not None else cases:
-        model, layout = str(case.get("model")), str(case.get("layout"))
-        models += [model] if model not in models else []
-        layouts += [layout] if layout not in layouts else []
-    for i, case in enumerate(cases):
-        held.setdefault((str(case.get("model")), str(case.get("layout"))), []).append((i, case))
+        models += [case.model] if case.model not in models else []
+        layouts += [case.layout] if case.layout not in layouts else []
+    for case in cases:
+        held.setdefault((case.model, case.layout), []).append(case)
     return models, layouts, held
 
 
-def grid(cases: list[dict], anchor, order: list[dict] | None = None) -> str:
-    """The section: a table of models (rows) by layouts (columns), in the run's order (`order`); `anchor(case,
-    index)` names the row of `cases[index]`."""
+def grid(cases: list[Row], anchor, order: list[Row] | None = None) -> str:
+    """The section: a table of models (rows) by layouts (columns), in the run's order (`order`); `anchor(row)` names
+    the page's row of a case."""
     if not cases:
         return ""
     models, layouts, held = cells(cases, order)
@@ -52,16 +53,16 @@ def grid(cases: list[dict], anchor, order: list[dict] | None = None) -> str:
             if not members:
                 tds.append('<td class="cell empty"></td>')
                 continue
-            status = cell_status([str(c.get("status")) for _, c in members])
-            i, shown = next((i, c) for i, c in members if str(c.get("status")) == status)
+            status = cell_status([c.status for c in members])
+            shown = next(c for c in members if c.status == status)
             counts = {}
-            for _, c in members:
-                counts[str(c.get("status"))] = counts.get(str(c.get("status")), 0) + 1
+            for c in members:
+                counts[c.status] = counts.get(c.status, 0) + 1
             ranked = sorted(counts.items(), key=lambda sn: ORDER.index(sn[0]) if sn[0] in ORDER else len(ORDER))
             title = f"{model} {layout}: " + ", ".join(f"{n} {s}" for s, n in ranked)
             extra = f' <span class="more">+{len(members) - 1}</span>' if len(members) > 1 else ""
             tds.append(f'<td class="cell c-{_e(status)}" data-model="{_e(model)}" data-layout="{_e(layout)}">'
-                       f'<a href="#{_e(anchor(shown, i))}" title="{_e(title)}">{_e(status)}{extra}</a></td>')
+                       f'<a href="#{_e(anchor(shown))}" title="{_e(title)}">{_e(status)}{extra}</a></td>')
         rows.append(f'<tr><th scope="row">{_e(model)}</th>{"".join(tds)}</tr>')
     return ('<section id="overview"><h2>The run at a glance</h2><table class="grid" id="grid"><thead><tr>'
             f'<th></th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></section>')

@@ -9,15 +9,30 @@ plain case already fails what the control must trip.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from paracheck.results import known, localization
 from paracheck.launch.attribution import ranks_named
 from paracheck.domain.case import Case
-from paracheck.domain.localization import Localization
+from paracheck.domain.localization import Localization, integer, ints, number, text
 from paracheck.domain.registry import get_control
 from paracheck.domain.records import (TO_CASE, CaseStatus, CheckId, CheckResult, Failure, FailureKind, Finding,
-                                      MergedCheck, RankResult, RankStatus, Route, Status)
+                                      MergedCheck, RankResult, RankStatus, Route, Status, enum_value)
+
+#: The adapter of a case read back from a report (`Verdict.from_json`): a report does not name it.
+FROM_REPORT = "(read from a report)"
+#: What a report writes of each case besides the verdict's own fields (`report.to_json`): never lifted.
+REPORT_FIELDS = ("replay", "resumed")
+
+
+@dataclass(frozen=True)
+class NamedLayout:
+    """A layout as a report names it, its name and order: a verdict read back from JSON holds it as its case's
+    layout (`Verdict.from_json`), since a report does not say whose grammar parses the name, and a reader of a
+    report needs none."""
+    name: str
+    order: str = "cp-fastest"
 
 
 @dataclass
@@ -86,6 +101,7 @@ class Verdict:
                 "attention_backend": self.attention_backend, "status": self.status.value, "reason": self.reason,
                 "checks": [m.to_json() for m in self.checks], "fit": self.fit,
                 "findings": [f"input not split on {ranks_named(f.ranks)}: {f.message}" for f in self.findings],
+                **({"findings_seen": [f.to_json() for f in self.findings]} if self.findings else {}),
                 "seconds": self.seconds, "timings": self.timings, "peak_rss_mb": self.peak_rss_mb,
                 "rss_mb": self.rss_mb, "cpu_seconds": self.cpu_seconds, "threads": self.threads,
                 "process_groups": self.process_groups}
@@ -100,6 +116,77 @@ class Verdict:
             data.update(error_ranks=self.cause_ranks, secondary_ranks=self.secondary_ranks, traceback=self.traceback,
                         stacks={str(k): v for k, v in self.stacks.items()})
         return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Verdict":
+        """A report's case read back, by the fields `to_json` writes: `from_json(v.to_json()).to_json() ==
+        v.to_json()`. Never raises on a field that is not the schema's: it reads as absent (a check this version
+        does not know is left out; a status it does not know reads as an error, something to look at). What a
+        report does not carry is absent too: the case's factory and adapter (`FROM_REPORT`), the route it asked for
+        (the case holds the one that ran), its tolerances, the model class. Every top-level field that is not the
+        verdict's is what its checks lifted (`lifted`), the report's own (`REPORT_FIELDS`) excepted."""
+        options, stacks = data.get("cp_options"), data.get("stacks")
+        route = enum_value(Route, data.get("route")) or Route.AUTO
+        case = Case(_text(data.get("model"), ""), "", NamedLayout(_text(data.get("layout"), ""),
+                                                                 _text(data.get("order"), "cp-fastest")),
+                    route, text(data.get("control")), variant=_text(data.get("variant"), "base"),
+                    dtype=_text(data.get("dtype"), "fp32"), library=FROM_REPORT,
+                    cp_options=tuple(options.items()) if isinstance(options, dict) else ())
+        checks = [MergedCheck.from_json(c) for c in _list(data.get("checks"))]
+        findings = ([Finding.from_json(f) for f in _list(data.get("findings_seen"))] if "findings_seen" in data
+                    else [_finding_line(f) for f in _list(data.get("findings"))])
+        timings = data.get("timings") if isinstance(data.get("timings"), dict) else {}
+        return cls(
+            case, enum_value(CaseStatus, data.get("status")) or CaseStatus.ERROR, route,
+            _text(data.get("reason"), ""), [c for c in checks if c is not None], _texts(data.get("fit")),
+            [f for f in findings if f is not None], ints(data.get("error_ranks")), ints(data.get("secondary_ranks")),
+            _text(data.get("traceback"), ""),
+            {int(k): v for k, v in stacks.items() if str(k).isdigit() and isinstance(v, str)}
+            if isinstance(stacks, dict) else {},
+            text(data.get("known_failure")) or None, Failure.from_json(data.get("failure")),
+            text(data.get("attention_backend")), number(data.get("seconds")) or 0.0, None,
+            _texts(data.get("inputs")), {str(k): v for k, v in timings.items() if number(v) is not None},
+            *(_numbers(data.get(k)) for k in ("peak_rss_mb", "rss_mb", "cpu_seconds")),
+            *([v for v in _list(data.get(k)) if integer(v) is not None] for k in ("threads", "process_groups")),
+            Localization.from_json(data.get("localization")),
+            {k: v for k, v in data.items() if k not in _WRITTEN and k not in REPORT_FIELDS})
+
+
+#: The top-level fields `Verdict.to_json` writes of the verdict itself (any other is lifted).
+_WRITTEN = frozenset(("id model layout order route variant dtype cp_options inputs control attention_backend status "
+                      "reason checks fit findings findings_seen seconds timings peak_rss_mb rss_mb cpu_seconds threads "
+                      "process_groups localization failure known_failure error_ranks secondary_ranks traceback "
+                      "stacks").split())
+
+
+#: A finding as `findings` words it: what a report written before `findings_seen` (or by hand) holds alone.
+_FINDING_LINE = re.compile(r"input not split on ranks? ((?:\d+(?:-\d+)?)(?:,\d+(?:-\d+)?)*|): (.*)", re.DOTALL)
+
+
+def _finding_line(line) -> Finding | None:
+    found = _FINDING_LINE.fullmatch(line) if isinstance(line, str) else None
+    if not found:
+        return None
+    spans = [[int(n) for n in part.split("-")] for part in found[1].split(",") if part]
+    return Finding(found[2], [r for span in spans for r in range(span[0], span[-1] + 1)])
+
+
+def _text(value, default: str) -> str:
+    found = text(value)
+    return default if found is None else found
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _texts(value) -> list[str]:
+    return [v for v in _list(value) if isinstance(v, str)]
+
+
+def _numbers(value) -> list:
+    """The figures in a list, as written (an int stays an int)."""
+    return [v for v in _list(value) if number(v) is not None]
 
 
 def merge_checks(ranks: list[RankResult]) -> list[MergedCheck]:

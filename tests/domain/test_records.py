@@ -92,3 +92,11 @@ def test_rank_progress_and_todo_round_trip_and_a_torn_progress_file_reads_as_non
     assert RankProgress.from_json({"index": 3, "started": 1.0}) is None  # another version's file
     assert Todo.from_json(Todo((3, 1, 2)).to_json()) == Todo((3, 1, 2))
     assert Todo.from_json(Todo(feed_from=5).to_json()).feed_from == 5
+
+
+def test_a_run_event_round_trips_and_one_that_is_not_the_schemas_reads_as_absent():
+    from paracheck.domain.records import RunEvent
+
+    event = RunEvent("hang", 3, "rank 1 stuck")
+    assert RunEvent.from_json(event.to_json()) == event
+    assert RunEvent.from_json({"kind": ["x"], "index": "2"}) == RunEvent("", None, "") and RunEvent.from_json(3) is None

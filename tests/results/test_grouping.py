@@ -35,7 +35,7 @@ def verdicts(draw) -> list[Verdict]:
 @given(verdicts())
 def test_a_verdict_and_its_json_read_into_the_same_row_and_group_alike(vs):
     from_verdicts = [Row.of_verdict(i, v) for i, v in enumerate(vs)]
-    from_json = [Row.of_json(i, v.to_json()) for i, v in enumerate(vs)]
+    from_json = [Row.of_verdict(i, Verdict.from_json(v.to_json())) for i, v in enumerate(vs)]
     assert from_verdicts == from_json
     assert groups(from_verdicts) == groups(from_json)
 

@@ -9,6 +9,7 @@ from hypothesis import given, strategies as st
 
 from paracheck.domain.case import Case
 from paracheck.adapters.diffusers.layout import DiffusersLayout
+from paracheck.domain.lifted import LoopFigures
 from paracheck.domain.records import TO_CASE, CheckId, CheckResult, RankResult, RankStatus, Status
 from paracheck.results import html, loopview, overview
 from paracheck.results.verdict import lifted, merge
@@ -36,7 +37,7 @@ def test_the_grid_has_a_cell_per_model_and_layout_each_linking_to_a_case_of_it(c
     if not cases:
         assert 'id="grid"' not in page
         return
-    models, layouts, held = overview.cells(cases)
+    models, layouts, held = overview.cells([c.row for c in html.read({"cases": cases})])
     grid = page[page.index('id="grid"'):page.index("</table>", page.index('id="grid"'))]
     assert grid.count('<tr><th scope="row">') == len(models)
     assert grid.count('class="cell c-') == len(held)
@@ -62,7 +63,7 @@ def _steps(values, bound=1e-5):
 
 @given(st.lists(st.one_of(st.none(), st.floats(0, 1e3), st.just(float("nan")), st.just(float("inf"))), max_size=9))
 def test_the_step_curve_draws_any_figures(values):
-    svg = loopview.curve_svg(_steps(values), "p")
+    svg = loopview.curve_svg(LoopFigures.from_lifted({"steps": _steps(values)}).steps, "p")
     assert svg.startswith(("<svg", "<p"))
     drawn = [v for v in values if v is not None]
     if any(v > 0 and v == v and v != float("inf") for v in drawn):
@@ -111,3 +112,11 @@ def test_what_a_check_lifts_never_replaces_the_cases_own_fields():
     rank.checks[0].data[TO_CASE]["status"] = "pass"
     case = Case("m", "f:x", DiffusersLayout.parse("u2"), library="diffusers")
     assert merge(case, [rank]).to_json()["status"] == "fail"
+
+
+def test_what_a_case_lifted_that_is_not_the_schemas_reads_as_absent():
+    """Another version's report: a step that is no object is left out, a figure that is no number, a rank that is no
+    integer and pictures that are no object read as absent; nothing raises."""
+    found = LoopFigures.from_lifted({"steps": [3, {"max_abs": "x", "bound": 1e-5}], "images": 4, "rank": True})
+    assert [(s.max_abs, s.bound) for s in found.steps] == [(None, 1e-5)] and found.pictures is None
+    assert found.rank is None and found and not LoopFigures.from_lifted({"images": [1], "steps": "x"})

@@ -1,13 +1,18 @@
 """Merging rank results into verdicts, the control rules, and known failures: pure, in process."""
 
+import json
+
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from paracheck.results import known
 from paracheck.domain.case import Case
 from paracheck.adapters.diffusers.layout import DiffusersLayout
-from paracheck.domain.records import CaseStatus, CheckId, CheckResult, RankResult, RankStatus, Route, Status
-from paracheck.results.verdict import inconclusive_rule, judge_controls, merge, outcome_for_test
+from paracheck.domain.localization import Localization
+from paracheck.domain.records import (CaseStatus, CheckId, CheckResult, Failure, FailureKind, Finding, MergedCheck,
+                                      RankResult, RankStatus, Route, Status)
+from tests.domain.test_localization import localizations
+from paracheck.results.verdict import NamedLayout, Verdict, inconclusive_rule, judge_controls, merge, outcome_for_test
 
 U4 = DiffusersLayout.parse("u4")
 
@@ -232,3 +237,75 @@ def test_covered_names_a_route_only_where_one_model_runs_a_layout_by_several():
     wan = merge(_case(model="wan", layout=U4), _ranks({}))
     rows = [Row.of_verdict(i, v) for i, v in enumerate([native, loaded, uneven, wan])]
     assert covered(rows) == "flux: tp4 native, tp4 sharded-load; flux uneven bf16, wan: u4"
+
+
+# -- a verdict written to JSON and read back ---------------------------------------------------------
+
+_words = st.text(max_size=6)
+_ranks_drawn = st.lists(st.integers(0, 7), max_size=3)
+_figure = st.none() | st.floats(-1e6, 1e6)
+_json_values = st.recursive(st.none() | st.booleans() | st.integers(-9, 9) | _words,
+                            lambda inner: st.lists(inner, max_size=2) | st.dictionaries(_words, inner, max_size=2),
+                            max_leaves=4)
+_failures = st.none() | st.builds(Failure, st.sampled_from(list(FailureKind)),
+                                  st.none() | st.sampled_from(list(CheckId)), _words, _words, _words, _words)
+_merged = st.builds(MergedCheck, st.sampled_from(list(CheckId)), st.sampled_from(list(Status)), _ranks_drawn, _figure,
+                    _figure, _figure, _figure, _words, st.none() | st.integers(0, 7),
+                    st.dictionaries(_words, _json_values, max_size=2), _failures,
+                    st.dictionaries(_words, st.booleans(), max_size=2))
+_cases = st.builds(lambda model, layout, order, route, control, variant, dtype, options: Case(
+    model, "x:make", NamedLayout(layout, order), route, control, variant=variant, dtype=dtype,
+    cp_options=tuple(options.items()), library="diffusers"),
+    _words, _words, st.sampled_from(["cp-fastest", "tp-fastest"]), st.sampled_from(list(Route)), st.none() | _words,
+    _words, _words, st.dictionaries(_words, st.booleans() | st.integers(0, 3), max_size=2))
+#: What checks lift to a case (`records.TO_CASE`): fields that are not the verdict's own.
+_lifted = st.dictionaries(st.sampled_from(["steps", "images", "rank"]) | _words.map("x_".__add__), _json_values,
+                          max_size=3)
+
+
+@st.composite
+def _verdicts(draw):
+    floats = st.lists(st.floats(0, 1e4), max_size=3)
+    return Verdict(
+        draw(_cases), draw(st.sampled_from(list(CaseStatus))), draw(st.sampled_from(list(Route))), draw(_words),
+        draw(st.lists(_merged, max_size=3)), draw(st.lists(_words, max_size=2)),
+        draw(st.lists(st.builds(Finding, _words, _ranks_drawn), max_size=2)), draw(_ranks_drawn), draw(_ranks_drawn),
+        draw(_words), draw(st.dictionaries(st.integers(0, 7), _words, max_size=2)), draw(st.none() | _words),
+        draw(_failures), draw(st.none() | _words), draw(st.floats(0, 1e4)), None, draw(st.lists(_words, max_size=2)),
+        draw(st.dictionaries(_words, st.floats(0, 1e4), max_size=2)), draw(floats), draw(floats), draw(floats),
+        draw(st.lists(st.integers(0, 99), max_size=3)), draw(st.lists(st.integers(0, 99), max_size=3)),
+        draw(st.just(Localization()) | localizations), draw(_lifted))
+
+
+@settings(max_examples=30, deadline=None)
+@given(_verdicts())
+def test_a_verdict_written_and_read_back_writes_the_same_json(v):
+    """`Verdict.from_json(v.to_json()).to_json() == v.to_json()`, through a JSON document too (the report's file)."""
+    written = v.to_json()
+    assert Verdict.from_json(written).to_json() == written
+    through = json.loads(json.dumps(written))
+    assert json.dumps(Verdict.from_json(through).to_json(), sort_keys=True) == json.dumps(through, sort_keys=True)
+
+
+def test_a_report_case_that_is_not_the_schemas_reads_as_absent():
+    """Another version's report, or a hand-edited one: nothing raises; what is no field of ours reads as absent."""
+    v = Verdict.from_json({"status": "weird", "route": 3, "model": None, "layout": 4, "checks": [
+        {"id": "parity.new", "status": "fail"}, {"id": "parity.forward", "status": "odd"}, 7,
+        {"id": "parity.grads", "status": "fail", "failed_ranks": [1, "x", True], "max_abs": "big", "facets": 3,
+         "failure": {"kind": "new-kind"}}], "failure": {"kind": "check", "check": "parity.new", "site": [1]},
+        "stacks": {"1": "tb", "x": "y", "2": 3}, "seconds": "slow", "peak_rss_mb": "x", "findings": ["unparsed", 3]})
+    assert v.status == CaseStatus.ERROR and v.route == Route.AUTO and v.case.model == "" and v.case.layout.name == "4"
+    [grads] = v.checks
+    assert (grads.id, grads.failed_ranks, grads.max_abs, grads.facets, grads.failure) == (CheckId.GRADS, [1], None, {},
+                                                                                           None)
+    assert v.failure == Failure(FailureKind.CHECK) and v.stacks == {1: "tb"} and v.seconds == 0.0
+    assert v.peak_rss_mb == [] and v.findings == [] and v.lifted == {}
+
+
+def test_findings_a_report_words_alone_are_read_back_with_their_ranks():
+    """A report written before `findings_seen` carries each finding as a line; it is read back whole."""
+    line = "input not split on ranks 0-2,5: Expected input tensor to have 2 dimensions: split will not be applied."
+    [found] = Verdict.from_json({"status": "pass", "findings": [line]}).findings
+    assert (found.ranks, found.message) == ([0, 1, 2, 5], line.split(": ", 1)[1])
+    v = Verdict.from_json({"status": "pass", "findings": [line]})
+    assert v.to_json()["findings"] == [line] and v.to_json()["findings_seen"] == [found.to_json()]

@@ -70,6 +70,20 @@ def config(name: str):
     return getattr(transformers, class_name)(**fields)
 
 
+def write(model, path: str) -> None:
+    """`model.save_pretrained(path)` without transformers' "Writing model shards" bar: the host writes checkpoints
+    between its own progress lines (a sweep's one per family), and the bar's carriage returns garble them."""
+    from transformers.utils import logging
+
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path)
+    finally:
+        if shown:
+            logging.enable_progress_bar()
+
+
 def save(name: str, folder: str) -> str:
     """Write fixture `name` into `folder/<name>` with `save_pretrained` (unless it is there); returns the path.
     Deterministic: a fixed seed on CPU, so every process that builds it writes the same weights."""
@@ -83,7 +97,7 @@ def save(name: str, folder: str) -> str:
         torch.manual_seed(SEED)
         model = AutoModelForCausalLM.from_config(config(name), dtype=torch.float32)
     tmp = f"{path}.tmp{os.getpid()}"
-    model.save_pretrained(tmp)
+    write(model, tmp)
     try:
         os.rename(tmp, path)  # atomic: a reader sees no checkpoint or a whole one
     except OSError:  # another process wrote it first: same weights

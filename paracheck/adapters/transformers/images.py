@@ -23,7 +23,12 @@ TEXT_ID = 1
 
 
 class NoBuilder(ValueError):
-    """A vision-language family whose image inputs the kit cannot make."""
+    """A vision-language family whose image inputs the kit cannot make: `model_type`, and `why` (the same sentence
+    for every family without a builder, so a report groups them as one reason)."""
+
+    def __init__(self, model_type: str, why: str):
+        super().__init__(f"{model_type}: {why}")
+        self.model_type, self.why = model_type, why
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,11 @@ def _llama4(config) -> None:
     vision.projector_input_dim = vision.projector_output_dim = vision.vision_output_dim = vision.hidden_size
 
 
+def _idefics2(config) -> None:
+    """Idefics2's perceiver resamples each image to `resampler_n_latents` features, its placeholder count."""
+    config.perceiver_config.resampler_n_latents = SIDE * SIDE
+
+
 def _anyres(config) -> None:
     """One grid cell: the image is its own best fit, so the tiles are the resized base image and one crop."""
     size = config.vision_config.image_size
@@ -168,6 +178,10 @@ BUILDERS = {
     "lighton_ocr": Builder(merge=2, configure=_pixtral, sizes=True),
     "llava_next_video": Builder(side=1, more=_newlines, configure=_anyres, tiles=2, sizes=True),
     "got_ocr2": Builder(merge=4),  # its neck convolves the patches down 4 a side
+    "video_llava": Builder(more=_cls_kept),
+    "idefics2": Builder(configure=_idefics2, tiles=1),
+    "glm46v": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "glm_ocr": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
 }
 
 #: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
@@ -176,6 +190,9 @@ REFUSED = {
     "deepseek_vl_hybrid": "each image is also a second, high-resolution tensor (high_res_pixel_values) of its own "
                           "tower",
     "emu3": "its images are a VQ tokenizer's codes in the text, not a vision tower's features",
+    "shieldgemma2": "the mapping builds Gemma3ForConditionalGeneration from ShieldGemma2Config, whose checkpoint "
+                    "conversion writes every weight under a second prefix (model.model.language_model.model.*) that "
+                    "from_pretrained does not read back: even one process reloads it at random",
 }
 
 
@@ -190,7 +207,7 @@ def builder(config) -> Builder:
         why = REFUSED.get(config.model_type) or (f"the kit makes image inputs for {', '.join(sorted(BUILDERS))} "
                                                  "only (each family's processor turns an image into its own "
                                                  "placeholders and tensors)")
-        raise NoBuilder(f"{config.model_type}: {why}")
+        raise NoBuilder(config.model_type, why)
     return found
 
 

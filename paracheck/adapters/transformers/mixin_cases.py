@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from paracheck.adapters.transformers.controls import applicable
-from paracheck.adapters.transformers.fixtures import SEED, VARIANTS
+from paracheck.adapters.transformers.fixtures import SEED, VARIANTS, write
 from paracheck.adapters.transformers.layout import TfLayout, cp_supported, layouts_for
 from paracheck.adapters.transformers.cases import cases_on
 
@@ -55,7 +55,7 @@ def write_checkpoint(config, model_class, folder: str) -> str:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         model = model_class(config) if model_class else AutoModelForCausalLM.from_config(config)
-    model.to(torch.float32).save_pretrained(path)
+    write(model.to(torch.float32), path)
     return path
 
 

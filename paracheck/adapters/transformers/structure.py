@@ -103,8 +103,22 @@ def check_placements(model, reference, layout) -> CheckResult:
         if fsdp:
             problems += _fsdp_problems(name, param, layout, expert=_dispatched(name, ep))
     problems += _hook_problems(model, tp, ep, fsdp)
+    sharded, unapplied = tp_coverage(params, layout)
+    problems += unapplied
     return CheckResult(CheckId.TP_SHARDS, Status.FAIL if problems else Status.PASS, problems_text(problems),
-                       data={"parameters": len(params)})
+                       data={"parameters": len(params), "tp_sharded": sharded})
+
+
+def tp_coverage(params: dict, layout) -> tuple[int, list[str]]:
+    """How many parameters are split on the tp mesh, and a problem where a layout with tensor parallelism splits
+    none: every module then runs whole on every rank, so every parity check passes exactly whatever the plan
+    says, and the placements above (read from that same plan) expect nothing. qwen3_vl's plan splits 2 of its 376
+    (the vocabulary's embedding and head), which counts."""
+    sharded = sum(type(_placement(p, "tp")).__name__ in ("Shard", "_StridedShard") for p in params.values())
+    if layout.tp > 1 and not sharded:
+        return 0, [f"tensor parallelism applied to nothing: the layout has tp={layout.tp}, but none of the "
+                   f"{len(params)} parameters is sharded on the tp mesh (the TP plan's rules split no parameter)"]
+    return sharded, []
 
 
 def _dispatched(name: str, ep: dict) -> bool:

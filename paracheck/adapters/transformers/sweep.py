@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from paracheck.adapters.transformers import fitting, tasks
+from paracheck.adapters.transformers import fitting, fixtures, tasks
 from paracheck.adapters.transformers.controls import applicable
 from paracheck.domain.adapter import Swept
 from paracheck.domain.case import Case
@@ -111,7 +111,10 @@ def fitted(family: Family, world: int, dtype: str = "fp32") -> Family:
                             itemsize=fitting.ITEMSIZE[dtype])
         fit = fitting.fit(tiny, need)
         config = tasks.prepared(fit.config, family.task)
-    except (fitting.Unfittable, NoBuilder) as exc:
+    except NoBuilder as exc:  # the case names the family: the reason alone, so the report groups them
+        family.refused = exc.why
+        return family
+    except fitting.Unfittable as exc:
         family.refused = str(exc)
         return family
     family.config, family.changes = config, fit.changes
@@ -206,7 +209,7 @@ def build(family: Family, folder: str):
             torch.manual_seed(0)
             model = auto.from_config(family.config, dtype=torch.float32)
             _nonzero_biases(model, zero_weights=family.task is tasks.IMAGE_TEXT)
-        model.save_pretrained(path)
+        fixtures.write(model, path)
     except ImportError as exc:  # an optional dependency the family's modeling code needs: a named skip
         return RankStatus.SKIP, f"{family.name} cannot be built here: {type(exc).__name__}: {exc}".splitlines()[0]
     except Exception as exc:  # the fitted tiny config does not build: the kit's tiny rule, reported as an error

@@ -42,6 +42,17 @@ def test_every_family_with_a_tp_plan_is_planned_and_every_case_fits_or_is_refuse
             assert case.layout.world == 4
 
 
+def test_families_without_an_image_builder_are_refused_with_one_reason(whole):
+    """The case names the family, so the reason does not: the report and the matrix group them as one."""
+    from paracheck.adapters.transformers import images
+
+    cases, refused, _ = whole
+    unbuilt = {cases[i].model: refused[i] for i in refused
+               if tasks.by_suffix(cases[i].model)[1] is tasks.IMAGE_TEXT and "the kit makes image inputs" in refused[i]}
+    assert len(unbuilt) > 1 and len(set(unbuilt.values())) == 1
+    assert not any(tasks.by_suffix(family)[0] in images.BUILDERS for family in unbuilt)
+
+
 def test_shards_partition_the_sweep_and_keep_each_family_whole():
     cases, _, _ = sweep.plan(_args("all-token-cls"))  # one task's families: the rule is the same for every task
     parts = [sweep.plan(_args("all-token-cls", shard=f"{i}/3"))[0] for i in (1, 2, 3)]

@@ -156,6 +156,18 @@ def test_cases_round_trip_through_json_with_their_library_and_layout():
     assert back == case and back.library == "transformers" and back.layout.grammar is TfLayout
 
 
+def test_a_checkpoint_the_host_writes_prints_no_progress_bar_and_leaves_the_setting(tmp_path, capfd):
+    from transformers.utils import logging
+
+    from paracheck.adapters.transformers.fixtures import save
+
+    shown = logging.is_progress_bar_enabled()
+    path = save("llama", str(tmp_path))
+    assert "Writing model shards" not in capfd.readouterr().err  # it garbled a sweep's per-family lines
+    assert logging.is_progress_bar_enabled() == shown and (tmp_path / "transformers-llama" / "config.json").exists()
+    assert path.endswith("transformers-llama")
+
+
 def test_cli_builds_transformers_cases_with_their_grammar_and_controls():
     from paracheck.cli.main import parser, build_cases
     from paracheck.domain.backends import get_backend
