@@ -4,7 +4,7 @@
 
 Tiny Flux (the bundled fixture at 4 heads) is parallelized through the kit's routes on every rank (with the
 gloo shims), then one forward runs twice: under torch's `CommDebugMode` (which counts collectives but
-not their groups), and under `paracheck.checks.collectives.count_collectives` (which keys them by group). Each rank
+not their groups), and under `paracheck.adapters.diffusers.collectives.count_collectives` (which keys them by group). Each rank
 checks its output against the one-device reference and runs the `structure.collectives` check.
 Rank 0 prints one line per case and rank; `--json` writes everything.
 """
@@ -41,10 +41,10 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]
     from paracheck.adapters.diffusers import library
     from paracheck.adapters.diffusers.attention import cpu_lse_attention
     from paracheck.domain.backends import get_backend
-    from paracheck.checks.collectives import check_counts, count_collectives
+    from paracheck.adapters.diffusers.collectives import check_counts, count_collectives
     from paracheck.domain.registry import get_control
     from paracheck.fixtures import flux
-    from paracheck.domain.layout import Layout
+    from paracheck.adapters.diffusers.layout import DiffusersLayout
     from paracheck.domain.records import Route
     from paracheck.adapters.diffusers.routes import apply, resolve_route
 
@@ -64,7 +64,7 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str | None]
         expected = reference(**inputs, return_dict=False)[0]
     results = []
     for name, control in cases:
-        layout = Layout.parse(name)
+        layout = DiffusersLayout.parse(name)
         model = cls(**init).eval()
         model.load_state_dict(reference.state_dict())
         planted = get_control(control) if control else None

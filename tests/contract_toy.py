@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from paracheck.domain.case import Case
-from paracheck.domain.layout import Layout
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 from paracheck.domain.records import CheckId
 
 
@@ -16,7 +16,7 @@ class ToyAdapter:
     columns = (CheckId.FORWARD,)
 
     def parse_layout(self, name, order="cp-fastest"):
-        return Layout.parse(name, order)
+        return DiffusersLayout.parse(name, order)
 
     def fixtures(self):
         return {"toy1": "tests.contract_toy:make"}

@@ -2,7 +2,7 @@
 so a control added there cannot pass unnoticed as inconclusive or skipped."""
 
 from paracheck.domain.registry import controls
-from paracheck.domain.layout import Layout
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 
 
 def undetected(report_cases: list[dict], library: str, elsewhere=()) -> list[str]:
@@ -20,7 +20,7 @@ def undetected(report_cases: list[dict], library: str, elsewhere=()) -> list[str
             where = f"{name} on {c['model']} {c['layout']} {c.get('variant', 'base')}"
             if c["status"] == "missed":
                 problems.append(f"{where}: missed ({c['reason']})")
-            applies = control.skip_reason(Layout.parse(c["layout"], c.get("order") or "cp-fastest"), c.get("route") or None) is None
+            applies = control.skip_reason(DiffusersLayout.parse(c["layout"], c.get("order") or "cp-fastest"), c.get("route") or None) is None
             if applies and plain.get((c["model"], c["layout"], c.get("variant", "base"))) == "pass" \
                     and c["status"] != "detected":
                 problems.append(f"{where}: {c['status']} though it applies and the plain case passed ({c['reason']})")

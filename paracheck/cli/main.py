@@ -19,7 +19,7 @@ from paracheck.domain.case import ROUTES, Case, SpecError
 from paracheck.cli.common import (UsageError, add_after_hang, add_order, add_timeout, check_choice, check_dtypes, check_order,
                                   check_timeout, check_writable, named_models, raise_interrupt, signal_of)
 from paracheck.results.report import run_meta
-from paracheck.domain.layout import LayoutError, layouts_for, parse_layouts
+from paracheck.domain.layout import LayoutError
 from paracheck.launch.protocol import Exit
 from paracheck.cli.tiers import add_all, add_training, choose as choose_tier
 
@@ -356,7 +356,6 @@ def _launch(args, backend, cases: list[Case], entries, carried: list[dict], swep
 
 
 def topology(args) -> int:
-    from paracheck.domain.layout import fit_heads
     simulators = _simulators()
     if getattr(args, "simulate", False):
         return simulators[0].topology_simulate(args)
@@ -369,18 +368,14 @@ def topology(args) -> int:
         raise UsageError(f"--world {args.world}: must be >= 1")
     if args.heads < 1:
         raise UsageError(f"--heads {args.heads}: must be >= 1")
-    layouts = parse_layouts(args.layout, args.world, args.order) if args.layout else layouts_for(args.world, args.order)
+    judges = [a for a in registry.adapters().values() if a.provides("topology_layouts")]
+    if not judges:
+        raise UsageError("topology: no adapter here judges layouts by head count")
     bad = 0
-    for layout in layouts:
-        problems = backend.problems(layout)
-        if args.heads % layout.head_multiple:
-            problems.append(f"{args.heads} heads: tp x ulysses = {layout.head_multiple} must divide them "
-                            f"(nearest fit: {fit_heads(args.heads, layout)})")
-        groups = f"tp groups {layout.groups(('tp',))}, cp groups {layout.groups(('ring', 'ulysses'))}"
-        print(f"{layout.name:12} {'ok' if not problems else 'no':3} {'; '.join(problems) or groups}")
+    for name, problems, groups in judges[0].topology_layouts(backend, args.world, args.heads, args.layout, args.order):
+        print(f"{name:12} {'ok' if not problems else 'no':3} {'; '.join(problems) or groups}")
         bad += bool(problems)
     return Exit.FAILED if args.layout and bad else Exit.OK
-
 
 if __name__ == "__main__":
     sys.exit(main())

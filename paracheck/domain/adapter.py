@@ -250,6 +250,9 @@ ADAPTER = Spec("adapter", declared(Adapter, (
     #: (SweepRequest) -> Swept: `--models LIBRARY:NAMES`, the library's own families, planned and built (what
     #: it cannot take is a ValueError naming the argument), for the host to launch.
     optional("sweep", ("request",), _absent("sweep of its library's families")),
+    #: (backend, world, heads, layouts, order) -> [(layout name, [problems], groups)]: `topology` without --simulate,
+    #: every layout of `world` ranks (or those `layouts` names) judged by the backend's rules and a head count.
+    optional("topology_layouts", ("backend", "world", "heads", "layouts", "order"), _absent("topology by head count")),
     #: `topology --simulate`: the adapter's options on the parser, its refusals without --simulate, the simulation.
     optional("topology_arguments", ("parser",), lambda who, parser: None),
     optional("topology_reject", ("args",), lambda who, args: None),

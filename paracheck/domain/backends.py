@@ -9,8 +9,6 @@ import glob
 import os
 from dataclasses import dataclass
 
-from paracheck.domain.layout import Layout
-
 BACKENDS = ("gloo", "nccl", "neuron")
 
 #: Neuron's all-to-all accepts only contiguous replica groups of these sizes (or multiples of 32).
@@ -27,22 +25,6 @@ class Backend:
     name: str
     dist_backend: str
     device_type: str
-
-    def problems(self, layout: Layout) -> list[str]:
-        """Why this backend cannot run `layout`; empty when it can."""
-        found = []
-        if self.name == "neuron" and layout.ulysses > 1:
-            u = layout.ulysses
-            if not neuron_alltoall_takes(u):
-                found.append(
-                    f"ulysses degree {u}: Neuron's all-to-all takes groups of 4, 8, 16 or a multiple of 32"
-                )
-            if layout.has_tp and layout.order == "tp-fastest":
-                found.append(
-                    "--order tp-fastest makes Ulysses groups strided, and Neuron's all-to-all only accepts "
-                    "contiguous replica groups; use --order cp-fastest"
-                )
-        return found
 
     def group_problems(self, alltoall_ranks: list[int]) -> list[str]:
         """Why this backend cannot run an all-to-all over the process group `alltoall_ranks` (ranks in

@@ -1,7 +1,11 @@
-"""Layouts: the degree of each parallelism, and the device mesh they imply.
+"""Layouts: the degree of each parallel dimension, by name, and the device mesh they imply (one host concept).
 
-`Layout` owns the arithmetic from "tp2xu2" to mesh dimensions, rank coordinates and process groups.
-Everything else asks it instead of recomputing strides, so the checks and the routes cannot disagree
+A `Layout` is what every adapter's layout name parses into, in the manner of torchtitan's `ParallelDims`: ordered
+(dimension, degree) pairs, validated once; the mesh's dimension names and shape in order; each rank's coordinates
+and the ranks of a group along any dimensions. Each adapter declares its grammar (`Grammar`: its dimensions, how a
+name spells them, the mesh order, the kind of parallelism each dimension is) and parses its names with it; the host
+asks the layout only questions in those terms (a degree by name, the product of a kind's dimensions, a group), so it
+never names one library's dimensions. The arithmetic lives here once, so the checks and the routes cannot disagree
 about which rank holds which shard.
 """
 
@@ -12,12 +16,8 @@ import math
 import re
 from dataclasses import dataclass
 
-#: Names of the parallel dimensions, in the order layouts are written.
-DIM_NAMES = ("tp", "ring", "ulysses")
+#: The mesh orders a run may ask for (`--order`); a grammar of one mesh order has no choice to make.
 ORDERS = ("cp-fastest", "tp-fastest")
-_PREFIX = {"tp": "tp", "r": "ring", "u": "ulysses"}
-_SHORT = {"tp": "tp", "ring": "r", "ulysses": "u"}
-_PART = re.compile(r"^(tp|r|u)([0-9]+)$")
 
 
 class LayoutError(ValueError):
@@ -44,72 +44,230 @@ def degree_parts(text, pattern: re.Pattern, tokens, example: str, error: type) -
     return parts
 
 
-class _Splits:
-    """What every layout answers the same way from its tp and cp degrees."""
+@dataclass(frozen=True)
+class Grammar:
+    """An adapter's layout grammar: its dimensions and how names, meshes and kinds read them. Calling it makes a
+    `Layout` (degrees positionally in `dims` order or by name, a trailing string the order); `parse` reads a name.
 
-    @property
-    def has_tp(self) -> bool:
-        return self.tp > 1
+    `dims`: the dimensions, in the order `kinds` lists them. `tokens`: how a name spells each (same order).
+    `kind`: the kind of parallelism each is ("tp", "cp", "dp", ...), which the host asks by (`size`, `dims_of`).
+    `named`: the order a canonical name writes them in. `meshes`: (order, mesh dimensions slowest-varying first)
+    for each mesh order the grammar offers, its default first; a dimension in no mesh (transformers' `ep`) is not
+    part of the world. `drop_unit`: the mesh leaves out dimensions of degree 1. `ordered`: a name must write its
+    parts in `named` order. `factors`: the degrees (dimensions or kinds) a wrong gradient's factor may be named
+    after, in the order the localization lists them. `example`, `error`: what a refusal shows and raises."""
+    library: str
+    dims: tuple[str, ...]
+    tokens: tuple[str, ...]
+    kind: tuple[str, ...]
+    named: tuple[str, ...]
+    meshes: tuple[tuple[str, tuple[str, ...]], ...]
+    factors: tuple[str, ...]
+    example: str
+    error: type = LayoutError
+    drop_unit: bool = False
+    ordered: bool = False
 
-    @property
-    def has_cp(self) -> bool:
-        return self.cp > 1
+    def __call__(self, *degrees, **named) -> "Layout":
+        order = named.pop("order", None)
+        if degrees and isinstance(degrees[-1], str):
+            degrees, order = degrees[:-1], degrees[-1]
+        if len(degrees) > len(self.dims) or set(named) - set(self.dims):
+            raise TypeError(f"a {self.library} layout has dimensions {', '.join(self.dims)}")
+        values = dict(zip(self.dims, degrees), **named)
+        return Layout(self, tuple(values.get(d, 1) for d in self.dims), self.mesh_order(order))
+
+    def parse(self, text: str, order: str | None = None) -> "Layout":
+        """A `tp2x...`-style name in this grammar; `order` picks the mesh order where the grammar offers several."""
+        by_token = dict(zip(self.tokens, self.dims))
+        written = [self.tokens[self.dims.index(d)] for d in self.named]
+        pattern = re.compile(rf"^({'|'.join(written)})([0-9]+)$")
+        parts = degree_parts(text, pattern, written, self.example, self.error)
+        if self.ordered:
+            places = [self.named.index(by_token[token]) for token, _ in parts]
+            if places != sorted(places):
+                raise self.error(f"layout {text!r}: parts must be written in the order {', '.join(written)}")
+        return self(order=order, **{by_token[token]: degree for token, degree in parts})
+
+    def mesh_order(self, order: str | None) -> str:
+        """The mesh order `order` names in this grammar (its default for None)."""
+        orders = [o for o, _ in self.meshes]
+        if order is None or len(orders) == 1:
+            return orders[0]  # a grammar of one mesh order fixes it (the kit's default name for it)
+        if order not in orders:
+            raise self.error(f"--order {order!r}: must be one of {', '.join(orders)}")
+        return order
+
+    def layouts_for(self, world: int) -> list["Layout"]:
+        """Every layout of `world` ranks over the mesh's dimensions (the others of degree 1), one kind first."""
+        if world < 1:
+            raise self.error(f"--nproc {world}: the world size must be >= 1")
+        mesh = dict(self.meshes)[self.meshes[0][0]]
+        found = [self(**dict(zip(mesh, sizes))) for sizes in factorizations(world, len(mesh))]
+        return sorted((l for l in found if l.world > 1), key=lambda l: (len(l.kinds), l.name))
 
 
-class DegreeLayout(_Splits):
-    """What an adapter's layout of named degrees shares (the transformers and torch grammars): each degree an
-    integer >= 1, parsed from and named by its `tokenN` parts, the kinds it uses, each rank's coordinates.
-
-    A subclass is a frozen dataclass with one int field per token in `TOKENS` and sets `NAMED` (the order a name
-    writes the parts in), `COORDS` (the mesh's dimensions, slowest-varying first: the world is their product),
-    `PART` (a regex of token and degree), `EXAMPLE` and `ERROR` (its layout error)."""
-    TOKENS: tuple = ()
-    NAMED: tuple = ()
-    COORDS: tuple = ()
-    PART: re.Pattern = re.compile("$^")
-    EXAMPLE = ""
-    ERROR: type = ValueError
-    #: The kit's cases and reports read a layout's `order`; such a grammar fixes its own mesh order, so this is
-    #: the kit's default name, which replay commands leave out.
-    order = "cp-fastest"
+@dataclass(frozen=True)
+class Layout:
+    """One layout: `grammar`'s degrees (in its `dims` order) and the mesh order. Ask it by name: `layout.tp`
+    is the degree of dimension `tp`, or, where no dimension has that name, the product of the degrees of every
+    dimension of kind `tp` (diffusers' `cp` is ring x ulysses; transformers' `dp` is dp_replicate x fsdp)."""
+    grammar: Grammar
+    sizes: tuple[int, ...]
+    order: str
 
     def __post_init__(self):
-        for token in self.TOKENS:
-            value = getattr(self, token)
+        for dim, value in zip(self.grammar.dims, self.sizes):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise self.ERROR(f"layout degree {token}={value!r}: every degree must be an integer >= 1")
+                raise self.grammar.error(f"layout degree {dim}={value!r}: every degree must be an integer >= 1")
 
-    @classmethod
-    def parse(cls, text: str, order: str | None = None):
-        """`tp2xfsdp2`-style names, parts in any order, each token at most once; `order` is accepted for the
-        kit's `Layout.parse` signature and ignored."""
-        return cls(**dict(degree_parts(text, cls.PART, cls.NAMED, cls.EXAMPLE, cls.ERROR)))
+    def __getattr__(self, name: str) -> int:
+        grammar = self.__dict__.get("grammar")
+        if grammar is None or name.startswith("_"):
+            raise AttributeError(name)
+        if name in grammar.dims:
+            return self.sizes[grammar.dims.index(name)]
+        if name in grammar.kind:
+            return self.size(name)
+        raise AttributeError(f"a {grammar.library} layout has no dimension or kind {name!r}")
 
+    def __repr__(self) -> str:
+        return f"Layout({self.grammar.library} {self.name}, {self.order})"
+
+    # -- naming -------------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        return "x".join(f"{t}{getattr(self, t)}" for t in self.NAMED if getattr(self, t) > 1) or "single"
+        g = self.grammar
+        parts = [f"{g.tokens[g.dims.index(d)]}{self.degree(d)}" for d in g.named if self.degree(d) > 1]
+        return "x".join(parts) or "single"
 
     def __str__(self) -> str:
         return self.name
 
     @property
+    def library(self) -> str:
+        return self.grammar.library
+
+    # -- degrees ------------------------------------------------------------------------------
+    @property
+    def degrees(self) -> dict[str, int]:
+        """Every dimension's degree, by name, in the grammar's order."""
+        return dict(zip(self.grammar.dims, self.sizes))
+
+    def degree(self, dim: str) -> int:
+        return self.sizes[self.grammar.dims.index(dim)]
+
+    def dims_of(self, kind: str) -> tuple[str, ...]:
+        """The dimensions of kind `kind`, in the grammar's order."""
+        return tuple(d for d, k in zip(self.grammar.dims, self.grammar.kind) if k == kind)
+
+    def size(self, kind: str) -> int:
+        """The product of the degrees of every dimension of kind `kind` (1 where there is none)."""
+        return math.prod(self.degree(d) for d in self.dims_of(kind))
+
+    @property
+    def has_tp(self) -> bool:
+        return self.size("tp") > 1
+
+    @property
+    def has_cp(self) -> bool:
+        return self.size("cp") > 1
+
+    @property
     def world(self) -> int:
-        return math.prod(getattr(self, t) for t in self.COORDS)
+        return math.prod(self.degree(d) for d in self._mesh)
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        """The kinds of parallelism this layout uses, as the kit's `Layout.kinds` (a wrong result is named by them)."""
-        return tuple(t for t in self.TOKENS if getattr(self, t) > 1)
+        """The dimensions this layout splits over (degree > 1), in the grammar's order: a wrong result is named
+        by them."""
+        return tuple(d for d in self.grammar.dims if self.degree(d) > 1)
+
+    def factor_degrees(self) -> dict[str, int]:
+        """The degrees a wrong gradient's factor may be named after (the grammar's `factors`), and the world."""
+        return dict({name: getattr(self, name) for name in self.grammar.factors}, world=self.world)
+
+    # -- mesh ---------------------------------------------------------------------------------
+    @property
+    def _mesh(self) -> tuple[str, ...]:
+        return dict(self.grammar.meshes)[self.order]
+
+    @property
+    def mesh_dims(self) -> tuple[str, ...]:
+        """Mesh dimension names, slowest-varying first (those of degree 1 left out where the grammar drops them)."""
+        if self.grammar.drop_unit:
+            return tuple(d for d in self._mesh if self.degree(d) > 1)
+        return self._mesh
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return tuple(self.degree(d) for d in self.mesh_dims)
+
+    def with_order(self, order: str | None) -> "Layout":
+        """This layout's degrees laid out in mesh order `order` (its own when None)."""
+        return Layout(self.grammar, self.sizes, self.grammar.mesh_order(order or self.order))
 
     def coords(self, rank: int) -> dict[str, int]:
-        """This rank's coordinate on each of `COORDS` (row-major, as `init_device_mesh` lays them out)."""
+        """This rank's coordinate along each mesh dimension (row-major over the mesh, as `init_device_mesh` lays
+        it out), in the grammar's order."""
         if not 0 <= rank < self.world:
-            raise self.ERROR(f"rank {rank} is outside layout {self.name} of world size {self.world}")
-        out = {}
-        for token in reversed(self.COORDS):
-            out[token] = rank % getattr(self, token)
-            rank //= getattr(self, token)
-        return {t: out[t] for t in self.COORDS}
+            raise self.grammar.error(f"rank {rank} is outside layout {self.name} of world size {self.world}")
+        out: dict[str, int] = {}
+        for dim in reversed(self._mesh):
+            out[dim] = rank % self.degree(dim)
+            rank //= self.degree(dim)
+        return {d: out[d] for d in self.grammar.dims if d in out}
+
+    def rank_of(self, coords: dict[str, int]) -> int:
+        rank = 0
+        for dim in self._mesh:
+            rank = rank * self.degree(dim) + coords[dim]
+        return rank
+
+    def index(self, rank: int, kind: str) -> int:
+        """Which of the `size(kind)` shards of kind `kind` `rank` holds (row-major over those dimensions in mesh
+        order: the data-parallel batch shard of `dp`)."""
+        coords, index = self.coords(rank), 0
+        for dim in (d for d in self._mesh if d in self.dims_of(kind)):
+            index = index * self.degree(dim) + coords[dim]
+        return index
+
+    @property
+    def dp_degree(self) -> int:
+        """Ranks that see distinct batch shards: the product of the data-parallel (`dp` kind) degrees."""
+        return self.size("dp")
+
+    @property
+    def dp_dims(self) -> tuple[str, ...]:
+        """The data-parallel mesh dimensions of degree > 1 (what `fully_shard` is given: HSDP's (dp, fsdp))."""
+        return tuple(d for d in self.mesh_dims if d in self.dims_of("dp") and self.degree(d) > 1)
+
+    def dp_index(self, rank: int) -> int:
+        """Which of the `dp_degree` batch shards `rank` sees (replica-major, then fsdp)."""
+        return self.index(rank, "dp")
+
+    def group(self, rank: int, dims: tuple[str, ...]) -> list[int]:
+        """Ranks that share every coordinate of `rank` except those along `dims`, in rank order."""
+        base = self.coords(rank)
+        members = []
+        for values in itertools.product(*(range(self.degree(d)) for d in dims)):
+            members.append(self.rank_of(dict(base, **dict(zip(dims, values)))))
+        return sorted(members)
+
+    def groups(self, dims: tuple[str, ...]) -> list[list[int]]:
+        """Every group along `dims`, each listed once."""
+        seen: list[list[int]] = []
+        for rank in range(self.world):
+            group = self.group(rank, dims)
+            if group not in seen:
+                seen.append(group)
+        return seen
+
+    def tp_group(self, rank: int) -> list[int]:
+        return self.group(rank, self.dims_of("tp"))
+
+    def cp_group(self, rank: int) -> list[int]:
+        return self.group(rank, self.dims_of("cp"))
 
 
 def divisors(n: int) -> list[int]:
@@ -126,151 +284,6 @@ def factorizations(n: int, parts: int):
             yield (d,) + rest
 
 
-@dataclass(frozen=True)
-class Layout(_Splits):
-    tp: int = 1
-    ring: int = 1
-    ulysses: int = 1
-    order: str = "cp-fastest"
-
-    def __post_init__(self):
-        for name in DIM_NAMES:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise LayoutError(f"layout degree {name}={value!r}: every degree must be an integer >= 1")
-        if self.order not in ORDERS:
-            raise LayoutError(f"--order {self.order!r}: must be one of {', '.join(ORDERS)}")
-
-    # -- naming -------------------------------------------------------------------------------
-    @classmethod
-    def parse(cls, text: str, order: str = "cp-fastest") -> "Layout":
-        """Parse `tp2xu2`-style names; parts in the order tp, ring, ulysses, each at most once."""
-        parts = degree_parts(text, _PART, ("tp", "r", "u"), "tp2xu2", LayoutError)
-        dims = [DIM_NAMES.index(_PREFIX[token]) for token, _ in parts]
-        if dims != sorted(dims):
-            raise LayoutError(f"layout {text!r}: parts must be written in the order tp, r, u")
-        return cls(order=order, **{_PREFIX[token]: degree for token, degree in parts})
-
-    @property
-    def name(self) -> str:
-        parts = [f"{_SHORT[d]}{getattr(self, d)}" for d in DIM_NAMES if getattr(self, d) > 1]
-        return "x".join(parts) or "single"
-
-    def __str__(self) -> str:
-        return self.name
-
-    # -- sizes --------------------------------------------------------------------------------
-    @property
-    def world(self) -> int:
-        return self.tp * self.ring * self.ulysses
-
-    @property
-    def cp(self) -> int:
-        return self.ring * self.ulysses
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        """The kinds of parallelism this layout uses (a wrong result is named by them)."""
-        return tuple(d for d in DIM_NAMES if getattr(self, d) > 1)
-
-    @property
-    def head_multiple(self) -> int:
-        """Heads must be a multiple of this: TP splits heads, then Ulysses splits each rank's heads."""
-        return self.tp * self.ulysses
-
-    # -- mesh ---------------------------------------------------------------------------------
-    @property
-    def mesh_dims(self) -> tuple[str, ...]:
-        """Mesh dimension names, slowest-varying first."""
-        if self.order == "cp-fastest":
-            return ("tp", "ring", "ulysses")
-        return ("ring", "ulysses", "tp")
-
-    @property
-    def mesh_shape(self) -> tuple[int, ...]:
-        return tuple(getattr(self, d) for d in self.mesh_dims)
-
-    def coords(self, rank: int) -> dict[str, int]:
-        """This rank's coordinate along each named dimension (row-major over `mesh_dims`)."""
-        self._check_rank(rank)
-        out: dict[str, int] = {}
-        for dim, size in reversed(list(zip(self.mesh_dims, self.mesh_shape))):
-            out[dim] = rank % size
-            rank //= size
-        return {d: out[d] for d in DIM_NAMES}
-
-    def rank_of(self, coords: dict[str, int]) -> int:
-        rank = 0
-        for dim, size in zip(self.mesh_dims, self.mesh_shape):
-            rank = rank * size + coords[dim]
-        return rank
-
-    def group(self, rank: int, dims: tuple[str, ...]) -> list[int]:
-        """Ranks that share every coordinate of `rank` except those along `dims`, in mesh order."""
-        base = self.coords(rank)
-        ranges = [range(getattr(self, d)) for d in dims]
-        members = []
-        for values in itertools.product(*ranges):
-            coords = dict(base, **dict(zip(dims, values)))
-            members.append(self.rank_of(coords))
-        return sorted(members)
-
-    def groups(self, dims: tuple[str, ...]) -> list[list[int]]:
-        """Every group along `dims`, each listed once."""
-        seen: list[list[int]] = []
-        for rank in range(self.world):
-            group = self.group(rank, dims)
-            if group not in seen:
-                seen.append(group)
-        return seen
-
-    def tp_group(self, rank: int) -> list[int]:
-        return self.group(rank, ("tp",))
-
-    def cp_group(self, rank: int) -> list[int]:
-        return self.group(rank, ("ring", "ulysses"))
-
-    def _check_rank(self, rank: int) -> None:
-        if not 0 <= rank < self.world:
-            raise LayoutError(f"rank {rank} is outside layout {self.name} of world size {self.world}")
-
-
-def layouts_for(world: int, order: str = "cp-fastest") -> list[Layout]:
-    """Every layout whose world size is `world`, single-kind ones first."""
-    if world < 1:
-        raise LayoutError(f"--nproc {world}: the world size must be >= 1")
-    found = []
-    for tp in _divisors(world):
-        for ring in _divisors(world // tp):
-            ulysses = world // tp // ring
-            layout = Layout(tp, ring, ulysses, order)
-            if layout.world > 1:
-                found.append(layout)
-    return sorted(found, key=lambda l: (sum(getattr(l, d) > 1 for d in DIM_NAMES), l.name))
-
-
-def parse_layouts(text: str, world: int, order: str = "cp-fastest") -> list[Layout]:
-    """`all` or a comma list; every layout must have world size `world`."""
-    if text.strip() == "all":
-        return layouts_for(world, order)
-    layouts = []
-    for item in text.split(","):
-        layout = Layout.parse(item, order)
-        if layout.world != world:
-            raise LayoutError(
-                f"--layouts {layout.name}: its world size is {layout.world} "
-                f"({' x '.join(str(getattr(layout, d)) for d in DIM_NAMES if getattr(layout, d) > 1)}), "
-                f"but --nproc is {world}; the product of the degrees must equal --nproc"
-            )
-        if layout not in layouts:
-            layouts.append(layout)
-    return layouts
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def tp_shard(block_sizes, index: int, tp: int) -> list[tuple[int, int]]:
     """(start, length) along the sharded dim of each piece TP shard `index` of `tp` holds, in order: every
     block of a planned parameter (e.g. fused q, k, v) is split on its own. The one copy of the rule."""
@@ -280,9 +293,3 @@ def tp_shard(block_sizes, index: int, tp: int) -> list[tuple[int, int]]:
         out.append((offset + index * chunk, chunk))
         offset += block
     return out
-
-
-def fit_heads(heads: int, layout: Layout) -> int:
-    """The smallest head count >= `heads` that tp x ulysses divides."""
-    multiple = layout.head_multiple
-    return -(-heads // multiple) * multiple

@@ -94,18 +94,15 @@ class Meshes:
         return None
 
     def shared(self, layout: Layout, device_type: str, order: str | None = None):
-        """The composed route's one mesh of `layout`, dimensions in `order` (the layout's own unless a
+        """The one mesh of `layout` (its mesh dimensions and shape), in mesh order `order` (the layout's own unless a
         control bends it)."""
-        shaped = Layout(layout.tp, layout.ring, layout.ulysses, order or layout.order)
+        shaped = layout.with_order(order)
         return self.mesh(MeshKey(device_type, shaped.mesh_shape, shaped.mesh_dims))
 
-    def context(self, layout: Layout, device_type: str):
-        """The mesh the library builds for a CP config alone: ("ring", "ulysses")."""
-        return self.mesh(MeshKey(device_type, (layout.ring, layout.ulysses), ("ring", "ulysses")))
-
-    def tensor(self, layout: Layout, device_type: str):
-        """The mesh the library builds for a TP config alone: ("tp",)."""
-        return self.mesh(MeshKey(device_type, (layout.tp,), ("tp",)))
+    def along(self, layout: Layout, dims: tuple[str, ...], device_type: str):
+        """The mesh over `layout`'s dimensions `dims` alone, in that order (what a library builds for one kind of
+        parallelism's config, e.g. diffusers' ("ring", "ulysses") for context parallelism)."""
+        return self.mesh(MeshKey(device_type, tuple(layout.degree(d) for d in dims), tuple(dims)))
 
     def settle(self, before: set[str]) -> list[str]:
         """End a case that started with process groups `before`: keep what new meshes hold, destroy any other

@@ -67,15 +67,15 @@ def test_a_training_control_is_refused_by_name_where_its_pass_is_not_taken():
     from dataclasses import replace
 
     from paracheck.domain.case import Case
-    from paracheck.domain.layout import Layout
+    from paracheck.adapters.diffusers.layout import DiffusersLayout
     from paracheck.rank.skeleton import _pass_off
 
-    case = Case("flux", "f:m", Layout.parse("tp2"), control="decay-twice", library="diffusers", steps=3)
+    case = Case("flux", "f:m", DiffusersLayout.parse("tp2"), control="decay-twice", library="diffusers", steps=3)
     assert _pass_off(case) is None
     assert "(--steps 0;" in _pass_off(replace(case, steps=0))
     assert "a bf16 case does not take" in _pass_off(replace(case, dtype="bf16"))
     assert _pass_off(replace(case, control="backward-only", steps=0)) is None
-    saved = Case("llama", "f:m", Layout.parse("tp2"), control="tf-save-local-shard", library="transformers")
+    saved = Case("llama", "f:m", DiffusersLayout.parse("tp2"), control="tf-save-local-shard", library="transformers")
     assert "(--no-checkpoint;" in _pass_off(saved) and _pass_off(replace(saved, checkpoint=True)) is None
 
 

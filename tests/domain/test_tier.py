@@ -5,7 +5,7 @@ from dataclasses import replace
 from hypothesis import given, strategies as st
 
 from paracheck.domain.case import Case
-from paracheck.domain.layout import Layout
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 from paracheck.domain.tier import layout_kind, needs_of, quick
 
 LAYOUTS = ["tp4", "u4", "r4", "tp2xu2", "tp2xr2", "r2xu2", "tp2", "u2", "r2"]
@@ -22,7 +22,7 @@ def matrices(draw):
         controls = draw(st.lists(st.sampled_from(["c1", "c2"]), max_size=2, unique=True))
         for name in layouts:
             for variant in variants:
-                plain = Case(f"m{m}", f"f:m{m}", Layout.parse(name), variant=variant, library="diffusers")
+                plain = Case(f"m{m}", f"f:m{m}", DiffusersLayout.parse(name), variant=variant, library="diffusers")
                 cases.append(plain)
                 cases += [replace(plain, control=c) for c in controls if draw(st.booleans())]
     return cases
@@ -63,7 +63,7 @@ def test_each_model_and_layout_gets_one_case_unless_a_pair_needs_another(cases):
 def test_a_case_that_only_declares_a_known_failure_again_is_left_to_the_full_matrix():
     """Two ring layouts, each with base and batch2, and a failure declared for everything on r4: r4 runs once
     (its one cell), and batch2 is met on r2, where it declares nothing again."""
-    r4, r2 = Layout.parse("r4"), Layout.parse("r2")
+    r4, r2 = DiffusersLayout.parse("r4"), DiffusersLayout.parse("r2")
     cases = [Case("m", "f:m", r4, library="diffusers"), Case("m", "f:m", r4, variant="batch2", library="diffusers"),
              Case("m", "f:m", r2, library="diffusers"), Case("m", "f:m", r2, variant="batch2", library="diffusers")]
     known = [("ring grads", lambda c: c.layout.name == "r4")]
@@ -73,7 +73,7 @@ def test_a_case_that_only_declares_a_known_failure_again_is_left_to_the_full_mat
 
 def test_a_case_known_to_skip_stands_in_for_no_pair():
     """A model without a TP plan skips tp4: its cell still runs there, but its masked pair is met on u4."""
-    tp4, u4 = Layout.parse("tp4"), Layout.parse("u4")
+    tp4, u4 = DiffusersLayout.parse("tp4"), DiffusersLayout.parse("u4")
     cases = [Case("m", "f:m", tp4, library="diffusers"), Case("m", "f:m", tp4, variant="masked", library="diffusers"),
              Case("m", "f:m", u4, library="diffusers"), Case("m", "f:m", u4, variant="masked", library="diffusers")]
     picked = quick(cases, runs=lambda c: not c.layout.has_tp)
@@ -82,7 +82,7 @@ def test_a_case_known_to_skip_stands_in_for_no_pair():
 
 
 def test_a_matrix_without_plain_cases_is_kept_whole():
-    cases = [Case("m", "f:m", Layout.parse("u4"), control="c1", library="diffusers")]
+    cases = [Case("m", "f:m", DiffusersLayout.parse("u4"), control="c1", library="diffusers")]
     assert quick(cases) == cases
 
 

@@ -72,9 +72,9 @@ def test_a_control_that_needs_training_runs_once_where_its_plain_case_trains_els
 
 def _case(layout, control=None):
     from paracheck.domain.case import Case
-    from paracheck.domain.layout import Layout
+    from paracheck.adapters.diffusers.layout import DiffusersLayout
 
-    return Case("m", "f:m", Layout.parse(layout), control=control, library="diffusers")
+    return Case("m", "f:m", DiffusersLayout.parse(layout), control=control, library="diffusers")
 
 
 def _torch(layout):

@@ -19,15 +19,15 @@ from paracheck.domain.case import Case, load_factory
 from paracheck.explore.engine import Target, draws, signature
 from paracheck.adapters.diffusers.fixtures_index import FIXTURE_SPACES, FIXTURE_VARIANTS
 from paracheck.explore.found import Found, read, write
-from paracheck.domain.layout import Layout
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 from paracheck.domain.records import CaseStatus, CheckId, Failure, FailureKind, MergedCheck, Route, Status
 from paracheck.domain.shapes import Axis, Shape
 from paracheck.results.verdict import Verdict
 
 from tests.support import SPECS, run_paracheck
 
-U2 = Layout.parse("u2", "cp-fastest")
-TARGETS = [Target(name, f"paracheck.fixtures:{name}", space, (U2, Layout.parse("r2", "cp-fastest")), "diffusers", draw_options)
+U2 = DiffusersLayout.parse("u2", "cp-fastest")
+TARGETS = [Target(name, f"paracheck.fixtures:{name}", space, (U2, DiffusersLayout.parse("r2", "cp-fastest")), "diffusers", draw_options)
            for name, space in FIXTURE_SPACES.items()]
 
 
@@ -119,7 +119,7 @@ def test_draws_stay_inside_each_models_space(data):
 
 
 def _verdict(status, checks=(), reason="", layout="u2", failure=None):
-    case = Case("ltx", "paracheck.fixtures:ltx", Layout.parse(layout, "cp-fastest"), library="diffusers")
+    case = Case("ltx", "paracheck.fixtures:ltx", DiffusersLayout.parse(layout, "cp-fastest"), library="diffusers")
     return Verdict(case, status, Route.NATIVE, reason=reason, checks=list(checks), model_class="LTXVideoTransformer3DModel",
                    failure=failure)
 

@@ -3,7 +3,7 @@
 import pytest
 
 from paracheck.domain.case import Case
-from paracheck.domain.layout import parse_layouts
+from paracheck.adapters.diffusers.layout import parse_layouts
 from paracheck.launch.launcher import Launcher, meets_hang_again
 from tests.support import HANG_TIMEOUT
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from paracheck.domain.case import Case, Route
-from paracheck.domain.layout import Layout
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 from paracheck.domain.records import CheckId, CheckResult, RankResult, RankStatus, Status
 from paracheck.rank import declared
 from paracheck.results import known, localization
@@ -29,7 +29,7 @@ def entries(monkeypatch):
 
 
 def _case(model="flux", layout="r4") -> Case:
-    return Case(model, "diffusers:flux", Layout.parse(layout), library="diffusers")
+    return Case(model, "diffusers:flux", DiffusersLayout.parse(layout), library="diffusers")
 
 
 def _result() -> RankResult:

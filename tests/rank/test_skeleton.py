@@ -15,7 +15,7 @@ from paracheck.domain import registry
 from paracheck.domain.adapter import Refused
 from paracheck.domain.backends import get_backend
 from paracheck.domain.case import Case
-from paracheck.domain.layout import Layout
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 from paracheck.domain.records import CheckId, CheckResult, RankStatus, Status
 from paracheck.rank import skeleton
 from paracheck.world.site import CaseSite
@@ -57,7 +57,7 @@ def world(one_rank_world, tmp_path):
 def _run(monkeypatch, toy, site, **fields):
     monkeypatch.setattr(registry, "adapter", lambda library: toy)
     os.makedirs(site.workdir, exist_ok=True)
-    case = Case("m", "toy:factory", Layout.parse("u2"), library="toy", **fields)
+    case = Case("m", "toy:factory", DiffusersLayout.parse("u2"), library="toy", **fields)
     return skeleton.run_case(case, get_backend("gloo"), site)
 
 
@@ -103,7 +103,7 @@ def test_tolerance_comes_from_dtype_and_device_and_the_case_overrides_it_even_wi
     assert (toy.ctx.tolerance.atol, toy.ctx.tolerance.rtol) == tolerance(torch.float32, "cpu")
     _run(monkeypatch, toy, world, atol=0.0, rtol=0.0)
     assert (toy.ctx.tolerance.atol, toy.ctx.tolerance.rtol) == (0.0, 0.0)
-    case = Case("m", "f", Layout.parse("u2"), library="toy")
+    case = Case("m", "f", DiffusersLayout.parse("u2"), library="toy")
     assert skeleton.case_tolerance(case, "cuda").atol == tolerance(torch.float32, "cuda")[0] != \
         skeleton.case_tolerance(case, "cpu").atol
 

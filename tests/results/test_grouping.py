@@ -6,12 +6,12 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from paracheck.domain.case import Case
-from paracheck.domain.layout import Layout
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 from paracheck.domain.records import CaseStatus, Failure, FailureKind, Route
 from paracheck.results.grouping import Row, groups
 from paracheck.results.verdict import Verdict
 
-LAYOUTS = [Layout.parse(n) for n in ("tp2", "u4", "r4", "tp2xu2")]
+LAYOUTS = [DiffusersLayout.parse(n) for n in ("tp2", "u4", "r4", "tp2xu2")]
 
 
 @st.composite

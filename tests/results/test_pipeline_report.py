@@ -8,8 +8,8 @@ import re
 from hypothesis import given, strategies as st
 
 from paracheck.domain.case import Case
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 from paracheck.domain.lifted import LoopFigures
-from paracheck.domain.layout import Layout
 from paracheck.domain.records import TO_CASE, CheckId, CheckResult, RankResult, RankStatus, Status
 from paracheck.results import html, loopview, overview
 from paracheck.results.verdict import lifted, merge
@@ -99,7 +99,7 @@ def _rank(rank: int, status: Status, max_abs: float, tag: str) -> RankResult:
 def test_a_case_lifts_the_failing_ranks_figures_and_keeps_each_ranks_curve():
     ranks = [_rank(0, Status.PASS, 5e-3, "r0"), _rank(1, Status.FAIL, 1e-3, "r1"), _rank(2, Status.FAIL, 2e-3, "r2")]
     assert lifted(ranks)["images"] == {"tag": "r2"} and lifted(ranks)["rank"] == 2
-    case = Case("flux-pipeline", "f:x", Layout.parse("r4"), library="diffusers")
+    case = Case("flux-pipeline", "f:x", DiffusersLayout.parse("r4"), library="diffusers")
     data = merge(case, ranks).to_json()
     assert data["images"] == {"tag": "r2"} and data["rank"] == 2 and data["steps"] == [{"max_abs": 2e-3}]
     per_rank = data["checks"][0]["data"]["per_rank"]
@@ -110,7 +110,7 @@ def test_a_case_lifts_the_failing_ranks_figures_and_keeps_each_ranks_curve():
 def test_what_a_check_lifts_never_replaces_the_cases_own_fields():
     rank = _rank(0, Status.FAIL, 1.0, "r0")
     rank.checks[0].data[TO_CASE]["status"] = "pass"
-    case = Case("m", "f:x", Layout.parse("u2"), library="diffusers")
+    case = Case("m", "f:x", DiffusersLayout.parse("u2"), library="diffusers")
     assert merge(case, [rank]).to_json()["status"] == "fail"
 
 

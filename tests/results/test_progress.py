@@ -5,7 +5,7 @@ import io
 from hypothesis import given, strategies as st
 
 from paracheck.domain.case import Case
-from paracheck.domain.layout import Layout, parse_layouts
+from paracheck.adapters.diffusers.layout import DiffusersLayout, parse_layouts
 from paracheck.domain.records import RankResult, RankStatus
 from paracheck.results.progress import EVERY_SECONDS, QUIET_FOR, Estimate, Progress, duration
 
@@ -86,8 +86,8 @@ def test_the_cases_left_are_priced_by_the_cases_of_their_kind():
 
     from paracheck.results.progress import kinds_of
 
-    quick = [Case(f"m{i}", f"f:m{i}", Layout.parse("u4"), library="diffusers") for i in range(10)]
-    slow = [replace(Case(f"t{i}", f"f:t{i}", Layout.parse("u4"), library="transformers"), steps=3, checkpoint=True)
+    quick = [Case(f"m{i}", f"f:m{i}", DiffusersLayout.parse("u4"), library="diffusers") for i in range(10)]
+    slow = [replace(Case(f"t{i}", f"f:t{i}", DiffusersLayout.parse("u4"), library="transformers"), steps=3, checkpoint=True)
             for i in range(5)]
     estimate, now, left = Estimate(), 0.0, None
     remaining = {}

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, strategies as st
 
 from paracheck.domain.case import Case
-from paracheck.domain.layout import Layout
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 from paracheck.results import report, resume
 
 STATUSES = ["pass", "fail", "error", "skip", "detected", "missed", "inconclusive", "xfail", "xpass"]
-CASES = [Case(model, "pkg:f", Layout.parse(layout, order), variant=variant, dtype=dtype, control=control,
+CASES = [Case(model, "pkg:f", DiffusersLayout.parse(layout, order), variant=variant, dtype=dtype, control=control,
               library="diffusers")
          for model in ("flux", "wan") for layout in ("u4", "tp2xr2") for order in ("cp-fastest", "tp-fastest")
          for variant in ("base", "uneven") for dtype in ("fp32", "bf16") for control in (None, "backward-only")]
@@ -37,7 +37,7 @@ def test_every_case_is_run_or_carried_and_errors_run_again(tmp_path_factory, sta
 
 
 def test_the_key_ignores_the_route_the_report_resolved_but_not_the_options():
-    case = Case("flux", "pkg:f", Layout.parse("u4"), cp_options=(("ulysses_anything", True),), library="diffusers")
+    case = Case("flux", "pkg:f", DiffusersLayout.parse("u4"), cp_options=(("ulysses_anything", True),), library="diffusers")
     entry = dict(_entry(case, "pass", route="composed"))
     assert resume.left([case], {resume._json_key(entry): entry})[0] == []
     other = dict(entry, cp_options={})
@@ -46,8 +46,8 @@ def test_the_key_ignores_the_route_the_report_resolved_but_not_the_options():
 
 def test_a_sharded_load_is_another_case_than_the_same_layout_in_memory():
     """A pipeline's --all takes one layout both ways: holding one leaves the other to run."""
-    case = Case("flux-pipeline", "pkg:f", Layout.parse("u4"), library="diffusers")
-    loaded = Case("flux-pipeline", "pkg:f", Layout.parse("u4"), route="sharded-load", library="diffusers")
+    case = Case("flux-pipeline", "pkg:f", DiffusersLayout.parse("u4"), library="diffusers")
+    loaded = Case("flux-pipeline", "pkg:f", DiffusersLayout.parse("u4"), route="sharded-load", library="diffusers")
     entry = _entry(case, "pass", route="native")
     assert resume.left([case, loaded], {resume._json_key(entry): entry})[0] == [loaded]
     entry = _entry(loaded, "pass", route="sharded-load")

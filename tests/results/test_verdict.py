@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from paracheck.results import known
 from paracheck.domain.case import Case
-from paracheck.domain.layout import Layout
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 from paracheck.domain.localization import Localization
 from paracheck.domain.records import (CaseStatus, CheckId, CheckResult, Failure, FailureKind, Finding, MergedCheck,
                                       RankResult, RankStatus, Route, Status)
@@ -15,7 +15,7 @@ from tests.domain.test_localization import localizations
 from paracheck.results.verdict import (NamedLayout, Verdict, inconclusive_rule, judge, judge_controls, merge,
                                        outcome_for_test)
 
-U4 = Layout.parse("u4")
+U4 = DiffusersLayout.parse("u4")
 
 
 def _case(control=None, model="flux", layout=U4):
@@ -97,7 +97,7 @@ ENTRY = known.KnownFailure(reason="ring backward", model="flux", layout="r*", ch
 
 
 def test_known_failure_turns_a_matching_failure_into_xfail():
-    v = merge(_case(layout=Layout.parse("r4")), _ranks({CheckId.FORWARD: [], CheckId.GRADS: [0, 1, 2, 3]}))
+    v = merge(_case(layout=DiffusersLayout.parse("r4")), _ranks({CheckId.FORWARD: [], CheckId.GRADS: [0, 1, 2, 3]}))
     known.apply([v], [ENTRY])
     assert v.status == CaseStatus.XFAIL and v.known == "ring backward"
     assert outcome_for_test(v, (CheckId.GRADS,))[0] == "xfail" and outcome_for_test(v, (CheckId.FORWARD,))[0] == "pass"
@@ -115,25 +115,25 @@ def test_a_rank_that_died_is_not_declared_by_the_check_its_waiting_peers_failed(
         r.secondary, r.reason = r.rank != 1, "lost a peer"
     died = RankResult(0, 1, RankStatus.ERROR, reason="rank 1 died by signal SIGABRT",
                       failure=Failure(FailureKind.EXIT, exception="SIGABRT"))
-    v = merge(_case(layout=Layout.parse("r4")), [ranks[0], died, ranks[2], ranks[3]])
+    v = merge(_case(layout=DiffusersLayout.parse("r4")), [ranks[0], died, ranks[2], ranks[3]])
     assert v.failure.kind == FailureKind.EXIT and v.cause_ranks == [1]
     known.apply([v], [entry])
     assert v.status == CaseStatus.ERROR, v.reason
     # The cause failing the declared check itself (every rank's backward raising alike) is still declared.
-    alike = merge(_case(layout=Layout.parse("r4")), _ranks({CheckId.FORWARD: [], CheckId.GRADS: [0, 1, 2, 3]},
+    alike = merge(_case(layout=DiffusersLayout.parse("r4")), _ranks({CheckId.FORWARD: [], CheckId.GRADS: [0, 1, 2, 3]},
                                                           status=RankStatus.ERROR))
     known.apply([alike], [entry])
     assert alike.status == CaseStatus.XFAIL, alike.reason
 
 
 def test_known_failure_that_passes_is_xpass():
-    v = merge(_case(layout=Layout.parse("r4")), _ranks({CheckId.FORWARD: [], CheckId.GRADS: []}))
+    v = merge(_case(layout=DiffusersLayout.parse("r4")), _ranks({CheckId.FORWARD: [], CheckId.GRADS: []}))
     known.apply([v], [ENTRY])
     assert v.status == CaseStatus.XPASS and "remove the entry" in v.reason
 
 
 def test_known_failure_does_not_cover_another_check_or_layout():
-    other_check = merge(_case(layout=Layout.parse("r4")), _ranks({CheckId.FORWARD: [0], CheckId.GRADS: []}))
+    other_check = merge(_case(layout=DiffusersLayout.parse("r4")), _ranks({CheckId.FORWARD: [0], CheckId.GRADS: []}))
     other_layout = merge(_case(), _ranks({CheckId.GRADS: [0]}))
     known.apply([other_check, other_layout], [ENTRY])
     assert other_check.status == CaseStatus.FAIL and other_layout.status == CaseStatus.FAIL
@@ -146,7 +146,7 @@ def test_known_failure_keyed_on_what_the_inputs_carry(required, carried):
     ranks = _ranks({CheckId.FORWARD: [0, 1, 2, 3]})
     for r in ranks:
         r.inputs = sorted(carried)
-    v = merge(_case(layout=Layout.parse("r4")), ranks)
+    v = merge(_case(layout=DiffusersLayout.parse("r4")), ranks)
     known.apply([v], [entry])
     assert (v.status == CaseStatus.XFAIL) == (required <= carried)
 
@@ -200,7 +200,7 @@ def test_skips_group_by_the_missing_plan_whatever_the_reason_says():
     for model, reason in (("wan", "WanTransformer3DModel has no _tp_plan"), ("ltx", "reworded: no TP plan here")):
         skip = [RankResult(0, r, RankStatus.SKIP, reason, failure=Failure(FailureKind.SKIP, missing_plan="_tp_plan"))
                 for r in range(4)]
-        verdicts.append(merge(_case(model=model, layout=Layout.parse("tp2xu2")), skip))
+        verdicts.append(merge(_case(model=model, layout=DiffusersLayout.parse("tp2xu2")), skip))
     assert all(v.never and v.failure.missing_plan == "_tp_plan" for v in verdicts)
     assert report.notes(verdicts, {}) == "never wan, ltx: no _tp_plan, so tp2xu2 cannot run"
 
@@ -215,7 +215,7 @@ def test_judging_case_by_case_agrees_with_judging_the_whole_run():
     both go through `judge`, so a control after its known-failing plain case is inconclusive in both."""
     from paracheck.results.verdict import judge
 
-    r4 = Layout.parse("r4")
+    r4 = DiffusersLayout.parse("r4")
     cases = [_case(layout=r4), _case("backward-only", layout=r4)]
     results = [_ranks({CheckId.FORWARD: [], CheckId.GRADS: [0, 1, 2, 3]}),
                _ranks({CheckId.FORWARD: [0, 1, 2, 3], CheckId.GRADS: []})]
@@ -234,7 +234,7 @@ def test_xfails_group_by_their_known_failure_its_reason_once():
     ring = known.KnownFailure("ring backward rotates the wrong way", layout="*r4*", check="parity.grads",
                               upstream="lib 1.0")
     mask = known.KnownFailure("the mask is not rotated", model="qwen*", check="parity.forward")
-    cases = [_case(model=m, layout=Layout.parse(l)) for m, l in (("flux", "r4"), ("flux", "tp2xr4"),
+    cases = [_case(model=m, layout=DiffusersLayout.parse(l)) for m, l in (("flux", "r4"), ("flux", "tp2xr4"),
                                                                  ("wan", "r4"), ("qwenimage", "u4"))]
     results = [_ranks({CheckId.FORWARD: [], CheckId.GRADS: [0, 1, 2, 3]})] * 3 + [_ranks({CheckId.FORWARD: [2]})]
     from paracheck.results.verdict import judge
@@ -249,7 +249,7 @@ def test_xfails_group_by_their_known_failure_its_reason_once():
 def test_covered_names_a_route_only_where_one_model_runs_a_layout_by_several():
     from paracheck.results.grouping import Row, covered
 
-    tp4 = Layout.parse("tp4")
+    tp4 = DiffusersLayout.parse("tp4")
     native, loaded = merge(_case(layout=tp4), _ranks({CheckId.GRADS: [0]})), merge(_case(layout=tp4), _ranks({}))
     loaded.route = Route.SHARDED_LOAD
     uneven = merge(Case("flux", "paracheck.fixtures:flux", U4, variant="uneven", dtype="bf16", library="diffusers"), _ranks({}))

@@ -25,14 +25,14 @@ def _worker(rank: int, tmp: str) -> None:
     from diffusers.models._modeling_parallel import gather_size_by_comm
 
     from paracheck.domain.backends import get_backend
-    from paracheck.domain.layout import Layout
+    from paracheck.adapters.diffusers.layout import DiffusersLayout
     from paracheck.rank.worker import join
     from paracheck.world.meshes import Meshes
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", GLOO_SOCKET_IFNAME="lo")
     join(get_backend("gloo"), os.path.join(tmp, "store"))
     torch.accelerator.current_accelerator = lambda check_available=False: torch.device("cuda")
-    ring = Meshes(world=dist.group.WORLD).context(Layout.parse("r2"), "cpu")["ring"].get_group()
+    ring = Meshes(world=dist.group.WORLD).along(DiffusersLayout.parse("r2"), ("ring", "ulysses"), "cpu")["ring"].get_group()
     plain = dist.new_group([0, 1], backend="gloo")
     found = {"kit": str(dist.get_backend(ring)), "sizes": gather_size_by_comm(rank + 3, ring)}
     try:

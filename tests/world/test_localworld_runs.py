@@ -71,14 +71,14 @@ def test_the_collapsed_cp_index_control_is_detected_on_eight_ranks_and_names_ran
     import paracheck.fixtures as fixtures
     from paracheck.domain.backends import get_backend
     from paracheck.domain.case import Case
-    from paracheck.domain.layout import Layout
+    from paracheck.adapters.diffusers.layout import DiffusersLayout
     from paracheck.domain.records import CaseStatus, CheckId, Status
     from paracheck.domain.registry import get_control
     from paracheck.rank.localrun import run_local_case
     from paracheck.world.localworld import LocalWorld
 
     name = "cp-collapsed-shard-index"
-    case = Case("flux", fixtures.FIXTURES["flux"], Layout.parse("tp2xr2xu2"), control=name, grads=False,
+    case = Case("flux", fixtures.FIXTURES["flux"], DiffusersLayout.parse("tp2xr2xu2"), control=name, grads=False,
                 library="diffusers")
     os.makedirs(tmp_path / "refs")
     with LocalWorld(8) as world:

@@ -4,7 +4,7 @@ import pytest
 import torch.distributed as dist
 
 from paracheck.world import meshes
-from paracheck.domain.layout import Layout
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 
 
 @pytest.fixture
@@ -13,14 +13,14 @@ def world(one_rank_world):
 
 
 def test_one_mesh_per_key_and_the_order_is_part_of_it(world):
-    layout = Layout(1, 1, 1)
+    layout = DiffusersLayout(1, 1, 1)
     assert meshes.for_world() is world
     shared = world.shared(layout, "cpu")
     assert world.shared(layout, "cpu") is shared and world.shared(layout, "cpu", "cp-fastest") is shared
     swapped = world.shared(layout, "cpu", "tp-fastest")
     assert swapped is not shared and swapped.mesh_dim_names == ("ring", "ulysses", "tp")
-    assert world.context(layout, "cpu").mesh_dim_names == ("ring", "ulysses")
-    assert world.tensor(layout, "cpu") is world.tensor(layout, "cpu")
+    assert world.along(layout, ("ring", "ulysses"), "cpu").mesh_dim_names == ("ring", "ulysses")
+    assert world.along(layout, ("tp",), "cpu") is world.along(layout, ("tp",), "cpu")
     assert len(world.built) == 4
 
 
@@ -45,7 +45,7 @@ def test_a_new_world_starts_with_no_meshes(tmp_path):
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         try:
             seen.append(meshes.for_world())
-            seen[-1].tensor(Layout(1, 1, 1), "cpu")
+            seen[-1].along(DiffusersLayout(1, 1, 1), ("tp",), "cpu")
         finally:
             dist.destroy_process_group()
     assert seen[0] is not seen[1] and len(seen[1].built) == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 from paracheck.adapters.diffusers import options
 from paracheck.adapters.diffusers.fixtures_index import FIXTURES, PIPELINE_FIXTURES, PIPELINE_VARIANTS, VARIANTS
 from paracheck.domain.case import Case
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 from paracheck.domain.layout import Layout
 from paracheck.domain.records import CheckId
 
@@ -20,7 +21,7 @@ class DiffusersAdapter:
                CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS)
 
     def parse_layout(self, name: str, order: str = "cp-fastest") -> Layout:
-        return Layout.parse(name, order)
+        return DiffusersLayout.parse(name, order)
 
     def fixtures(self) -> dict[str, str]:
         return dict(FIXTURES, **PIPELINE_FIXTURES)
@@ -122,6 +123,11 @@ class DiffusersAdapter:
         from paracheck.adapters.diffusers.topology import reject_simulate_only
 
         reject_simulate_only(args)
+
+    def topology_layouts(self, backend, world: int, heads: int, layouts, order: str) -> list:
+        from paracheck.adapters.diffusers.topology import topology_layouts
+
+        return topology_layouts(backend, world, heads, layouts, order)
 
     def topology_simulate(self, args) -> int:
         from paracheck.adapters.diffusers.topology import topology_simulate

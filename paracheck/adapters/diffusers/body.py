@@ -22,7 +22,7 @@ from paracheck.adapters.diffusers.fitting import Unfittable
 from paracheck.adapters.diffusers.plan import Sources, plan
 from paracheck.adapters.diffusers.routes import apply
 from paracheck.adapters.diffusers.weights import copy_of
-from paracheck.checks.collectives import count_collectives
+from paracheck.adapters.diffusers.collectives import count_collectives
 from paracheck.domain.adapter import CaseContext, Refused
 from paracheck.domain.records import CheckId, Status
 from paracheck.world.site import local_device

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from paracheck.adapters.diffusers.options import cp_options_for, parse_cp_options
 from paracheck.domain.case import Case, FixtureUnavailable, call_factory, factory_variants
-from paracheck.domain.layout import Layout, parse_layouts
+from paracheck.adapters.diffusers.layout import parse_layouts
+from paracheck.domain.layout import Layout
 
 LIBRARY = "diffusers"
 

@@ -224,7 +224,7 @@ def _shard_problems(name: str, param, ref_param, spec, ctx: CheckContext) -> lis
 def check_collectives(ctx: CheckContext) -> CheckResult:
     """Both passes, training and inference, issue the collectives the layout needs; the training pass's
     counts are the check's data, the inference pass's go under `data["no_grad"]`."""
-    from paracheck.checks import collectives
+    from paracheck.adapters.diffusers import collectives
 
     passes = [("", ctx.collectives, ctx.forward_error), ("inference pass: ", ctx.inference_collectives,
                                                           ctx.inference_error)]
@@ -350,9 +350,7 @@ def _compare_grads(ctx: CheckContext) -> CheckResult:
     if failures:
         worst.status = Status.FAIL
         notes.insert(0, f"{len(failures)} grads beyond tolerance: {problems_text(failures)}")
-        degrees = {"tp": layout.tp, "cp": layout.cp, "ring": layout.ring, "ulysses": layout.ulysses,
-                   "world": layout.world}
-        worst.data["localization"] = {"grads": localize.grads_localization(entries, degrees).to_json()}
+        worst.data["localization"] = {"grads": localize.grads_localization(entries, layout.factor_degrees()).to_json()}
     worst.detail = "; ".join(notes)
     return worst
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from paracheck.adapters.diffusers.cases import LIBRARY
 from paracheck.adapters.diffusers.options import cp_options_for
 from paracheck.domain.case import Case, SpecError, call_factory, load_factory
-from paracheck.domain.layout import parse_layouts
+from paracheck.adapters.diffusers.layout import parse_layouts
 from paracheck.domain.shapes import Shape
 
 

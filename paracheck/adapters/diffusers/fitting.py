@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from paracheck.domain.layout import Layout, fit_heads
+from paracheck.adapters.diffusers.layout import fit_heads, head_multiple
+from paracheck.domain.layout import Layout
 from paracheck.domain.records import Failure, FailureKind
 
 HEADS_KEY = "num_attention_heads"
@@ -87,7 +88,7 @@ def fit_init_dict(model_class: type, init_dict: dict, layout: Layout, any_heads:
     changes: list[str] = []
     fit = (lambda h: uneven_heads(h, layout)) if any_heads and layout.ulysses > 1 else \
         (lambda h: fit_heads(h, layout))
-    if layout.head_multiple > 1:
+    if head_multiple(layout) > 1:
         _fit_head_group(model_class, fitted, fit, HEADS_KEY, HEAD_DIM_KEY, TIED_TO_INNER_DIM.get(name, ()),
                         changes, required=True)
         for heads_key, head_dim_key, tied in OTHER_HEADS.get(name, ()):

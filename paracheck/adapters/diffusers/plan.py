@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from paracheck.adapters.diffusers import attention
 from paracheck.adapters.diffusers import library
 from paracheck.adapters.diffusers.fitting import Unfittable, cp_split_problems, fit_init_dict, split_problems
+from paracheck.adapters.diffusers.layout import backend_problems
 from paracheck.adapters.diffusers.routes import resolve_route
 from paracheck.domain.case import Case, FixtureUnavailable, call_factory
 from paracheck.domain.records import Failure, FailureKind, RankStatus, Route
@@ -114,7 +115,7 @@ def settle(case: Case, backend, model_class: type, inputs: dict, splits=None) ->
 
     options = dict(case.cp_options)
     uneven_ok = options.get("ulysses_anything") or options.get("ring_anything")
-    problems = backend.problems(case.layout)
+    problems = backend_problems(backend, case.layout)
     if case.layout.has_cp and not uneven_ok:
         problems += split_problems(splits(), case.layout) if splits else cp_split_problems(model_class, inputs,
                                                                                              case.layout)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from paracheck.adapters.diffusers import library
 from paracheck.adapters.diffusers.fitting import Unfittable
+from paracheck.adapters.diffusers.layout import CP_DIMS
 from paracheck.domain.layout import Layout
 from paracheck.world.meshes import for_world
 from paracheck.domain.records import Route
@@ -121,8 +122,8 @@ def _library_config(layout: Layout, backend, cp_options: tuple):
     library.make_parallel_config(layout, cp_options)  # refused before any mesh is built for it
     world = for_world()
     return library.make_parallel_config(
-        layout, cp_options, cp_mesh=world.context(layout, backend.device_type) if layout.has_cp else None,
-        tp_mesh=world.tensor(layout, backend.device_type) if layout.has_tp else None)
+        layout, cp_options, cp_mesh=world.along(layout, CP_DIMS, backend.device_type) if layout.has_cp else None,
+        tp_mesh=world.along(layout, ("tp",), backend.device_type) if layout.has_tp else None)
 
 
 def _composed(model, layout: Layout, backend, rank: int, order: str, cp_options: tuple) -> Applied:

@@ -150,14 +150,30 @@ def _print_cost(results, backends) -> tuple[int, float]:
     return ranks, cpu
 
 
+def topology_layouts(backend, world: int, heads: int, layouts: str | None, order: str) -> list:
+    """`paracheck topology` without --simulate: [(layout name, problems, its groups)] for every layout of `world`
+    ranks (or those `layouts` names) by `backend`'s rules and the head count `heads`."""
+    from paracheck.adapters.diffusers.layout import (CP_DIMS, backend_problems, fit_heads, head_multiple,
+                                                     layouts_for, parse_layouts)
+
+    rows = []
+    for layout in parse_layouts(layouts, world, order) if layouts else layouts_for(world, order):
+        problems = backend_problems(backend, layout)
+        if heads % head_multiple(layout):
+            problems.append(f"{heads} heads: tp x ulysses = {head_multiple(layout)} must divide them "
+                            f"(nearest fit: {fit_heads(heads, layout)})")
+        rows.append((layout.name, problems, f"tp groups {layout.groups(('tp',))}, cp groups {layout.groups(CP_DIMS)}"))
+    return rows
+
+
 def _layouts(args):
-    from paracheck.domain.layout import Layout, layouts_for
+    from paracheck.adapters.diffusers.layout import DiffusersLayout, layouts_for
 
     if not args.layout or args.layout.strip() == "all":
         return layouts_for(args.world, args.order)
     layouts = []
     for item in args.layout.split(","):
-        layout = Layout.parse(item, args.order)
+        layout = DiffusersLayout.parse(item, args.order)
         if layout.world != args.world:
             raise UsageError(f"--layout {layout.name}: its world size is {layout.world}, but --world is "
                               f"{args.world}; the product of the degrees must equal --world")

@@ -15,6 +15,4 @@ def check(params: dict, ref_grads: dict, layout, atol: float, rtol: float, held:
     pairs = ((name, full(p.grad), ref_grads[name]) for name, p in params.items() if name in ref_grads)
     unmatched = {"parallel": [n for n in params if n not in ref_grads],
                  "reference": [n for n in ref_grads if n not in params and n not in (held or ())]}
-    degrees = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "fsdp": layout.fsdp, "cp": layout.cp,
-               "world": layout.world}
-    return compare_grads(pairs, atol, rtol, degrees, unmatched)
+    return compare_grads(pairs, atol, rtol, layout.factor_degrees(), unmatched)

@@ -10,69 +10,32 @@ by the token.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
-from paracheck.domain.layout import DegreeLayout, factorizations
+from paracheck.domain.layout import Grammar, Layout
 
 #: Tokens in mesh order, slowest-varying first.
 TOKENS = ("pp", "dp", "fsdp", "cp", "tp")
 #: The order a canonical name writes them in.
 NAMED = ("pp", "tp", "cp", "dp", "fsdp")
-_PART = re.compile(r"^(pp|dp|fsdp|cp|tp)([0-9]+)$")
 
 
 class TorchLayoutError(ValueError):
     """A torch-adapter layout name that breaks the naming rules."""
 
 
-@dataclass(frozen=True)
-class TorchLayout(DegreeLayout):
-    pp: int = 1
-    dp: int = 1
-    fsdp: int = 1
-    cp: int = 1
-    tp: int = 1
-
-    TOKENS = COORDS = TOKENS
-    NAMED = NAMED
-    PART, EXAMPLE, ERROR = _PART, "tp2xfsdp2", TorchLayoutError
-
-    @property
-    def dp_degree(self) -> int:
-        """Ranks that see distinct batch shards: dp x fsdp (cp and tp ranks of one batch shard share it)."""
-        return self.dp * self.fsdp
-
-    @property
-    def mesh_dims(self) -> tuple[str, ...]:
-        """The mesh's dimension names, slowest-varying first: every token of degree > 1."""
-        return tuple(t for t in TOKENS if getattr(self, t) > 1)
-
-    @property
-    def mesh_shape(self) -> tuple[int, ...]:
-        return tuple(getattr(self, t) for t in self.mesh_dims)
-
-    @property
-    def dp_dims(self) -> tuple[str, ...]:
-        """The data-parallel mesh dimensions (what `fully_shard` is given: HSDP's (dp, fsdp), or one of them)."""
-        return tuple(t for t in ("dp", "fsdp") if getattr(self, t) > 1)
-
-    def dp_index(self, rank: int) -> int:
-        """Which of the `dp_degree` batch shards `rank` sees (replica-major, then fsdp)."""
-        c = self.coords(rank)
-        return c["dp"] * self.fsdp + c["fsdp"]
+#: The grammar: `TorchLayout(tp=2, fsdp=2)` and `TorchLayout.parse("tp2xfsdp2")` make the host's `Layout`; its mesh
+#: leaves out the dimensions of degree 1. `layout.dp_degree` is dp x fsdp, the ranks that see distinct batch shards
+#: (cp and tp ranks of one batch shard share it); `layout.dp_index(rank)` is which one `rank` sees.
+TorchLayout = Grammar(library="torch", dims=TOKENS, tokens=TOKENS, kind=("pp", "dp", "dp", "cp", "tp"), named=NAMED,
+                      meshes=(("cp-fastest", TOKENS),), factors=("tp", "pp", "dp", "fsdp", "cp"),
+                      example="tp2xfsdp2", error=TorchLayoutError, drop_unit=True)
 
 
-def layouts_for(world: int) -> list[TorchLayout]:
+def layouts_for(world: int) -> list[Layout]:
     """Every layout of `world` ranks, one kind of parallelism first, then by name."""
-    if world < 1:
-        raise TorchLayoutError(f"--nproc {world}: the world size must be >= 1")
-    found = [TorchLayout(*sizes) for sizes in factorizations(world, len(TOKENS))]
-    found = [layout for layout in found if layout.world > 1]
-    return sorted(found, key=lambda l: (len(l.kinds), l.name))
+    return TorchLayout.layouts_for(world)
 
 
-def parse_layouts(text: str, world: int) -> list[TorchLayout]:
+def parse_layouts(text: str, world: int) -> list[Layout]:
     """`all` or a comma list of names; each must have world size `world`."""
     if text.strip() == "all":
         return layouts_for(world)

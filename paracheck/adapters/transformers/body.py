@@ -24,6 +24,7 @@ from paracheck.checks.traits import input_traits
 from paracheck.domain.adapter import CaseContext, Refused
 from paracheck.domain.records import CheckId, CheckResult, Route, Status
 from paracheck.adapters.transformers import cases, fixtures, inputs, library, localize, structure, tasks
+from paracheck.adapters.transformers.layout import config_kwargs
 from paracheck.adapters.transformers.controls import CONTROLS, NO_PLANT, PLANTS
 from paracheck.world import meshes
 from paracheck.world.recent import Recent
@@ -189,7 +190,7 @@ def _batch(variant: str, shape, layout, vocab: int) -> dict:
 def _load_parallel(path: str, layout, plant, backend):
     from transformers.distributed import DistributedConfig
 
-    kwargs = layout.config_kwargs()
+    kwargs = config_kwargs(layout)
     if plant.tp_plan:
         kwargs["tp_plan"] = dict(plant.tp_plan)
     try:

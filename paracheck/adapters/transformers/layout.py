@@ -10,10 +10,8 @@ dense sizes; `ep` is not a dense size (experts reuse the same ranks on a second 
 from __future__ import annotations
 
 import dataclasses
-import re
-from dataclasses import dataclass
 
-from paracheck.domain.layout import DegreeLayout, divisors, factorizations
+from paracheck.domain.layout import Grammar, Layout, divisors, factorizations
 
 #: Tokens in the order a canonical name writes them; `ep` last, as it is not part of the dense mesh.
 TOKENS = ("pp", "tp", "dpr", "cp", "fsdp", "ep")
@@ -22,47 +20,31 @@ DENSE = ("pp", "dpr", "fsdp", "cp", "tp")
 #: The `DistributedConfig` field each token sets.
 FIELDS = {"pp": "pp_size", "dpr": "dp_replicate_size", "fsdp": "fsdp_size", "cp": "cp_size", "tp": "tp_size",
           "ep": "ep_size"}
-_PART = re.compile(r"^(pp|dpr|fsdp|cp|tp|ep)([0-9]+)$")
 
 
 class TfLayoutError(ValueError):
     """A transformers layout name that breaks the naming rules."""
 
 
-@dataclass(frozen=True)
-class TfLayout(DegreeLayout):
-    pp: int = 1
-    dpr: int = 1
-    fsdp: int = 1
-    cp: int = 1
-    tp: int = 1
-    ep: int = 1
-
-    TOKENS = NAMED = TOKENS
-    COORDS = DENSE
-    PART, EXAMPLE, ERROR = _PART, "tp2xfsdp2", TfLayoutError
-
-    @property
-    def dp(self) -> int:
-        """Ranks that see distinct batches: dp_replicate x fsdp (transformers' `dp_size`; cp ranks share a batch)."""
-        return self.dpr * self.fsdp
-
-    @property
-    def efsdp(self) -> int:
-        """The experts' FSDP degree: fsdp x tp / ep (transformers' `efsdp_size`)."""
-        return self.fsdp * self.tp // self.ep
-
-    def config_kwargs(self) -> dict:
-        """The `DistributedConfig(**kwargs)` for this layout: every size > 1, by transformers' field name."""
-        return {FIELDS[t]: getattr(self, t) for t in TOKENS if getattr(self, t) > 1}
-
-    def dp_index(self, rank: int) -> int:
-        """Which of the `dp` distinct batch shards `rank` sees (replica-major, then fsdp)."""
-        c = self.coords(rank)
-        return c["dpr"] * self.fsdp + c["fsdp"]
+#: The grammar: `TfLayout(tp=2, fsdp=2)` and `TfLayout.parse("tp2xfsdp2")` make the host's `Layout`. `layout.dp`
+#: is the kind dp, dp_replicate x fsdp: the ranks that see distinct batches (transformers' `dp_size`; cp ranks
+#: share a batch). The mesh order is transformers' own, whatever the run's `--order`.
+TfLayout = Grammar(library="transformers", dims=TOKENS, tokens=TOKENS, kind=("pp", "tp", "dp", "cp", "dp", "ep"),
+                   named=TOKENS, meshes=(("cp-fastest", DENSE),), factors=("tp", "dp", "fsdp", "dpr", "ep"),
+                   example="tp2xfsdp2", error=TfLayoutError)
 
 
-def refusals(layout: TfLayout, moe: bool = True, cp_field: bool = False) -> list[str]:
+def efsdp(layout: Layout) -> int:
+    """The experts' FSDP degree: fsdp x tp / ep (transformers' `efsdp_size`)."""
+    return layout.fsdp * layout.tp // layout.ep
+
+
+def config_kwargs(layout: Layout) -> dict:
+    """The `DistributedConfig(**kwargs)` for `layout`: every size > 1, by transformers' field name."""
+    return {FIELDS[t]: getattr(layout, t) for t in TOKENS if getattr(layout, t) > 1}
+
+
+def refusals(layout: Layout, moe: bool = True, cp_field: bool = False) -> list[str]:
     """What transformers refuses about `layout`, in the rule's words; empty when it would build it.
     `moe`: the model has an expert plan; `cp_field`: the installed `DistributedConfig` has `cp_size`."""
     problems = []
@@ -83,7 +65,7 @@ def refusals(layout: TfLayout, moe: bool = True, cp_field: bool = False) -> list
     return problems
 
 
-def layouts_for(world: int, moe: bool = False, cp_field: bool = False, pp: bool = True) -> list[TfLayout]:
+def layouts_for(world: int, moe: bool = False, cp_field: bool = False, pp: bool = True) -> list[Layout]:
     """Every layout of `world` ranks that transformers builds for a model (with `moe`, the EP layouts too;
     without `pp`, no pipeline layouts), one kind of parallelism first."""
     if world < 1:
@@ -99,7 +81,7 @@ def layouts_for(world: int, moe: bool = False, cp_field: bool = False, pp: bool 
     return sorted(found, key=lambda l: (sum(getattr(l, t) > 1 for t in TOKENS), l.name))
 
 
-def parse_layouts(text: str, world: int, moe: bool = False, cp_field: bool = False) -> list[TfLayout]:
+def parse_layouts(text: str, world: int, moe: bool = False, cp_field: bool = False) -> list[Layout]:
     """`all` or a comma list of names; each must have world size `world`."""
     if text.strip() == "all":
         return layouts_for(world, moe, cp_field)
@@ -147,8 +129,8 @@ def _installed_config_fields() -> set[str]:
 SHARDING = ("pp", "fsdp", "tp", "ep")
 
 
-def reload_layout(layout: TfLayout, world: int, moe: bool = False, cp_field: bool = False,
-                  rows: int = 0, fits=lambda other: True) -> TfLayout | None:
+def reload_layout(layout: Layout, world: int, moe: bool = False, cp_field: bool = False,
+                  rows: int = 0, fits=lambda other: True) -> Layout | None:
     """The layout `checkpoint.roundtrip` loads `layout`'s checkpoint into: another layout of `world` ranks that
     transformers builds for the model, splitting parameters differently in as many of `SHARDING` as it can (then
     sharding over more of them, then by name), so every dimension's shards are re-cut. A pipeline layout goes to

@@ -33,8 +33,7 @@ def grads(model, ref_grads: dict, atol, rtol, layout) -> CheckResult:
     against the single-process one (`checks.grads`). A rank may hold no gradient where another holds one (its
     tokens reached none of an expert pool's weights): it joins that gradient's gather with zeros and reports its
     own gradient missing, so every rank makes the same gathers (a gather some ranks skipped would abort the world)."""
-    degrees = {"tp": layout.tp, "dp": layout.dp, "fsdp": layout.fsdp, "dpr": layout.dpr, "ep": layout.ep,
-               "world": layout.world}
+    degrees = layout.factor_degrees()
     params = list(model.named_parameters())
     held = _held_anywhere(params) if layout.pp == 1 else [p.grad is not None for _, p in params]
     whole = wholes({name: _joined(p, anywhere) for (name, p), anywhere in zip(params, held)})

@@ -31,6 +31,7 @@ from paracheck.checks.steps import StepRecord, compare_steps
 from paracheck.domain.adapter import Refused
 from paracheck.domain.records import CheckId, CheckResult, Failure, FailureKind, Status
 from paracheck.world.recent import Recent
+from paracheck.adapters.transformers.layout import config_kwargs
 
 #: Micro-batches per optimizer step: two, so FSDP's deferred gradient sync (Trainer's `no_sync`) runs.
 MICRO = 2
@@ -335,7 +336,7 @@ def _planned_as(result: CheckResult, ref, layout) -> str:
 
 
 def _sizes(layout) -> str:
-    return ", ".join(f"{k}={v}" for k, v in layout.config_kwargs().items())
+    return ", ".join(f"{k}={v}" for k, v in config_kwargs(layout).items())
 
 
 #: Where `Trainer.train()` broadcasts the trainable parameters that are not DTensors, from rank 0, over the world.

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from paracheck.checks.compare import problems_text
 from paracheck.domain.records import CheckId, CheckResult, Status
+from paracheck.adapters.transformers.layout import efsdp
 
 #: TP style -> (placement type, dim from the end: -2 the output dim, -1 the input dim; None: not sharded on tp)
 _TP_WEIGHT = {"colwise": ("Shard", -2), "colwise_gather_output": ("Shard", -2), "colwise_rep": ("Shard", -2),
@@ -157,7 +158,7 @@ def _on(name: str, param, dim_name: str, kind: str, dim: int, style: str = "") -
 
 def _fsdp_problems(name: str, param, layout, expert: bool) -> list[str]:
     dim_name = "efsdp" if expert else "fsdp"
-    size = layout.efsdp if expert else layout.fsdp
+    size = efsdp(layout) if expert else layout.fsdp
     problems = []
     if size > 1:
         placement = _placement(param, dim_name)

@@ -354,12 +354,12 @@ def test_four_ranks_known_ring_failures_are_real():
 
 def test_choose_names_the_backend_or_why_a_case_cannot_run():
     from paracheck.adapters.diffusers.attention import BACKEND, choose
-    from paracheck.domain.layout import Layout
+    from paracheck.adapters.diffusers.layout import DiffusersLayout
 
-    ring, ulysses = Layout.parse("r4"), Layout.parse("u4")
+    ring, ulysses = DiffusersLayout.parse("r4"), DiffusersLayout.parse("u4")
     # diffusers' own backend wherever one runs the layout; the kit's op only for ring on CPU
     assert choose("auto", "cpu", ring) == (BACKEND, None) and choose("auto", "cpu", ulysses) == ("native", None)
-    assert choose("auto", "cpu", Layout.parse("tp2xu2")) == ("native", None)
+    assert choose("auto", "cpu", DiffusersLayout.parse("tp2xu2")) == ("native", None)
     assert choose("auto", "cuda", ulysses) == ("native", None)
     assert choose("native", "cpu", ulysses) == ("native", None)
     name, why = choose("native", "cpu", ring)

@@ -6,7 +6,7 @@ from hypothesis import given
 from paracheck.domain.registry import get_control
 from paracheck.adapters.diffusers.controls import CONTROLS, applicable
 from tests import strategies
-from paracheck.domain.layout import Layout, layouts_for
+from paracheck.adapters.diffusers.layout import DiffusersLayout, layouts_for
 
 layouts = strategies.layouts(6, 4)
 
@@ -33,9 +33,9 @@ def test_the_collapsed_cp_index_is_the_tp_coordinate_on_every_mesh_with_at_most_
 def test_the_collapsed_cp_index_is_wrong_on_half_the_ranks_of_tp2xr2xu2():
     from paracheck.adapters.diffusers.controls import collapsed_cp_tp_index
 
-    layout = Layout.parse("tp2xr2xu2")
+    layout = DiffusersLayout.parse("tp2xr2xu2")
     assert [collapsed_cp_tp_index(layout, r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]  # TP coords 0 0 0 0 1 1 1 1
-    assert "cp-collapsed-shard-index" not in applicable(Layout.parse("tp2xr2xu2", "tp-fastest"))
+    assert "cp-collapsed-shard-index" not in applicable(DiffusersLayout.parse("tp2xr2xu2", "tp-fastest"))
     assert not {"cp-collapsed-shard-index"} & {n for w in (4, 8) for l in layouts_for(w) if l.name != "tp2xr2xu2"
                                                for n in applicable(l)}
 
@@ -50,10 +50,10 @@ def test_cp_controls_need_cp_and_backward_only_always_applies(layout):
 
 
 def test_mesh_order_control_is_planted_by_the_composed_route_only():
-    control, layout = get_control("swapped-mesh-order"), Layout.parse("tp2xu2")
+    control, layout = get_control("swapped-mesh-order"), DiffusersLayout.parse("tp2xu2")
     assert control.skip_reason(layout, "composed") is None
     assert "planted by the composed route, not native" in control.skip_reason(layout, "native")
-    assert control.skip_reason(Layout.parse("tp4"), "composed") is not None
+    assert control.skip_reason(DiffusersLayout.parse("tp4"), "composed") is not None
 
 
 def test_every_control_names_checks_it_must_trip():

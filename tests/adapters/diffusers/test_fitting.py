@@ -19,7 +19,7 @@ from paracheck.adapters.diffusers.fitting import (
     plan_block_needs,
     split_problems,
 )
-from paracheck.domain.layout import Layout, layouts_for
+from paracheck.adapters.diffusers.layout import DiffusersLayout, head_multiple, layouts_for
 
 
 def _fixture_classes():
@@ -68,21 +68,21 @@ def test_fixtures_include_cp_only_models():
 def test_ltx_fit_keeps_cross_attention_tied(heads, name):
     from diffusers import LTXVideoTransformer3DModel
 
-    layout = Layout.parse(name)
+    layout = DiffusersLayout.parse(name)
     if layout.has_tp:
         with pytest.raises(Unfittable, match="no _tp_plan"):
             fit_init_dict(LTXVideoTransformer3DModel, {"num_attention_heads": heads}, layout)
         return
     fit = fit_init_dict(LTXVideoTransformer3DModel, {"num_attention_heads": heads, "attention_head_dim": 12}, layout)
     new = fit.init_dict["num_attention_heads"]
-    assert new % layout.head_multiple == 0
+    assert new % head_multiple(layout) == 0
     if new != heads:
         assert fit.init_dict["cross_attention_dim"] == new * 12
 
 
 def test_ltx_fit_is_proved_by_a_forward():
     cls, init, inputs = fixtures.ltx()
-    fit = fit_init_dict(cls, init, Layout.parse("u4"))
+    fit = fit_init_dict(cls, init, DiffusersLayout.parse("u4"))
     assert fit.changes == ["num_attention_heads 2->4", "cross_attention_dim 24->48"]
     torch.manual_seed(0)
     cls(**fit.init_dict)(**inputs, return_dict=False)
@@ -100,7 +100,7 @@ def test_raising_ltx_heads_alone_fails():
 def test_cp_split_problems_name_input_and_dimension(tokens):
     cls, init, inputs = fixtures.flux()
     inputs["hidden_states"] = torch.zeros(1, tokens, 4)
-    problems = cp_split_problems(cls, inputs, Layout.parse("u4"))
+    problems = cp_split_problems(cls, inputs, DiffusersLayout.parse("u4"))
     assert bool(problems) == (tokens % 4 != 0)
     if problems:
         assert "'hidden_states' dim 1" in problems[0] and f"size {tokens}" in problems[0]
@@ -109,7 +109,7 @@ def test_cp_split_problems_name_input_and_dimension(tokens):
 @settings(deadline=None, max_examples=40)
 @given(st.lists(st.tuples(st.sampled_from(["input 'x'", "rope's output 0", "blocks.0's input 'h'"]),
                           st.integers(0, 3), st.integers(1, 70)), max_size=6),
-       st.sampled_from([Layout.parse(n) for n in ("u2", "r2xu2", "tp2xu4", "r4xu8", "r8xu4", "tp4")]))
+       st.sampled_from([DiffusersLayout.parse(n) for n in ("u2", "r2xu2", "tp2xu4", "r4xu8", "r8xu4", "tp4")]))
 def test_split_problems_refuse_exactly_what_the_degree_does_not_divide(splits, layout):
     """The pure rule over every split, inner entries alike: refused iff the CP degree does not divide its size; one
     sentence per refused size naming each split of that size, the size, the degree and its factors."""
@@ -147,7 +147,7 @@ def test_minimax_h3_at_32_ranks_is_a_skip_decided_by_the_plan():
 
     sources = Sources()
     for name in ("r4xu8", "r8xu4", "r2xu8"):
-        layout = Layout.parse(name)
+        layout = DiffusersLayout.parse(name)
         p = plan(Case("minimax_h3", fixtures.FIXTURES["minimax_h3"], layout, library="diffusers"),
                  get_backend("gloo"), sources)
         if layout.cp == 16:
@@ -164,7 +164,7 @@ def test_minimax_h3_at_32_ranks_is_a_skip_decided_by_the_plan():
 def test_no_plan_no_fit():
     cls, init, _ = fixtures.wan()
     with pytest.raises(Unfittable, match="WanTransformer3DModel has no _tp_plan"):
-        fit_init_dict(cls, init, Layout.parse("tp2xu2"))
+        fit_init_dict(cls, init, DiffusersLayout.parse("tp2xu2"))
 
 
 # -- the other head groups and their ties (LTX2's audio stream) ---------------------------------------
@@ -172,7 +172,7 @@ def test_no_plan_no_fit():
 
 def test_ltx2_fit_raises_audio_heads_with_their_ties():
     cls, init, inputs = fixtures.ltx2()
-    fit = fit_init_dict(cls, init, Layout.parse("u4"))
+    fit = fit_init_dict(cls, init, DiffusersLayout.parse("u4"))
     assert fit.changes == ["num_attention_heads 2->4", "cross_attention_dim 16->32",
                            "audio_num_attention_heads 2->4", "audio_cross_attention_dim 8->16"]
     torch.manual_seed(0)
@@ -209,7 +209,7 @@ def test_every_fitted_fixture_runs_on_one_device(name, layout):
     """Proves TIED_TO_INNER_DIM and OTHER_HEADS complete: the models missing from them take raised heads
     with nothing else changed."""
     cls, init, inputs = getattr(fixtures, name)()
-    fit = fit_init_dict(cls, init, Layout.parse(layout))
+    fit = fit_init_dict(cls, init, DiffusersLayout.parse(layout))
     torch.manual_seed(0)
     out = cls(**fit.init_dict)(**inputs, return_dict=False)[0]
     assert torch.isfinite(out).all()
@@ -260,7 +260,7 @@ def test_plan_block_needs_reads_indices_per_list():
 @settings(deadline=None, max_examples=30)
 @given(st.integers(1, 12), st.sampled_from(["u2", "u4", "r4", "r2xu2"]))
 def test_fixed_block_indices_raise_the_layer_count(layers, name):
-    fit = fit_init_dict(_Stack, {"num_layers": layers, "num_attention_heads": 4}, Layout.parse(name))
+    fit = fit_init_dict(_Stack, {"num_layers": layers, "num_attention_heads": 4}, DiffusersLayout.parse(name))
     assert fit.init_dict["num_layers"] == max(layers, 6)
     if layers < 6:
         assert fit.changes == [f"num_layers {layers}->6 (_cp_plan names blocks.5.attn)"]
@@ -270,33 +270,33 @@ def test_fixed_block_indices_raise_the_layer_count(layers, name):
 
 def test_block_counts_only_for_the_plans_in_use():
     assert fit_block_counts(_Stack, {"num_layers": 2}, [])[0] == {"num_layers": 2}
-    assert fit_init_dict(_Stack, {}, Layout.parse("u2")).init_dict == {"num_layers": 6}  # from the default 1
+    assert fit_init_dict(_Stack, {}, DiffusersLayout.parse("u2")).init_dict == {"num_layers": 6}  # from the default 1
 
 
 def test_unknown_block_count_key_is_unfittable_naming_the_plan_key():
     with pytest.raises(Unfittable, match=r"_cp_plan names 'layers.3.attn'.*BLOCK_COUNT_KEYS"):
-        fit_init_dict(_UnknownStack, {}, Layout.parse("r2"))  # ring: no head fitting in the way
+        fit_init_dict(_UnknownStack, {}, DiffusersLayout.parse("r2"))  # ring: no head fitting in the way
 
 
 def test_non_integer_block_count_is_unfittable():
     from diffusers import HeliosTransformer3DModel
 
     with pytest.raises(Unfittable, match=r"names 'blocks.39.attn1', but num_layers is None"):
-        fit_init_dict(HeliosTransformer3DModel, {"num_layers": None}, Layout.parse("u4"))
+        fit_init_dict(HeliosTransformer3DModel, {"num_layers": None}, DiffusersLayout.parse("u4"))
 
 
 def test_helios_fit_names_blocks_39():
     cls, init, _ = fixtures.helios()
     assert init["num_layers"] < 40
-    fit = fit_init_dict(cls, init, Layout.parse("u2"))
+    fit = fit_init_dict(cls, init, DiffusersLayout.parse("u2"))
     assert fit.changes == ["num_layers 2->40 (_cp_plan names blocks.39.attn1)"]
-    assert fit_init_dict(cls, init, Layout.parse("u4")).changes == [
+    assert fit_init_dict(cls, init, DiffusersLayout.parse("u4")).changes == [
         "num_attention_heads 2->4", "num_layers 2->40 (_cp_plan names blocks.39.attn1)"]
 
 
 def test_fitted_helios_runs_on_one_device():
     cls, init, inputs = fixtures.helios()
-    fit = fit_init_dict(cls, init, Layout.parse("u4"))
+    fit = fit_init_dict(cls, init, DiffusersLayout.parse("u4"))
     torch.manual_seed(0)
     model = cls(**fit.init_dict)
     assert len(model.blocks) == 40

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from paracheck.adapters.diffusers import library
-from paracheck.domain.layout import Layout
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 
 
 def test_diffusers_still_divides_by_the_accelerator_count():
@@ -89,7 +89,7 @@ def test_a_fixture_whose_class_is_missing_is_a_skip():
     from paracheck.adapters.diffusers.plan import Sources, plan
     from tests.support import SPECS
 
-    case = Case("gone", f"{SPECS}:class_not_in_this_diffusers", Layout.parse("u4"), library="diffusers")
+    case = Case("gone", f"{SPECS}:class_not_in_this_diffusers", DiffusersLayout.parse("u4"), library="diffusers")
     p = plan(case, get_backend("gloo"), Sources())
     assert p.stop.status == "skip" and "cannot provide its model class" in p.stop.reason
 
@@ -102,8 +102,8 @@ def test_cp_hook_names_match_the_library():
 
 
 def test_library_refuses_tp_and_cp_together_in_one_config():
-    assert library.library_accepts(Layout.parse("tp4")) and library.library_accepts(Layout.parse("u4"))
-    assert not library.library_accepts(Layout.parse("tp2xu2"))
+    assert library.library_accepts(DiffusersLayout.parse("tp4")) and library.library_accepts(DiffusersLayout.parse("u4"))
+    assert not library.library_accepts(DiffusersLayout.parse("tp2xu2"))
 
 
 def test_findings_supply_warning_once_only_inside():

@@ -9,7 +9,7 @@ import torch
 from paracheck.adapters.diffusers import library
 from paracheck.adapters.diffusers.fitting import Unfittable
 from paracheck.adapters.diffusers.routes import resolve_route
-from paracheck.domain.layout import Layout
+from paracheck.adapters.diffusers.layout import DiffusersLayout
 from paracheck.domain.records import Route
 from tests.support import run_paracheck
 
@@ -42,12 +42,12 @@ def test_torch_neuron_answers_the_cpu_inside_only():
 
 
 def test_the_route_takes_tp_layouts_on_cpu_or_neuron_only():
-    assert resolve_route(Route.NEURON_TP, Layout.parse("tp4"), "cpu") == Route.NEURON_TP
-    assert resolve_route(Route.NEURON_TP, Layout.parse("tp2xu2"), "neuron") == Route.NEURON_TP
+    assert resolve_route(Route.NEURON_TP, DiffusersLayout.parse("tp4"), "cpu") == Route.NEURON_TP
+    assert resolve_route(Route.NEURON_TP, DiffusersLayout.parse("tp2xu2"), "neuron") == Route.NEURON_TP
     with pytest.raises(Unfittable, match="no tensor parallelism"):
-        resolve_route(Route.NEURON_TP, Layout.parse("u4"), "cpu")
+        resolve_route(Route.NEURON_TP, DiffusersLayout.parse("u4"), "cpu")
     with pytest.raises(Unfittable, match="not on cuda"):
-        resolve_route(Route.NEURON_TP, Layout.parse("tp4"), "cuda")
+        resolve_route(Route.NEURON_TP, DiffusersLayout.parse("tp4"), "cuda")
 
 
 def test_diffusers_own_dispatch_takes_the_neuron_path_on_a_cpu_mesh(tp_mesh_of_one):

@@ -9,7 +9,7 @@ import torch
 
 from paracheck.cli.main import main
 from paracheck.fixtures import flux
-from paracheck.domain.layout import Layout, layouts_for
+from paracheck.adapters.diffusers.layout import DiffusersLayout, layouts_for
 from paracheck.launch.attribution import ranks_text
 from paracheck.checks.shardledger import (
     Provenance,
@@ -33,12 +33,12 @@ def _flux(heads):
 @pytest.mark.parametrize("name", ["tp4xu4", "tp2xu8"])
 def test_tp_fastest_gives_strided_alltoall_groups_on_neuron(name):
     cls, init, _ = _flux(16)
-    strided = simulate_layout(cls, init, Layout.parse(name, "tp-fastest"), "neuron")
+    strided = simulate_layout(cls, init, DiffusersLayout.parse(name, "tp-fastest"), "neuron")
     assert strided.status == "no"
     assert strided.failures["backend.groups"]["ranks"] == list(range(16))
     assert "strided" in strided.failures["backend.groups"]["detail"]
     assert not strided.structure_failed  # the library built what was asked; the platform cannot run it
-    contiguous = simulate_layout(cls, init, Layout.parse(name, "cp-fastest"), "neuron")
+    contiguous = simulate_layout(cls, init, DiffusersLayout.parse(name, "cp-fastest"), "neuron")
     assert contiguous.status == "ok", contiguous.reason
     assert {"structure.mesh", "structure.cp_hooks", "structure.processor_config", "structure.tp_shards",
             "backend.groups"} <= set(contiguous.passed)
@@ -46,7 +46,7 @@ def test_tp_fastest_gives_strided_alltoall_groups_on_neuron(name):
 
 def test_nccl_takes_strided_groups():
     cls, init, _ = _flux(16)
-    assert simulate_layout(cls, init, Layout.parse("tp4xu4", "tp-fastest"), "nccl").status == "ok"
+    assert simulate_layout(cls, init, DiffusersLayout.parse("tp4xu4", "tp-fastest"), "nccl").status == "ok"
 
 
 def test_derived_verdict_agrees_with_the_rule_table():
@@ -63,7 +63,7 @@ def test_derived_verdict_agrees_with_the_rule_table():
 
 def test_global_rank_shard_index_detected_by_index_at_16():
     cls, init, _ = _flux(16)
-    layout = Layout.parse("tp4xu4")  # TP mesh of 4 inside a world of 16
+    layout = DiffusersLayout.parse("tp4xu4")  # TP mesh of 4 inside a world of 16
     result = simulate_layout(cls, init, layout, "neuron", control="global-rank-shard-index")
     assert result.detected
     failing = result.failures["structure.tp_shards"]["ranks"]
@@ -75,7 +75,7 @@ def test_global_rank_shard_index_detected_by_index_at_16():
 
 def test_global_rank_shard_index_detected_at_64():
     cls, init, _ = _flux(4)
-    layout = Layout.parse("tp4xr16")
+    layout = DiffusersLayout.parse("tp4xr16")
     result = simulate_layout(cls, init, layout, "nccl", control="global-rank-shard-index")
     assert result.detected and result.ranks == 64
     assert result.failures["structure.tp_shards"]["ranks"] == [r for r in range(64)
@@ -84,7 +84,7 @@ def test_global_rank_shard_index_detected_at_64():
 
 def test_control_that_cannot_show_is_skipped():
     cls, init, _ = _flux(4)
-    result = simulate_layout(cls, init, Layout.parse("tp4"), "nccl", control="global-rank-shard-index")
+    result = simulate_layout(cls, init, DiffusersLayout.parse("tp4"), "nccl", control="global-rank-shard-index")
     assert result.status == "skip" and "mod tp equals" in result.reason
 
 
@@ -93,7 +93,7 @@ def test_control_that_cannot_show_is_skipped():
 
 def test_unfit_layouts_are_not_simulated():
     cls, init, _ = _flux(24)
-    result = simulate_layout(cls, init, Layout.parse("tp16"), "nccl")
+    result = simulate_layout(cls, init, DiffusersLayout.parse("tp16"), "nccl")
     assert result.status == "unfit" and "nearest fit: 32" in result.reason and result.ranks == 0
 
 
@@ -101,15 +101,15 @@ def test_minimax_h3_has_no_tp_plan_and_takes_ulysses_8():
     from paracheck.adapters.diffusers.simulate.specs import minimax_h3
 
     cls, init, _ = minimax_h3()
-    assert "no _tp_plan" in simulate_layout(cls, init, Layout.parse("tp2xu4"), "neuron").reason
-    result = simulate_layout(cls, init, Layout.parse("u8"), "neuron")
+    assert "no _tp_plan" in simulate_layout(cls, init, DiffusersLayout.parse("tp2xu4"), "neuron").reason
+    result = simulate_layout(cls, init, DiffusersLayout.parse("u8"), "neuron")
     assert result.status == "ok", result.reason
 
 
 def test_gloo_takes_ring():
     """paracheck's own CPU attention op returns the log-sum-exp, so gloo runs ring; no group rule refuses it."""
     cls, init, _ = _flux(4)
-    result = simulate_layout(cls, init, Layout.parse("r4"), "gloo")
+    result = simulate_layout(cls, init, DiffusersLayout.parse("r4"), "gloo")
     assert result.status == "ok" and not result.failures
 
 
@@ -119,7 +119,7 @@ def test_gloo_takes_ring():
 def test_collectives_on_meta():
     cls, init, inputs = _flux(4)
     for name in ("u4", "tp2xu2", "r4"):
-        result = simulate_layout(cls, init, Layout.parse(name), "nccl", collectives=True, inputs=inputs)
+        result = simulate_layout(cls, init, DiffusersLayout.parse(name), "nccl", collectives=True, inputs=inputs)
         assert "structure.collectives" in result.passed, (name, result.failures)
     counts = result.counts[1]  # r4, rank 1: KV gathered once per attention call, then the output gather
     gather = [{"kind": "all_gather", "group": [0, 1, 2, 3], "count": 1}]
@@ -133,7 +133,7 @@ def test_wan_cross_attention_runs_local_on_meta_too():
     from paracheck.fixtures import wan
 
     cls, init, inputs = wan()
-    result = simulate_layout(cls, dict(init, num_attention_heads=4), Layout.parse("u4"), "nccl", collectives=True,
+    result = simulate_layout(cls, dict(init, num_attention_heads=4), DiffusersLayout.parse("u4"), "nccl", collectives=True,
                              inputs=inputs, ranks=[2])
     assert "structure.collectives" in result.passed, result.failures
     assert {"parallel": False, "calls": 2, "per_call": []} in result.counts[2]["attention"]
@@ -141,7 +141,7 @@ def test_wan_cross_attention_runs_local_on_meta_too():
 
 def test_skip_processor_config_fails_collectives_on_meta():
     cls, init, inputs = _flux(4)
-    result = simulate_layout(cls, init, Layout.parse("u4"), "nccl", collectives=True, inputs=inputs,
+    result = simulate_layout(cls, init, DiffusersLayout.parse("u4"), "nccl", collectives=True, inputs=inputs,
                              control="skip-processor-config")
     assert result.detected
     assert "no all-to-all over the Ulysses group" in result.failures["structure.collectives"]["detail"]
@@ -177,9 +177,9 @@ def test_ledger_follows_narrow_cat_and_copy_into_a_view():
 
 
 def test_neuron_alltoall_rule():
-    """One rule for layouts (`Backend.problems`) and for the groups a simulation finds (`group_problems`)."""
+    """One rule for layouts (`backend_problems`) and for the groups a simulation finds (`group_problems`)."""
     from paracheck.domain.backends import get_backend
-    from paracheck.domain.layout import Layout
+    from paracheck.adapters.diffusers.layout import DiffusersLayout, backend_problems
 
     neuron = get_backend("neuron")
     assert neuron.group_problems([4, 5, 6, 7]) == [] and neuron.group_problems(list(range(32, 64))) == []
@@ -187,7 +187,7 @@ def test_neuron_alltoall_rule():
     assert any("4, 8, 16" in p for p in neuron.group_problems([0, 1]))
     assert get_backend("gloo").group_problems([0, 4]) == []
     for size in (2, 4, 6, 8, 16, 32, 48, 64):
-        by_layout = not any("ulysses degree" in p for p in neuron.problems(Layout.parse(f"u{size}")))
+        by_layout = not any("ulysses degree" in p for p in backend_problems(neuron, DiffusersLayout.parse(f"u{size}")))
         assert by_layout == (neuron.group_problems(list(range(size))) == []), size
     assert ranks_text([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 

@@ -36,7 +36,8 @@ from paracheck.domain.registry import get_control
 from paracheck.domain.control import Control
 from paracheck.adapters.diffusers.simulate.fakeworld import build_meta, fake_world, meta_inputs, quiet
 from paracheck.adapters.diffusers.fitting import HEADS_KEY, Unfittable, cp_split_problems, fit_init_dict, init_value
-from paracheck.domain.layout import Layout, layouts_for
+from paracheck.adapters.diffusers.layout import DiffusersLayout, backend_problems, head_multiple, layouts_for
+from paracheck.domain.layout import Layout
 from paracheck.domain.records import CheckId, CheckResult, MergedCheck, Route, Status
 from paracheck.results.verdict import merge_check
 from paracheck.checks.shardledger import check_tp_shards_meta, shard_ledger
@@ -232,7 +233,7 @@ def _ledger(s: _Setup, model):
 
 def _forward_collectives(model, inputs: dict, layout: Layout):
     """structure.collectives from one forward on meta: (its CheckResult, the Counts or None if it raised)."""
-    from paracheck.checks.collectives import check_counts, count_collectives
+    from paracheck.adapters.diffusers.collectives import check_counts, count_collectives
 
     rank = dist.get_rank()
     # Scoped: `model.set_attention_backend` would leave the process's active backend changed for good.
@@ -300,7 +301,7 @@ def _setup(model_class, init_dict, layout, route, control, collectives, inputs, 
         raise _NotSimulated(LayoutStatus.UNFIT, str(exc)) from exc
     if any("heads" in c.split(" ")[0] for c in fit.changes):
         raise _NotSimulated(LayoutStatus.UNFIT, f"{init_value(model_class, init_dict, HEADS_KEY)} heads: tp x ulysses = "
-                            f"{layout.head_multiple} must divide them (nearest fit: {fit.init_dict[HEADS_KEY]})")
+                            f"{head_multiple(layout)} must divide them (nearest fit: {fit.init_dict[HEADS_KEY]})")
     if fit.changes:  # block counts a plan needs (e.g. `transformer_blocks.1`): the library's own rule
         shared.notes.append(f"fitted: {', '.join(fit.changes)}")
         init_dict = fit.init_dict
@@ -392,7 +393,7 @@ def _judge(shared: LayoutResult, backend: Backend, per_check: dict, own: dict, p
             result.checks[check_id] = merge_check(check_id, per_rank)
     if backend.name == "neuron":
         groups = result.checks.get(CheckId.BACKEND_GROUPS)
-        rule, derived = backend.problems(result.layout), groups is not None and groups.status is Status.FAIL
+        rule, derived = backend_problems(backend, result.layout), groups is not None and groups.status is Status.FAIL
         if bool(rule) != derived:
             result.notes.append(f"backend rule table says {'no' if rule else 'ok'}, the library's groups "
                                 f"say {'no' if derived else 'ok'}")
@@ -432,7 +433,7 @@ def simulate_on(model_class: type, init_dict: dict, backends, world: int, layout
     if layouts is None:
         chosen = layouts_for(world, order)
     else:
-        chosen = [Layout.parse(l, order) if isinstance(l, str) else l for l in layouts]
+        chosen = [DiffusersLayout.parse(l, order) if isinstance(l, str) else l for l in layouts]
         for layout in chosen:
             if layout.world != world:
                 raise SimulationError(f"--layout {layout}: its world size is {layout.world}, but --world is {world}")

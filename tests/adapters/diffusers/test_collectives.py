@@ -6,10 +6,9 @@ from collections import Counter
 
 import pytest
 
-from paracheck.checks.collectives import CallShape, Counts, count_collectives, expected_groups, check_counts
-from paracheck.domain.layout import Layout
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from paracheck.adapters.diffusers.collectives import CallShape, Counts, count_collectives, expected_groups, check_counts
+from paracheck.adapters.diffusers.layout import DiffusersLayout
+from tests.support import ROOT
 
 
 def ops(items):
@@ -37,22 +36,22 @@ R2XU2_RANK1 = dict(outside=[("all_gather", [0, 1, 2, 3], 1)],
 
 
 def test_measured_counts_pass():
-    assert check_counts(counts(1, **U4), Layout.parse("u4")).status == "pass"
-    assert check_counts(counts(1, **TP4), Layout.parse("tp4")).status == "pass"
-    assert check_counts(counts(2, **TP2XU2_RANK2), Layout.parse("tp2xu2")).status == "pass"
-    assert check_counts(counts(1, **R4), Layout.parse("r4")).status == "pass"
-    assert check_counts(counts(1, **R2XU2_RANK1), Layout.parse("r2xu2")).status == "pass"
+    assert check_counts(counts(1, **U4), DiffusersLayout.parse("u4")).status == "pass"
+    assert check_counts(counts(1, **TP4), DiffusersLayout.parse("tp4")).status == "pass"
+    assert check_counts(counts(2, **TP2XU2_RANK2), DiffusersLayout.parse("tp2xu2")).status == "pass"
+    assert check_counts(counts(1, **R4), DiffusersLayout.parse("r4")).status == "pass"
+    assert check_counts(counts(1, **R2XU2_RANK1), DiffusersLayout.parse("r2xu2")).status == "pass"
 
 
 def test_cross_attention_without_the_config_communicates_nothing_and_passes():
     """Wan's attn2 holds the config but dispatches its text cross-attention without it (K/V are whole)."""
-    wan = check_counts(counts(1, **U4, local=2), Layout.parse("u4"))
+    wan = check_counts(counts(1, **U4, local=2), DiffusersLayout.parse("u4"))
     assert wan.status == "pass" and "2 local attention calls" in wan.detail
 
 
 def test_ulysses_without_alltoall_fails():
     """skip-processor-config: attention never gets the config, so it never does the all-to-all."""
-    result = check_counts(counts(0, U4["outside"], calls=0, local=2), Layout.parse("u4"))
+    result = check_counts(counts(0, U4["outside"], calls=0, local=2), DiffusersLayout.parse("u4"))
     assert result.status == "fail"
     assert ("no attention call was dispatched with the CP config (2 ran on this rank's shard alone), so no "
             "all-to-all over the Ulysses group [0, 1, 2, 3]") in result.detail
@@ -60,22 +59,22 @@ def test_ulysses_without_alltoall_fails():
 
 def test_a_backend_that_ignores_the_config_fails():
     """cp-attention-local: the calls carry the config, yet issue nothing (each rank attends its own shard)."""
-    u4 = check_counts(counts(0, U4["outside"], per_call=[]), Layout.parse("u4"))
+    u4 = check_counts(counts(0, U4["outside"], per_call=[]), DiffusersLayout.parse("u4"))
     assert "2 attention calls dispatched with a parallel config issued no all-to-all over the Ulysses group" in u4.detail
-    r2xu2 = check_counts(counts(1, R2XU2_RANK1["outside"], per_call=[]), Layout.parse("r2xu2"))
+    r2xu2 = check_counts(counts(1, R2XU2_RANK1["outside"], per_call=[]), DiffusersLayout.parse("r2xu2"))
     assert ("issued no all-to-all over the Ulysses group [0, 1] and no KV gather or rotation over the ring "
             "group [1, 3]") in r2xu2.detail
 
 
 def test_cp_layout_without_any_cp_collective_fails():
-    result = check_counts(counts(0, [], calls=0, local=2), Layout.parse("u4"))
+    result = check_counts(counts(0, [], calls=0, local=2), DiffusersLayout.parse("u4"))
     assert result.status == "fail" and result.detail.startswith("a CP layout issued no collective over its CP groups")
 
 
 def test_a_local_attention_call_that_communicates_fails():
     stray = Counts(0, ops(U4["outside"]), Counter({CallShape.of(True, ops(U4["per_call"])): 2,
                                                    CallShape.of(False, ops([("all_gather", [0, 1, 2, 3], 1)])): 1}))
-    result = check_counts(stray, Layout.parse("u4"))
+    result = check_counts(stray, DiffusersLayout.parse("u4"))
     assert "1 attention call dispatched without a parallel config issued collectives" in result.detail
 
 
@@ -84,18 +83,18 @@ def test_a_cp_attention_call_over_another_group_fails():
     bad = counts(0, [("all_gather", [0, 1], 1), ("all_reduce", [0, 2], 5)],
                  per_call=[("all_to_all", [0, 1], 4), ("all_gather", [0, 2], 1)])
     assert "issued 1 all_gather over [0, 2], neither its Ulysses nor its ring group" in \
-        check_counts(bad, Layout.parse("tp2xu2")).detail
+        check_counts(bad, DiffusersLayout.parse("tp2xu2")).detail
 
 
 def test_parallel_attention_on_a_layout_without_cp_fails():
-    result = check_counts(counts(0, TP4["outside"], per_call=[]), Layout.parse("tp4"))
+    result = check_counts(counts(0, TP4["outside"], per_call=[]), DiffusersLayout.parse("tp4"))
     assert "2 attention calls dispatched with a parallel config on tp4, which has no context parallelism" in result.detail
 
 
 def test_alltoall_over_a_group_the_layout_lacks_fails():
     # tp2xu2 built tp-fastest while the layout says cp-fastest: rank 0's Ulysses group is [0, 2].
     bad = counts(0, [("all_gather", [0, 1], 1), ("all_reduce", [0, 1], 5)], per_call=[("all_to_all", [0, 2], 4)])
-    result = check_counts(bad, Layout.parse("tp2xu2"))
+    result = check_counts(bad, DiffusersLayout.parse("tp2xu2"))
     assert result.status == "fail"
     assert "no all-to-all over the Ulysses group [0, 1]" in result.detail
     assert "all-to-all over the tp group [0, 2]" in result.detail
@@ -103,11 +102,11 @@ def test_alltoall_over_a_group_the_layout_lacks_fails():
 
 
 def test_tp_without_allreduce_fails():
-    assert "no all-reduce over the TP group" in check_counts(counts(0, [], calls=0), Layout.parse("tp4")).detail
+    assert "no all-reduce over the TP group" in check_counts(counts(0, [], calls=0), DiffusersLayout.parse("tp4")).detail
 
 
 def test_ring_alone_needs_kv_gathers_and_the_output_gather():
-    layout = Layout.parse("r4")
+    layout = DiffusersLayout.parse("r4")
     missing_output = check_counts(counts(1, [], per_call=R4["per_call"]), layout)
     assert missing_output.detail == "the output is not gathered over the CP group [0, 1, 2, 3]"
     # The output gather outside attention does not stand in for the KV gathers inside it.
@@ -117,13 +116,13 @@ def test_ring_alone_needs_kv_gathers_and_the_output_gather():
 
 def test_unknown_group_and_self_groups():
     unknown = Counts(0, Counter({("all_reduce", None): 1}))
-    assert "unknown group" in check_counts(unknown, Layout.parse("tp4")).detail
+    assert "unknown group" in check_counts(unknown, DiffusersLayout.parse("tp4")).detail
     ok = dict(TP4, outside=TP4["outside"] + [("all_gather", [1], 3)])  # a group of one moves nothing
-    assert check_counts(counts(1, **ok), Layout.parse("tp4")).status == "pass"
+    assert check_counts(counts(1, **ok), DiffusersLayout.parse("tp4")).status == "pass"
 
 
 def test_expected_groups():
-    assert expected_groups(Layout.parse("tp2xr2xu2"), 5) == {
+    assert expected_groups(DiffusersLayout.parse("tp2xr2xu2"), 5) == {
         "tp": (1, 5), "ulysses": (4, 5), "ring": (5, 7), "cp": (4, 5, 6, 7)}
 
 
