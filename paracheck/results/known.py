@@ -14,7 +14,7 @@ masks something out), so a bug in mask handling matches a user's own inputs what
 and `message`, a glob the failure's text (the error, or the failing check's detail) must match, for a bug
 that shares its check with others; `site`, a glob the named check's typed failure site must match (its
 `Failure.site`: where it raised, or the origin a check typed, e.g. "tp_plan:replicated_with_grad_allreduce"),
-the typed way to the same end; `fixed_in` ("transformers 5.25.0"), the release that fixed the bug: where it or a
+the typed way to the same end; `fixed_in` ("DISTRIBUTION 1.2.0"), the release that fixed the bug: where it or a
 later one is installed the entry is left out, so the case passes plainly and a return of the bug fails. A plain case that fails the named check becomes `xfail`; one that
 matches an entry and passes becomes `xpass`, so the entry can go.
 Torch-free.
@@ -164,7 +164,7 @@ def _entry(path: str, i: int, raw: dict) -> KnownFailure:
     fixed = raw.get("fixed_in", "")
     if fixed and not _release(fixed):
         raise KnownFailuresError(f"{where}: fixed_in {fixed!r} must be a distribution and a version, "
-                                 "e.g. 'transformers 5.25.0'")
+                                 "e.g. 'DISTRIBUTION 1.2.0'")
     return KnownFailure(**dict(raw, inputs=tuple(inputs)))
 
 
