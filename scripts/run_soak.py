@@ -88,12 +88,17 @@ def kill_tagged(tag: str) -> int:
     return len(pids)
 
 
-def _stop_time(hhmm: str | None) -> float:
+def _stop_time(hhmm: str | None, now: datetime.datetime | None = None) -> float:
+    """The next HH:MM (UTC) from now: tomorrow's when today's has passed, so a stop after midnight is not already
+    past when the soak starts before it."""
     if not hhmm:
         return float("inf")
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.timezone.utc)
     h, m = map(int, hhmm.split(":"))
-    return now.replace(hour=h, minute=m, second=0, microsecond=0).timestamp()
+    stop = now.replace(hour=h, minute=m, second=0, microsecond=0)
+    if stop <= now:
+        stop += datetime.timedelta(days=1)
+    return stop.timestamp()
 
 
 def _start(out: str, name: str, args: list[str]):

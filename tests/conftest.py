@@ -9,6 +9,7 @@ from hypothesis import settings
 
 import paracheck.launch.launcher  # noqa: F401
 from paracheck.pytest.mixin import ParallelTesterMixin
+from tests.suite_groups import SHARED_RUNS, group_of, worlds_at_once
 from tests.support import HANG_TIMEOUT, SPECS, Watched, run_paracheck
 
 # The session's one fork server lives in the modules above: imported here, before any test, they are not among
@@ -119,18 +120,18 @@ def pytest_collection_modifyitems(items):
     pytest-xdist (`-n 2 --dist loadgroup`, the README's command) every slow test is in one group, `worlds`, so one
     worker runs the worlds one after another and the session runs are launched once; the other worker takes the
     in-process tests, single-threaded, which fill the core a world leaves idle, and the hanging run's readers,
-    whose ranks sit blocked. Two worlds at once are not run: they slow each other's collectives, and in one of
-    three suites that ran them so, two ranks of ring layouts died of heap corruption (docs/ci.md)."""
+    whose ranks sit blocked. Two worlds at once are not run by default: they slow each other's collectives, and in
+    one of three suites that ran them so, two ranks of ring layouts died of heap corruption (docs/ci.md);
+    `PARACHECK_SUITE_WORLDS=2` allows them (tests/suite_groups.py)."""
+    worlds = worlds_at_once()
     for item in items:
-        shared = [name for name in ("default_run", "hung_run", "html_run", "pipeline_run")
-                  if name in getattr(item, "fixturenames", ())]
+        fixtures = getattr(item, "fixturenames", ())
         cls = getattr(item, "cls", None)
-        if shared or (cls is not None and issubclass(cls, ParallelTesterMixin)):
+        if any(name in fixtures for name in SHARED_RUNS) or (cls is not None and issubclass(cls, ParallelTesterMixin)):
             item.add_marker(pytest.mark.slow)
-        if "hung_run" in shared:
-            item.add_marker(pytest.mark.xdist_group("hung_run"))
-        elif item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group("worlds"))
+        group = group_of(fixtures, item.nodeid.split("::")[0], item.get_closest_marker("slow") is not None, worlds)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
