@@ -71,6 +71,7 @@ DRAW = ("import json, sys\nfrom paracheck.results import html\n"
 
 
 def page(tree: Path, report: str) -> str:
+    report = os.path.abspath(report)  # the child runs in `tree`: a relative path would name another file there
     env = dict(os.environ, PYTHONPATH=str(tree))
     out = subprocess.run([sys.executable, "-c", DRAW, report], env=env, capture_output=True, text=True, cwd=tree)
     if out.returncode:

@@ -247,7 +247,12 @@ class Layout:
         return self.index(rank, "dp")
 
     def group(self, rank: int, dims: tuple[str, ...]) -> list[int]:
-        """Ranks that share every coordinate of `rank` except those along `dims`, in rank order."""
+        """Ranks that share every coordinate of `rank` except those along `dims`, in rank order. A dimension of
+        degree > 1 that is not on this mesh (transformers' `ep`, on the expert mesh) has no group here: ValueError."""
+        off = [d for d in dims if d not in self._mesh and self.degree(d) > 1]
+        if off:
+            raise ValueError(f"layout {self.name}: {', '.join(off)} is not a dimension of its mesh "
+                             f"({', '.join(self._mesh)}), so it has no group there")
         base = self.coords(rank)
         members = []
         for values in itertools.product(*(range(self.degree(d)) for d in dims)):

@@ -68,6 +68,13 @@ class KnownFailure:
             return True
         from importlib.metadata import PackageNotFoundError, version
 
+        name, fixed = _release(self.fixed_in)
+        try:
+            return _version(version(name)) < fixed
+        except PackageNotFoundError:
+            return True
+        from importlib.metadata import PackageNotFoundError, version
+
         from packaging.version import Version
 
         name, fixed = self.fixed_in.split()
@@ -162,20 +169,26 @@ def _entry(path: str, i: int, raw: dict) -> KnownFailure:
     if not isinstance(inputs, list) or not set(inputs) <= set(INPUT_TRAITS):
         raise KnownFailuresError(f"{where}: inputs {inputs!r} must be a list of {', '.join(INPUT_TRAITS)}")
     fixed = raw.get("fixed_in", "")
-    if fixed and not _release(fixed):
+    if fixed and (not isinstance(fixed, str) or _release(fixed) is None):
         raise KnownFailuresError(f"{where}: fixed_in {fixed!r} must be a distribution and a version, "
                                  "e.g. 'DISTRIBUTION 1.2.0'")
     return KnownFailure(**dict(raw, inputs=tuple(inputs)))
 
 
-def _release(text: str) -> bool:
+def _release(text: str):
+    """("name", Version) of "name 1.2.0", or None where it is not that."""
+    parts = text.split()
+    version = _version(parts[1]) if len(parts) == 2 else None
+    return (parts[0], version) if version is not None else None
+
+
+def _version(text: str):
     from packaging.version import InvalidVersion, Version
 
-    parts = text.split()
     try:
-        return len(parts) == 2 and bool(Version(parts[1]))
+        return Version(text)
     except InvalidVersion:
-        return False
+        return None
 
 
 def apply(verdicts: list, entries: list[KnownFailure]) -> None:

@@ -348,14 +348,18 @@ def judge_declared_raises(verdicts: list[Verdict], plain: dict, entries) -> None
     """A control whose ranks raised the upstream failure its plain case is declared for (the same entries explain
     the raise) is no kit error: it is judged on the checks it must trip, detected where each failed, missed where
     one passed, inconclusive where one never ran before the raise (then `judge_controls` holds it to what its plain
-    case passes). T5Gemma2's TP backward raises in every case, a planted one too, after structure has run."""
+    case passes). An upstream failure that raises in every pass raises in a planted case too, after the checks
+    before it have run (docs/transformers.md names one)."""
     for v in verdicts:
         base = plain.get(v.case.plain)
         if not v.case.control or v.status != CaseStatus.ERROR or base is None or base.status != CaseStatus.XFAIL:
             continue
         explaining = known.explaining(v, entries)
-        if not explaining:
+        # the plain case's own entries: a broad one ("error", any message) must not excuse a plant that raised
+        declared = {e for e in entries if e.matches(base) and e.message_matches(base)}
+        if not explaining or not set(explaining) <= declared:
             continue
+        v.known = "; ".join(e.text for e in explaining)
         control = get_control(v.case.control)
         raised = f"its ranks then raised its plain case's declared upstream failure ({v.reason})"
         unrun = [c.value for c in control.must_trip if (v.check(c) is None or v.check(c).status == Status.SKIP)]

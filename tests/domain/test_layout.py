@@ -77,3 +77,13 @@ def test_a_grammar_of_one_mesh_order_keeps_it_and_drops_unit_dims_where_it_says(
     assert TorchLayout(tp=2, fsdp=2).mesh_dims == ("fsdp", "tp") and TfLayout(tp=2).coords(1)["pp"] == 0
     assert DiffusersLayout(tp=2).mesh_dims == ("tp", "ring", "ulysses")
     assert TfLayout(tp=2) != TorchLayout(tp=2)  # a layout is its grammar's
+
+
+def test_a_group_along_a_dimension_off_the_mesh_is_refused_not_a_lone_rank():
+    """transformers' `ep` lives on the expert mesh: a group along it on the dense mesh was [rank, rank]."""
+    from paracheck.adapters.transformers.layout import TfLayout
+
+    layout = TfLayout.parse("tp2xep2")
+    with pytest.raises(ValueError, match="ep is not a dimension of its mesh"):
+        layout.group(0, ("ep",))
+    assert layout.group(0, ("tp",)) == [0, 1]

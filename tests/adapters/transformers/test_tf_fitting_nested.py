@@ -150,3 +150,14 @@ def test_an_encoder_decoders_plans_on_its_two_halves_allow_tp_and_pp_and_fit_bot
     fit = fitting.fit(config, Need(tp=4, pp=4))
     assert fit.config.encoder.num_attention_heads % 4 == 0 and fit.config.decoder.num_attention_heads % 4 == 0
     assert fitting.refusal(fit.config, Need(tp=4, pp=4)) is None
+
+
+def test_a_plan_of_its_own_reaches_a_sub_config_under_a_parent_without_one():
+    """T5Gemma2's encoder config has no plan, its text config has one (so transformers splits the encoder's text
+    model): fitting to tp=4 must reach it too. It fitted the decoder only, and tp4 raised on the encoder's 2 kv heads."""
+    config = fitting.tiny(transformers.T5Gemma2Config)
+    assert not getattr(config.encoder, "base_model_tp_plan", None)
+    assert getattr(config.encoder.text_config, "base_model_tp_plan", None)
+    assert any(m.key.startswith("encoder.text_config.") for m in fitting.misfits(config, Need(tp=4)))
+    text = fitting.fit(config, Need(tp=4)).config.encoder.text_config
+    assert text.num_attention_heads % 4 == 0 and text.num_key_value_heads % 4 == 0
