@@ -14,6 +14,8 @@ import copy
 from dataclasses import dataclass
 from typing import Callable
 
+from paracheck.adapters.transformers.refused import Refused
+
 #: Placeholders per side of the kit's square image: 4 placeholders per image (a family that merges patches gets an
 #: image of `SIDE * merge` patches a side).
 SIDE = 2
@@ -22,13 +24,8 @@ CHANNELS = 3
 TEXT_ID = 1
 
 
-class NoBuilder(ValueError):
-    """A vision-language family whose image inputs the kit cannot make: `model_type`, and `why` (the same sentence
-    for every family without a builder, so a report groups them as one reason)."""
-
-    def __init__(self, model_type: str, why: str):
-        super().__init__(f"{model_type}: {why}")
-        self.model_type, self.why = model_type, why
+class NoBuilder(Refused):
+    """A vision-language family whose image inputs the kit cannot make."""
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,8 @@ def _planned(config_class, task: tasks.Task) -> bool:
 
 def fitted(family: Family, world: int, dtype: str = "fp32") -> Family:
     """The family's tiny config fitted to every layout of `world` ranks its plans allow."""
-    from paracheck.adapters.transformers.images import NoBuilder, builder
+    from paracheck.adapters.transformers.images import builder
+    from paracheck.adapters.transformers.refused import Refused
 
     config_class = family.config_class
     try:
@@ -115,7 +116,7 @@ def fitted(family: Family, world: int, dtype: str = "fp32") -> Family:
                             itemsize=fitting.ITEMSIZE[dtype])
         fit = fitting.fit(tiny, need)
         config = tasks.prepared(fit.config, family.task)
-    except (NoBuilder, tasks.NotEncoderDecoder) as exc:  # the case names the family: the reason alone, grouped
+    except Refused as exc:  # the case names the family: the reason alone, grouped
         family.refused = exc.why
         return family
     except fitting.Unfittable as exc:

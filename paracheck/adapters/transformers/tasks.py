@@ -13,6 +13,7 @@ import functools
 from dataclasses import dataclass
 
 from paracheck.adapters.transformers.fixtures import VARIANTS
+from paracheck.adapters.transformers.refused import Refused
 
 
 @dataclass(frozen=True)
@@ -57,17 +58,15 @@ TARGET = 8
 TARGET_PAD = 3
 
 
-class NotEncoderDecoder(ValueError):
+class NotEncoderDecoder(Refused):
     """A class of the seq2seq mapping that is no encoder-decoder: an audio encoder in front of a causal LM, whose
-    audio inputs the kit does not make (a named refusal before launch). `why` is the same sentence for each, so a
-    report groups them as one reason; the message adds the family and the sub-configs in front of its LM."""
+    audio inputs the kit does not make; the message adds the sub-configs in front of its LM."""
 
     WHY = ("not an encoder-decoder (an audio or other encoder in front of a causal LM), whose inputs the kit does "
            "not make; the seq2seq task runs encoder-decoders (t5gemma, t5gemma2)")
 
     def __init__(self, model_type: str, fed: str):
-        super().__init__(f"{model_type}: {self.WHY} ({fed})")
-        self.model_type, self.why = model_type, self.WHY
+        super().__init__(model_type, self.WHY, fed)
 
 
 def by_suffix(name: str) -> tuple[str, Task]:
