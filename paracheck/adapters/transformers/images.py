@@ -90,9 +90,22 @@ def _patches(config, rows: int, size: int, generator) -> dict:
     import torch
 
     vision, grid = config.vision_config, size // _patch(config)
-    flat = vision.in_channels * vision.temporal_patch_size * _patch(config) ** 2
+    # Towers that embed one frame (no `temporal_patch_size`) name their channels `num_channels` or `in_channels`.
+    channels = getattr(vision, "in_channels", None) or vision.num_channels
+    flat = channels * getattr(vision, "temporal_patch_size", 1) * _patch(config) ** 2
     return {"pixel_values": torch.randn(rows, grid * grid, flat, generator=generator),
             "image_grid_thw": torch.tensor([[1, grid, grid]] * rows)}
+
+
+def _naflex(config, rows: int, size: int, generator) -> dict:
+    """A SigLIP2 (NaFlex) tower's flattened patches: `pixel_values` (rows, patches, channels x patch x patch),
+    `spatial_shapes` (rows, 2) the patch grid, and `pixel_attention_mask` (rows, patches), all patches real."""
+    import torch
+
+    patch, grid = _patch(config), size // _patch(config)
+    return {"pixel_values": torch.randn(rows, grid * grid, CHANNELS * patch * patch, generator=generator),
+            "spatial_shapes": torch.tensor([[grid, grid]] * rows),
+            "pixel_attention_mask": torch.ones(rows, grid * grid, dtype=torch.long)}
 
 
 def _qwen_vl(config) -> None:
@@ -105,6 +118,13 @@ def _qwen_vl(config) -> None:
     half = int((getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads) * rotary) // 2
     # Read with a default of a 128-wide head's sections where the config names none.
     text.rope_parameters = dict(rope, mrope_section=[half - 2 * (half // 4), half // 4, half // 4])
+
+
+def _ovis2(config) -> None:
+    """Ovis2's visual embedding table maps each feature to `hidden_size`, which must be the (fitted) text width;
+    its tower merges `hidden_stride` patches a side, 2 as in the real tower (the tiny rule leaves 1)."""
+    config.hidden_size = text_config(config).hidden_size
+    config.vision_config.hidden_stride = 2
 
 
 def _qwen2_vl(config) -> None:
@@ -182,6 +202,11 @@ BUILDERS = {
     "idefics2": Builder(configure=_idefics2, tiles=1),
     "glm46v": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
     "glm_ocr": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "deepseek_vl": Builder(),
+    "ovis2": Builder(merge=2, configure=_ovis2),
+    "llava_onevision1_5": Builder(merge=2, configure=_qwen_vl, pixels=_patches,
+                                  token_types=("mm_token_type_ids", "image")),
+    "lfm2_vl": Builder(merge=2, pixels=_naflex),  # its projector unshuffles 2 x 2 patches into one placeholder
 }
 
 #: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
@@ -189,6 +214,8 @@ REFUSED = {
     "aria": "its projector holds queries only for its real images' patch counts (35 or 70 a side), so no tiny image",
     "deepseek_vl_hybrid": "each image is also a second, high-resolution tensor (high_res_pixel_values) of its own "
                           "tower",
+    "paddleocr_vl": "its pixel_values are every image's patches along dim 0 (its forward adds the batch dim itself), "
+                    "so no tensor holds one row's image at its row",
     "emu3": "its images are a VQ tokenizer's codes in the text, not a vision tower's features",
     "shieldgemma2": "the mapping builds Gemma3ForConditionalGeneration from ShieldGemma2Config, whose checkpoint "
                     "conversion writes every weight under a second prefix (model.model.language_model.model.*) that "
