@@ -71,6 +71,19 @@ def _paligemma(config) -> None:
     config.projection_dim = config.vision_config.projection_dim = text_config(config).hidden_size
 
 
+def _janus(config) -> None:
+    """Janus's aligner maps the tower's features to the vision config's `projection_dim`, which must be the
+    (fitted) text width. Its VQ image tokenizer and generation head (for image output, which the kit does not
+    run, but built with the model) keep their real sizes, which the tiny rule does not know: two levels of 32
+    channels, 64 codes, and the text width where they meet the text."""
+    width = text_config(config).hidden_size
+    config.vision_config.projection_dim = width
+    vq = config.vq_config
+    vq.base_channels, vq.channel_multiplier, vq.num_res_blocks, vq.latent_channels = 32, [1, 1], 1, 32
+    vq.num_embeddings, vq.projection_dim, vq.image_token_embed_dim = 64, width, width
+    vq.num_patches = image_size(config) // _patch(config)  # the config derives it from the real image at init
+
+
 def _pixtral(config) -> None:
     """Pixtral's rotary tables take `head_dim`, which must be the (fitted) tower's width per head."""
     vision = config.vision_config
@@ -206,7 +219,8 @@ BUILDERS = {
     "ovis2": Builder(merge=2, configure=_ovis2),
     "llava_onevision1_5": Builder(merge=2, configure=_qwen_vl, pixels=_patches,
                                   token_types=("mm_token_type_ids", "image")),
-    "lfm2_vl": Builder(merge=2, pixels=_naflex),  # its projector unshuffles 2 x 2 patches into one placeholder
+    "lfm2_vl": Builder(merge=2, pixels=_naflex),
+    "janus": Builder(configure=_janus),  # its projector unshuffles 2 x 2 patches into one placeholder
 }
 
 #: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
