@@ -223,13 +223,16 @@ BUILDERS = {
     "janus": Builder(configure=_janus),  # its projector unshuffles 2 x 2 patches into one placeholder
 }
 
+_PATCHES_ON_DIM_0 = ("its pixel_values are every image's patches along dim 0 (its forward adds the batch dim "
+                     "itself), so no tensor holds one row's image at its row")
+
 #: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
 REFUSED = {
     "aria": "its projector holds queries only for its real images' patch counts (35 or 70 a side), so no tiny image",
     "deepseek_vl_hybrid": "each image is also a second, high-resolution tensor (high_res_pixel_values) of its own "
                           "tower",
-    "paddleocr_vl": "its pixel_values are every image's patches along dim 0 (its forward adds the batch dim itself), "
-                    "so no tensor holds one row's image at its row",
+    "hunyuan_vl": _PATCHES_ON_DIM_0,
+    "paddleocr_vl": _PATCHES_ON_DIM_0,
     "emu3": "its images are a VQ tokenizer's codes in the text, not a vision tower's features",
     "shieldgemma2": "the mapping builds Gemma3ForConditionalGeneration from ShieldGemma2Config, whose checkpoint "
                     "conversion writes every weight under a second prefix (model.model.language_model.model.*) that "
