@@ -223,16 +223,20 @@ BUILDERS = {
     "janus": Builder(configure=_janus),  # its projector unshuffles 2 x 2 patches into one placeholder
 }
 
-_PATCHES_ON_DIM_0 = ("its pixel_values are every image's patches along dim 0 (its forward adds the batch dim "
-                     "itself), so no tensor holds one row's image at its row")
+#: Packed patches: the tower reads all images' patches as one sequence (cut again by a grid or size tensor), so the
+#: row split `inputs.share` makes of dim 0 would cut patches, not images.
+_PACKED = ("its pixel_values pack every image's patches into one sequence (all rows' patches along one dim, as its "
+           "processor gives them), so no tensor holds one row's image at its row")
 
 #: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
 REFUSED = {
     "aria": "its projector holds queries only for its real images' patch counts (35 or 70 a side), so no tiny image",
     "deepseek_vl_hybrid": "each image is also a second, high-resolution tensor (high_res_pixel_values) of its own "
                           "tower",
-    "hunyuan_vl": _PATCHES_ON_DIM_0,
-    "paddleocr_vl": _PATCHES_ON_DIM_0,
+    "hunyuan_vl": _PACKED,  # (patches, channels x patch x patch)
+    "kimi_k25": _PACKED,  # (patches, channels, patch, patch)
+    "minicpmv4_6": _PACKED,  # (1, channels, patch, patches x patch)
+    "paddleocr_vl": _PACKED,  # (patches, channels, patch, patch), given a batch dim of 1 in forward
     "emu3": "its images are a VQ tokenizer's codes in the text, not a vision tower's features",
     "shieldgemma2": "the mapping builds Gemma3ForConditionalGeneration from ShieldGemma2Config, whose checkpoint "
                     "conversion writes every weight under a second prefix (model.model.language_model.model.*) that "
