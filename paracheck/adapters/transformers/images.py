@@ -68,6 +68,19 @@ def _paligemma(config) -> None:
     config.projection_dim = config.vision_config.projection_dim = text_config(config).hidden_size
 
 
+def _janus(config) -> None:
+    """Janus's aligner maps the tower's features to the vision config's `projection_dim`, which must be the
+    (fitted) text width. Its VQ image tokenizer and generation head (for image output, which the kit does not
+    run, but built with the model) keep their real sizes, which the tiny rule does not know: two levels of 32
+    channels, 64 codes, and the text width where they meet the text."""
+    width = text_config(config).hidden_size
+    config.vision_config.projection_dim = width
+    vq = config.vq_config
+    vq.base_channels, vq.channel_multiplier, vq.num_res_blocks, vq.latent_channels = 32, [1, 1], 1, 32
+    vq.num_embeddings, vq.projection_dim, vq.image_token_embed_dim = 64, width, width
+    vq.num_patches = image_size(config) // _patch(config)  # the config derives it from the real image at init
+
+
 def _pixtral(config) -> None:
     """Pixtral's rotary tables take `head_dim`, which must be the (fitted) tower's width per head."""
     vision = config.vision_config
@@ -87,9 +100,22 @@ def _patches(config, rows: int, size: int, generator) -> dict:
     import torch
 
     vision, grid = config.vision_config, size // _patch(config)
-    flat = vision.in_channels * vision.temporal_patch_size * _patch(config) ** 2
+    # Towers that embed one frame (no `temporal_patch_size`) name their channels `num_channels` or `in_channels`.
+    channels = getattr(vision, "in_channels", None) or vision.num_channels
+    flat = channels * getattr(vision, "temporal_patch_size", 1) * _patch(config) ** 2
     return {"pixel_values": torch.randn(rows, grid * grid, flat, generator=generator),
             "image_grid_thw": torch.tensor([[1, grid, grid]] * rows)}
+
+
+def _naflex(config, rows: int, size: int, generator) -> dict:
+    """A SigLIP2 (NaFlex) tower's flattened patches: `pixel_values` (rows, patches, channels x patch x patch),
+    `spatial_shapes` (rows, 2) the patch grid, and `pixel_attention_mask` (rows, patches), all patches real."""
+    import torch
+
+    patch, grid = _patch(config), size // _patch(config)
+    return {"pixel_values": torch.randn(rows, grid * grid, CHANNELS * patch * patch, generator=generator),
+            "spatial_shapes": torch.tensor([[grid, grid]] * rows),
+            "pixel_attention_mask": torch.ones(rows, grid * grid, dtype=torch.long)}
 
 
 def _qwen_vl(config) -> None:
@@ -102,6 +128,13 @@ def _qwen_vl(config) -> None:
     half = int((getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads) * rotary) // 2
     # Read with a default of a 128-wide head's sections where the config names none.
     text.rope_parameters = dict(rope, mrope_section=[half - 2 * (half // 4), half // 4, half // 4])
+
+
+def _ovis2(config) -> None:
+    """Ovis2's visual embedding table maps each feature to `hidden_size`, which must be the (fitted) text width;
+    its tower merges `hidden_stride` patches a side, 2 as in the real tower (the tiny rule leaves 1)."""
+    config.hidden_size = text_config(config).hidden_size
+    config.vision_config.hidden_stride = 2
 
 
 def _qwen2_vl(config) -> None:
@@ -179,13 +212,28 @@ BUILDERS = {
     "idefics2": Builder(configure=_idefics2, tiles=1),
     "glm46v": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
     "glm_ocr": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "deepseek_vl": Builder(),
+    "ovis2": Builder(merge=2, configure=_ovis2),
+    "llava_onevision1_5": Builder(merge=2, configure=_qwen_vl, pixels=_patches,
+                                  token_types=("mm_token_type_ids", "image")),
+    "lfm2_vl": Builder(merge=2, pixels=_naflex),
+    "janus": Builder(configure=_janus),  # its projector unshuffles 2 x 2 patches into one placeholder
 }
+
+#: Packed patches: the tower reads all images' patches as one sequence (cut again by a grid or size tensor), so the
+#: row split `inputs.share` makes of dim 0 would cut patches, not images.
+_PACKED = ("its pixel_values pack every image's patches into one sequence (all rows' patches along one dim, as its "
+           "processor gives them), so no tensor holds one row's image at its row")
 
 #: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
 REFUSED = {
     "aria": "its projector holds queries only for its real images' patch counts (35 or 70 a side), so no tiny image",
     "deepseek_vl_hybrid": "each image is also a second, high-resolution tensor (high_res_pixel_values) of its own "
                           "tower",
+    "hunyuan_vl": _PACKED,  # (patches, channels x patch x patch)
+    "kimi_k25": _PACKED,  # (patches, channels, patch, patch)
+    "minicpmv4_6": _PACKED,  # (1, channels, patch, patches x patch)
+    "paddleocr_vl": _PACKED,  # (patches, channels, patch, patch), given a batch dim of 1 in forward
     "emu3": "its images are a VQ tokenizer's codes in the text, not a vision tower's features",
     "shieldgemma2": "the mapping builds Gemma3ForConditionalGeneration from ShieldGemma2Config, whose checkpoint "
                     "conversion writes every weight under a second prefix (model.model.language_model.model.*) that "

@@ -58,7 +58,8 @@ def test_a_family_without_an_image_builder_is_refused_by_name():
 #: One family per way a builder shapes its image or sets its config (the rest share one of these builders'
 #: parts): the whole table runs in the 2-rank sweep, at ~1 s a family here on 2 cores.
 SHAPES = ("llava", "vipllava", "paligemma", "gemma3", "mistral3", "idefics3", "llava_next", "qwen2_vl", "qwen2_5_vl",
-          "llama4", "idefics2")
+          "llama4", "idefics2", "ovis2", "llava_onevision1_5", "lfm2_vl",
+          "janus")
 
 
 @pytest.mark.parametrize("model_type", SHAPES)
