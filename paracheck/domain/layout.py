@@ -102,7 +102,7 @@ class Grammar:
         """Every layout of `world` ranks over the mesh's dimensions (the others of degree 1), one kind first."""
         if world < 1:
             raise self.error(f"--nproc {world}: the world size must be >= 1")
-        mesh = dict(self.meshes)[self.meshes[0][0]]
+        mesh = self.meshes[0][1]
         found = [self(**dict(zip(mesh, sizes))) for sizes in factorizations(world, len(mesh))]
         return sorted((l for l in found if l.world > 1), key=lambda l: (len(l.kinds), l.name))
 

@@ -97,7 +97,6 @@ def _planned(config_class, task: tasks.Task) -> bool:
 
 def fitted(family: Family, world: int, dtype: str = "fp32") -> Family:
     """The family's tiny config fitted to every layout of `world` ranks its plans allow."""
-    from paracheck.adapters.transformers.images import builder
     from paracheck.adapters.transformers.refused import Refused
 
     config_class = family.config_class
@@ -107,10 +106,7 @@ def fitted(family: Family, world: int, dtype: str = "fp32") -> Family:
         if nested and family.task is tasks.CAUSAL_LM:  # its head reads the text sizes at the top: the text config
             raise fitting.Unfittable(f"{config_class.__name__} keeps its sizes in nested configs ({', '.join(nested)});"
                                      " fit the nested text config's own family instead")
-        if family.task is tasks.IMAGE_TEXT:
-            builder(tiny)  # a family whose image inputs the kit cannot make is refused before fitting
-        if family.task is tasks.SEQ2SEQ:
-            tasks.prepared(tiny, family.task)  # likewise a seq2seq class that is no encoder-decoder
+        tasks.refuse(tiny, family.task)  # a family whose inputs the kit cannot make is refused before fitting
         has = {degree: fitting.has_plan(tiny, degree) for degree in ("pp", "ep")}
         need = fitting.Need(tp=world, pp=world if has["pp"] else 1, ep=world if has["ep"] else 1, dp=world,
                             itemsize=fitting.ITEMSIZE[dtype])

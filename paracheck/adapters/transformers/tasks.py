@@ -149,14 +149,24 @@ def prepared(config, task: Task):
     return config
 
 
-def _encoder_decoder(config) -> None:
-    """The seq2seq task's check on a config (raises `NotEncoderDecoder`), and the padding id its decoder's inputs
-    take where a label is -100 (as the kit's prompts and targets pad)."""
-    from paracheck.adapters.transformers.inputs import PAD_ID
+def refuse(config, task: Task) -> None:
+    """Raise the task's `Refused` where the kit makes no inputs for `config` (no image builder; a seq2seq class
+    that is no encoder-decoder), touching nothing: the sweep asks before fitting."""
+    from paracheck.adapters.transformers import images
 
-    if not getattr(config, "is_encoder_decoder", False):
+    if task is IMAGE_TEXT:
+        images.builder(config)
+    if task is SEQ2SEQ and not getattr(config, "is_encoder_decoder", False):
         fed = sorted(k for k in vars(config) if k.endswith("_config") and k != "text_config")
         raise NotEncoderDecoder(config.model_type, f"{', '.join(fed) or 'no encoder'} in front of its LM")
+
+
+def _encoder_decoder(config) -> None:
+    """The seq2seq task's check on a config (`refuse`), and the padding id its decoder's inputs take where a label
+    is -100 (as the kit's prompts and targets pad)."""
+    from paracheck.adapters.transformers.inputs import PAD_ID
+
+    refuse(config, SEQ2SEQ)
     config.pad_token_id = PAD_ID
     for key in ("encoder", "decoder", "text_config"):
         part = getattr(config, key, None)
