@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import subprocess
@@ -26,6 +27,13 @@ _POLL = 0.05
 _STACK_WAIT = 1.0
 #: Seconds to let the other ranks finish after one exits with an error, before they are stopped.
 _EXIT_GRACE = 3.0
+#: The longest AF_UNIX path Linux takes (108 bytes with the terminating NUL), and how much the fork server adds
+#: to multiprocessing's temporary folder: "/pymp-XXXXXXXX" (its folder, made under the system's temp folder)
+#: and "/listener-XXXXXXXX" (its socket).
+_UNIX_PATH_MAX, _SERVER_SUFFIX = 107, len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+#: Short folders the fork server's socket may live in where TMPDIR is too long for one (CPython 3.14 falls back
+#: the same way; 3.11 to 3.13 raise "AF_UNIX path too long" when the first rank starts).
+_SHORT_TEMP = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 def start_method(backend_name: str) -> str:
@@ -51,11 +59,36 @@ def _no_main_module():
         sys.modules["__main__"] = main
 
 
+def _fit_server_socket() -> None:
+    """Before the fork server starts: where TMPDIR is too long to hold its socket, make multiprocessing's
+    temporary folder in a short system folder instead (multiprocessing still removes it at exit); where no
+    short folder is writable, say which folder is too long, by how much, and what to do."""
+    import tempfile
+    from multiprocessing import process
+
+    if process.current_process()._config.get("tempdir") is not None:
+        return  # already made, and the fork server (if any) already listens
+    base = tempfile.gettempdir()
+    if len(base) + _SERVER_SUFFIX <= _UNIX_PATH_MAX:
+        return
+    short = next((folder for folder in _SHORT_TEMP if os.access(folder, os.W_OK | os.X_OK)), None)
+    if short is None:
+        raise RuntimeError(f"the temporary folder {base!r} ({len(base)} characters) is too long to hold the socket "
+                           f"ranks start through (at most {_UNIX_PATH_MAX - _SERVER_SUFFIX} characters), and none of "
+                           f"{', '.join(_SHORT_TEMP)} is writable: set TMPDIR to a shorter folder, or PARACHECK_START=fresh")
+    saved, tempfile.tempdir = tempfile.tempdir, short
+    try:
+        multiprocessing.util.get_temp_dir()
+    finally:
+        tempfile.tempdir = saved
+
+
 class _Rank:
     """One rank process, however it was started."""
 
     def __init__(self, method: str, rundir: RunDir, env: dict, log: str):
         if method == "forkserver":
+            _fit_server_socket()
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(["paracheck.rank.preload"])
             from paracheck.launch.rankstart import rank_entry
