@@ -13,8 +13,10 @@ silently compute rank 0's everywhere. This module makes such code loud or exact:
   `RankDependent` where Python needs one value of it (an index, a branch), naming the line. What raises there is
   run per rank (`regions`) or reported as a skip; nothing takes rank 0's value for every rank.
 
-One of torch's own rules is stood in for: `dist.all_gather` (the list form) over a subgroup, whose torch 2.13 rule
-hands every rank the last group's tensors (`_all_gather_list`, docs/upstream/localtensor_all_gather.md).
+Two of torch's own are stood in for: `dist.all_gather` (the list form) over a subgroup, whose torch 2.13 rule
+hands every rank the last group's tensors (`_all_gather_list`, docs/upstream/localtensor_all_gather.md), and
+FSDP2's storage resizing, which a `LocalTensor` has no storage for (`_each_rank_storage`,
+docs/upstream/localtensor_fsdp_storage.md).
 
 The patches are installed for the life of a `LocalWorld` and removed on exit, also on error.
 """
@@ -47,6 +49,9 @@ def limit(exception: str) -> bool:
 
 
 _state = threading.local()
+#: The thread that entered the live local world (None without one): the one thread whose rank-free queries
+#: answer as this process (rank 0) or, under the mode, per rank.
+_home: list = [None]
 
 
 def current_rank() -> int | None:
@@ -160,6 +165,30 @@ def _all_gather_list(output_tensors, input_tensors, process_group_so, async_op=T
     return ([outputs], Work.boxed(FakeWork()))
 
 
+def _each_rank_storage(resize):
+    """FSDP2's `alloc_storage`/`free_storage` (`resize`), applied to every rank's tensor of a `LocalTensor`: a wrapper
+    subclass has no storage of its own to resize ("Attempted to call resize_() on an invalid python storage")."""
+    from torch.distributed._local_tensor import LocalTensor
+
+    @functools.wraps(resize)
+    def each(tensor) -> None:
+        for local in (tensor._local_tensors.values() if isinstance(tensor, LocalTensor) else (tensor,)):
+            resize(local)
+    return each
+
+
+def _install_fsdp_storage(patches: "_Patches") -> None:
+    """FSDP2 frees and allocates its unsharded parameters' storage around each use; stood in for by rank
+    (`_each_rank_storage`), in both modules that hold the functions by name."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    for name in ("alloc_storage", "free_storage"):
+        stand_in = _each_rank_storage(getattr(_fsdp_param, name))
+        for module in (_fsdp_param, _fsdp_param_group):
+            if hasattr(module, name):
+                patches.set(module, name, stand_in)
+
+
 class _Patches:
     """What a local world changes in torch while it lives, restored in reverse on `close`."""
 
@@ -200,6 +229,7 @@ def _install(patches: _Patches) -> None:
     from torch.distributed._local_tensor import _c10d
 
     patches.set(_c10d, "_local_all_gather_", _all_gather_list)
+    _install_fsdp_storage(patches)
 
     def mesh_method(name, as_rank):
         original = DeviceMesh.__dict__[name]
@@ -207,7 +237,10 @@ def _install(patches: _Patches) -> None:
         @functools.wraps(original)
         def method(self, *args, **kwargs):
             rank = current_rank()
-            return original(self, *args, **kwargs) if rank is None else as_rank(self, rank, *args, **kwargs)
+            if rank is None:
+                _not_elsewhere(f"DeviceMesh.{name}")
+                return original(self, *args, **kwargs)
+            return as_rank(self, rank, *args, **kwargs)
         patches.set(DeviceMesh, name, method)
 
     def local_rank(mesh, rank, mesh_dim=None):
@@ -230,6 +263,7 @@ def _install(patches: _Patches) -> None:
             return rank if group is None or group is dist.group.WORLD else group_members(group, rank).index(rank)
         mode = enabled_local_tensor_mode()
         if mode is None:
+            _not_elsewhere("dist.get_rank")
             return real_rank(group)
         world = sorted(mode.ranks)
         return torch.SymInt(LocalIntNode({r: r if group is None or group is dist.group.WORLD
@@ -253,6 +287,15 @@ def _install(patches: _Patches) -> None:
                      ("gt", operator.gt), ("lt", operator.lt)):
         patches.set(LocalIntNode, name, _compare(op))
     patches.set(LocalIntNode, "_str", lambda self: str(_one_or_text(self)))
+
+
+def _not_elsewhere(what: str) -> None:
+    """`RankDependent` where a thread of the library's own (a loader's pool) asks for this process's rank: the
+    local world's mode is on in the thread that entered it only, so the question would silently answer as rank 0
+    for every rank."""
+    if _home[0] is not None and threading.get_ident() != _home[0]:
+        raise RankDependent(f"{what} in thread {threading.current_thread().name!r}, not the local world's, at "
+                            f"{_caller()}: the mode is off there, so it would answer rank 0's for every rank")
 
 
 def _maybe_one(node):
@@ -291,6 +334,7 @@ class LocalWorld:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=self.size)
         try:
             _install(self._patches)
+            _home[0] = threading.get_ident()
         except BaseException:
             self.__exit__(*sys.exc_info())
             raise
@@ -298,6 +342,7 @@ class LocalWorld:
         return self
 
     def __exit__(self, *exc) -> None:
+        _home[0] = None
         self._patches.close()
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -313,6 +358,25 @@ class LocalWorld:
                 return LocalTensor({r: x.detach().clone() for r in self.ranks})
             return x
         return torch.utils._pytree.tree_map(one, value)
+
+
+def per_rank_tensors(fn):
+    """`fn(rank)` for this process's rank; under an enabled `LocalTensorMode`, `fn(r)` of every rank `r` of its world
+    in one value, each tensor a `LocalTensor` holding every rank's (the inputs a rank picks by its rank, such as
+    its data shard, given to every rank at once)."""
+    from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode
+
+    mode = enabled_local_tensor_mode()
+    if mode is None:
+        return fn(dist.get_rank())
+    ranks = sorted(mode.ranks)
+    with mode.disable():
+        values = {r: fn(r) for r in ranks}
+    flat = {r: torch.utils._pytree.tree_flatten(v) for r, v in values.items()}
+    leaves, spec = flat[ranks[0]]
+    joined = [LocalTensor({r: flat[r][0][i] for r in ranks}) if isinstance(leaf, torch.Tensor) else leaf
+              for i, leaf in enumerate(leaves)]
+    return torch.utils._pytree.tree_unflatten(joined, spec)
 
 
 def local_value(value, rank: int):
