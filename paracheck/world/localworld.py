@@ -101,12 +101,20 @@ def same_shape_group(members, rank: int, world: int) -> tuple[int, ...]:
     raise RankDependent(f"rank {rank} is in no group shaped like {tuple(ordered)} in a world of {world}")
 
 
+#: torch's own machinery between a per-rank value and the line that needed it: not the line to name.
+_MACHINERY = ("/torch/fx/", "/torch/__init__.py", "/torch/distributed/_local_tensor/", "/torch/utils/")
+
+
 def _caller() -> str:
-    """The first frame outside torch and this module: where a per-rank value was needed as one."""
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        if "/torch/" not in frame.filename and frame.filename != __file__:
-            return f"{frame.filename}:{frame.lineno} ({frame.name})"
-    return "?"
+    """Where a per-rank value was needed as one: the first frame outside torch (the caller's line), and, where
+    the need is inside torch (FSDP2's mesh info, DTensor), the innermost line of torch that needed it."""
+    stack = [f for f in traceback.extract_stack()[:-2] if f.filename != __file__]
+    outer = next((f for f in reversed(stack) if "/torch/" not in f.filename), None)
+    inner = next((f for f in reversed(stack) if not any(m in f.filename for m in _MACHINERY)), None)
+    where = [f"{f.filename}:{f.lineno} ({f.name})" for f in (outer, inner) if f is not None]
+    if len(where) == 2 and where[0] != where[1]:
+        return f"{where[0]}, in {where[1]}"
+    return where[0] if where else "?"
 
 
 def _one(node, name: str):
@@ -189,6 +197,49 @@ def _install_fsdp_storage(patches: "_Patches") -> None:
                 patches.set(module, name, stand_in)
 
 
+def _install_fsdp_rank(patches: "_Patches") -> None:
+    """FSDP2 picks this rank's chunk of each parameter by `shard_process_group.rank()` (`FSDPMeshInfo`), which the
+    fake group answers 0 for every rank, so every rank would silently hold rank 0's chunk. Under the mode it is
+    made per rank, so the chunk's pick raises `RankDependent` naming FSDP2's line (`_init_sharded_param`), except
+    for a meta parameter split evenly (a library that shards on meta, then loads each rank's shard itself, as
+    transformers does): its chunks differ in nothing but the values it does not have, so rank 0's is every rank's."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_common, _fsdp_param
+    from torch.distributed._local_tensor import enabled_local_tensor_mode
+
+    info_init = _fsdp_common.FSDPMeshInfo.__dict__["__post_init__"]
+    sharded = _fsdp_param.FSDPParam.__dict__["_init_sharded_param"]
+    post_forward = _fsdp_param.FSDPParam.__dict__["_init_sharded_post_forward_param_metadata"]
+
+    def post_init(self) -> None:
+        info_init(self)
+        if enabled_local_tensor_mode() is not None and current_rank() is None:
+            self.shard_mesh_rank = self.mesh.get_local_rank(self.shard_mesh_dim)
+
+    def even(param, mesh_info) -> bool:
+        local = getattr(param, "_local_tensor", param)
+        return local.ndim > 0 and local.shape[0] % getattr(mesh_info, "shard_mesh_size", 1) == 0
+
+    def init_sharded(self, param, device, shard_placement_fn, mesh_info):
+        mode = enabled_local_tensor_mode()
+        if mode is not None and current_rank() is None and getattr(param, "_local_tensor", param).is_meta \
+                and shard_placement_fn is None and even(param, mesh_info):
+            with rank_as(min(mode.ranks)):
+                return sharded(self, param, device, shard_placement_fn, mesh_info)
+        return sharded(self, param, device, shard_placement_fn, mesh_info)
+
+    def post_forward_size(self, param) -> None:
+        # a size alone, the same for every rank where the split is even
+        mode = enabled_local_tensor_mode()
+        if mode is not None and current_rank() is None and even(param, self.post_forward_mesh_info):
+            with rank_as(min(mode.ranks)):
+                return post_forward(self, param)
+        return post_forward(self, param)
+
+    patches.set(_fsdp_common.FSDPMeshInfo, "__post_init__", post_init)
+    patches.set(_fsdp_param.FSDPParam, "_init_sharded_param", init_sharded)
+    patches.set(_fsdp_param.FSDPParam, "_init_sharded_post_forward_param_metadata", post_forward_size)
+
+
 class _Patches:
     """What a local world changes in torch while it lives, restored in reverse on `close`."""
 
@@ -230,6 +281,7 @@ def _install(patches: _Patches) -> None:
 
     patches.set(_c10d, "_local_all_gather_", _all_gather_list)
     _install_fsdp_storage(patches)
+    _install_fsdp_rank(patches)
 
     def mesh_method(name, as_rank):
         original = DeviceMesh.__dict__[name]
