@@ -212,7 +212,8 @@ def _install_fsdp_rank(patches: "_Patches") -> None:
 
     def post_init(self) -> None:
         info_init(self)
-        if enabled_local_tensor_mode() is not None and current_rank() is None:
+        # a dimension of one rank: 0 is every rank's
+        if enabled_local_tensor_mode() is not None and current_rank() is None and self.shard_mesh_size > 1:
             self.shard_mesh_rank = self.mesh.get_local_rank(self.shard_mesh_dim)
 
     def even(param, mesh_info) -> bool:
