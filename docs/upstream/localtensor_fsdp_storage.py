@@ -1,4 +1,4 @@
-"""FSDP2 under torch's LocalTensorMode: the second forward raises in `alloc_storage` (docs/upstream/localtensor_fsdp_storage.md).
+"""FSDP2 under torch's LocalTensorMode: a layer's reshard raises in `free_storage` (localtensor_fsdp_storage.md).
 
     python docs/upstream/localtensor_fsdp_storage.py
 """
