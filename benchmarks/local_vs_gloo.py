@@ -6,7 +6,9 @@
 
 Prints, per case both ran: a status that differs, a check whose status or failing ranks differ, and the largest
 max_abs difference over the checks both ran (a local world takes no steps, save or generation: those checks and
-the controls that show only there are left out, and counted). Exit 1 on any disagreement.
+the controls that show only there are left out, and counted). A case the local world skipped as its own limit
+(`one process cannot run this case as every rank`: docs/local-world.md) is counted apart and listed, not a
+disagreement. Exit 1 on any disagreement.
 """
 
 from __future__ import annotations
@@ -15,19 +17,26 @@ import json
 import sys
 
 LATER = {"parity.steps", "checkpoint.roundtrip", "parity.generate"}
+#: The words of a case a local world cannot run (`paracheck.rank.localrun.ONE_PROCESS`).
+ONE_PROCESS = "one process cannot run this case as every rank"
 
 
 def _cases(path: str) -> dict:
     return {c["id"]: c for c in json.load(open(path))["cases"]}
 
 
-def compare(local: dict, gloo: dict) -> tuple[list[str], float, int, int]:
-    """(disagreements, the largest max_abs difference, cases compared, cases left out)."""
+def compare(local: dict, gloo: dict, limits: list | None = None) -> tuple[list[str], float, int, int]:
+    """(disagreements, the largest max_abs difference, cases compared, cases left out); the cases skipped as a
+    local world's limit are appended to `limits` (with gloo's status), not compared."""
     found, worst, compared, left_out = [], 0.0, 0, 0
     for case_id, ours in sorted(local.items()):
         theirs = gloo.get(case_id)
         if theirs is None or "local world (--local-world) takes no" in ours.get("reason", ""):
             left_out += 1
+            continue
+        if ours["status"] == "skip" and ours.get("reason", "").startswith(ONE_PROCESS):
+            if limits is not None:
+                limits.append(f"{case_id}: {theirs['status']} on gloo; here {ours['reason'][:140]}")
             continue
         compared += 1
         if ours["status"] != theirs["status"]:
@@ -46,11 +55,14 @@ def compare(local: dict, gloo: dict) -> tuple[list[str], float, int, int]:
 
 
 def main(argv: list[str]) -> int:
-    found, worst, compared, left_out = compare(_cases(argv[0]), _cases(argv[1]))
+    limits: list[str] = []
+    found, worst, compared, left_out = compare(_cases(argv[0]), _cases(argv[1]), limits)
     for line in found:
         print(line)
-    print(f"{compared} cases compared, {left_out} left out, {len(found)} disagreements, "
-          f"largest max_abs difference {worst:.1e}")
+    for line in limits:
+        print(f"limit {line}")
+    print(f"{compared} cases compared, {left_out} left out, {len(limits)} a local world's limit, "
+          f"{len(found)} disagreements, largest max_abs difference {worst:.1e}")
     return 1 if found else 0
 
 

@@ -121,6 +121,10 @@ LOCAL_WORLD_STOOD_IN = (
     ("torch.distributed._local_tensor._c10d._local_all_gather_",
      "dist.all_gather (list form) over a subgroup hands every rank the last group's tensors (torch 2.13)",
      "docs/upstream/localtensor_all_gather.md"),
+    ("torch.distributed.fsdp._fully_shard._fsdp_param.alloc_storage, free_storage",
+     "FSDP2 resizes an unsharded parameter's storage, which a LocalTensor has none of (\"Attempted to call "
+     "resize_() on an invalid python storage\", torch 2.13); resized per rank instead",
+     "docs/upstream/localtensor_fsdp_storage.md"),
 )
 
 

@@ -13,8 +13,10 @@ silently compute rank 0's everywhere. This module makes such code loud or exact:
   `RankDependent` where Python needs one value of it (an index, a branch), naming the line. What raises there is
   run per rank (`regions`) or reported as a skip; nothing takes rank 0's value for every rank.
 
-One of torch's own rules is stood in for: `dist.all_gather` (the list form) over a subgroup, whose torch 2.13 rule
-hands every rank the last group's tensors (`_all_gather_list`, docs/upstream/localtensor_all_gather.md).
+Two of torch's own are stood in for: `dist.all_gather` (the list form) over a subgroup, whose torch 2.13 rule
+hands every rank the last group's tensors (`_all_gather_list`, docs/upstream/localtensor_all_gather.md), and
+FSDP2's storage resizing, which a `LocalTensor` has no storage for (`_each_rank_storage`,
+docs/upstream/localtensor_fsdp_storage.md).
 
 The patches are installed for the life of a `LocalWorld` and removed on exit, also on error.
 """
@@ -47,6 +49,9 @@ def limit(exception: str) -> bool:
 
 
 _state = threading.local()
+#: The thread that entered the live local world (None without one): the one thread whose rank-free queries
+#: answer as this process (rank 0) or, under the mode, per rank.
+_home: list = [None]
 
 
 def current_rank() -> int | None:
@@ -96,12 +101,20 @@ def same_shape_group(members, rank: int, world: int) -> tuple[int, ...]:
     raise RankDependent(f"rank {rank} is in no group shaped like {tuple(ordered)} in a world of {world}")
 
 
+#: torch's own machinery between a per-rank value and the line that needed it: not the line to name.
+_MACHINERY = ("/torch/fx/", "/torch/__init__.py", "/torch/distributed/_local_tensor/", "/torch/utils/")
+
+
 def _caller() -> str:
-    """The first frame outside torch and this module: where a per-rank value was needed as one."""
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        if "/torch/" not in frame.filename and frame.filename != __file__:
-            return f"{frame.filename}:{frame.lineno} ({frame.name})"
-    return "?"
+    """Where a per-rank value was needed as one: the first frame outside torch (the caller's line), and, where
+    the need is inside torch (FSDP2's mesh info, DTensor), the innermost line of torch that needed it."""
+    stack = [f for f in traceback.extract_stack()[:-2] if f.filename != __file__]
+    outer = next((f for f in reversed(stack) if "/torch/" not in f.filename), None)
+    inner = next((f for f in reversed(stack) if not any(m in f.filename for m in _MACHINERY)), None)
+    where = [f"{f.filename}:{f.lineno} ({f.name})" for f in (outer, inner) if f is not None]
+    if len(where) == 2 and where[0] != where[1]:
+        return f"{where[0]}, in {where[1]}"
+    return where[0] if where else "?"
 
 
 def _one(node, name: str):
@@ -160,6 +173,74 @@ def _all_gather_list(output_tensors, input_tensors, process_group_so, async_op=T
     return ([outputs], Work.boxed(FakeWork()))
 
 
+def _each_rank_storage(resize):
+    """FSDP2's `alloc_storage`/`free_storage` (`resize`), applied to every rank's tensor of a `LocalTensor`: a wrapper
+    subclass has no storage of its own to resize ("Attempted to call resize_() on an invalid python storage")."""
+    from torch.distributed._local_tensor import LocalTensor
+
+    @functools.wraps(resize)
+    def each(tensor) -> None:
+        for local in (tensor._local_tensors.values() if isinstance(tensor, LocalTensor) else (tensor,)):
+            resize(local)
+    return each
+
+
+def _install_fsdp_storage(patches: "_Patches") -> None:
+    """FSDP2 frees and allocates its unsharded parameters' storage around each use; stood in for by rank
+    (`_each_rank_storage`), in both modules that hold the functions by name."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    for name in ("alloc_storage", "free_storage"):
+        stand_in = _each_rank_storage(getattr(_fsdp_param, name))
+        for module in (_fsdp_param, _fsdp_param_group):
+            if hasattr(module, name):
+                patches.set(module, name, stand_in)
+
+
+def _install_fsdp_rank(patches: "_Patches") -> None:
+    """FSDP2 picks this rank's chunk of each parameter by `shard_process_group.rank()` (`FSDPMeshInfo`), which the
+    fake group answers 0 for every rank, so every rank would silently hold rank 0's chunk. Under the mode it is
+    made per rank, so the chunk's pick raises `RankDependent` naming FSDP2's line (`_init_sharded_param`), except
+    for a meta parameter split evenly (a library that shards on meta, then loads each rank's shard itself, as
+    transformers does): its chunks differ in nothing but the values it does not have, so rank 0's is every rank's."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_common, _fsdp_param
+    from torch.distributed._local_tensor import enabled_local_tensor_mode
+
+    info_init = _fsdp_common.FSDPMeshInfo.__dict__["__post_init__"]
+    sharded = _fsdp_param.FSDPParam.__dict__["_init_sharded_param"]
+    post_forward = _fsdp_param.FSDPParam.__dict__["_init_sharded_post_forward_param_metadata"]
+
+    def post_init(self) -> None:
+        info_init(self)
+        # a dimension of one rank: 0 is every rank's
+        if enabled_local_tensor_mode() is not None and current_rank() is None and self.shard_mesh_size > 1:
+            self.shard_mesh_rank = self.mesh.get_local_rank(self.shard_mesh_dim)
+
+    def even(param, mesh_info) -> bool:
+        local = getattr(param, "_local_tensor", param)
+        return local.ndim > 0 and local.shape[0] % getattr(mesh_info, "shard_mesh_size", 1) == 0
+
+    def init_sharded(self, param, device, shard_placement_fn, mesh_info):
+        mode = enabled_local_tensor_mode()
+        if mode is not None and current_rank() is None and getattr(param, "_local_tensor", param).is_meta \
+                and shard_placement_fn is None and even(param, mesh_info):
+            with rank_as(min(mode.ranks)):
+                return sharded(self, param, device, shard_placement_fn, mesh_info)
+        return sharded(self, param, device, shard_placement_fn, mesh_info)
+
+    def post_forward_size(self, param) -> None:
+        # a size alone, the same for every rank where the split is even
+        mode = enabled_local_tensor_mode()
+        if mode is not None and current_rank() is None and even(param, self.post_forward_mesh_info):
+            with rank_as(min(mode.ranks)):
+                return post_forward(self, param)
+        return post_forward(self, param)
+
+    patches.set(_fsdp_common.FSDPMeshInfo, "__post_init__", post_init)
+    patches.set(_fsdp_param.FSDPParam, "_init_sharded_param", init_sharded)
+    patches.set(_fsdp_param.FSDPParam, "_init_sharded_post_forward_param_metadata", post_forward_size)
+
+
 class _Patches:
     """What a local world changes in torch while it lives, restored in reverse on `close`."""
 
@@ -200,6 +281,8 @@ def _install(patches: _Patches) -> None:
     from torch.distributed._local_tensor import _c10d
 
     patches.set(_c10d, "_local_all_gather_", _all_gather_list)
+    _install_fsdp_storage(patches)
+    _install_fsdp_rank(patches)
 
     def mesh_method(name, as_rank):
         original = DeviceMesh.__dict__[name]
@@ -207,7 +290,10 @@ def _install(patches: _Patches) -> None:
         @functools.wraps(original)
         def method(self, *args, **kwargs):
             rank = current_rank()
-            return original(self, *args, **kwargs) if rank is None else as_rank(self, rank, *args, **kwargs)
+            if rank is None:
+                _not_elsewhere(f"DeviceMesh.{name}")
+                return original(self, *args, **kwargs)
+            return as_rank(self, rank, *args, **kwargs)
         patches.set(DeviceMesh, name, method)
 
     def local_rank(mesh, rank, mesh_dim=None):
@@ -230,6 +316,7 @@ def _install(patches: _Patches) -> None:
             return rank if group is None or group is dist.group.WORLD else group_members(group, rank).index(rank)
         mode = enabled_local_tensor_mode()
         if mode is None:
+            _not_elsewhere("dist.get_rank")
             return real_rank(group)
         world = sorted(mode.ranks)
         return torch.SymInt(LocalIntNode({r: r if group is None or group is dist.group.WORLD
@@ -253,6 +340,15 @@ def _install(patches: _Patches) -> None:
                      ("gt", operator.gt), ("lt", operator.lt)):
         patches.set(LocalIntNode, name, _compare(op))
     patches.set(LocalIntNode, "_str", lambda self: str(_one_or_text(self)))
+
+
+def _not_elsewhere(what: str) -> None:
+    """`RankDependent` where a thread of the library's own (a loader's pool) asks for this process's rank: the
+    local world's mode is on in the thread that entered it only, so the question would silently answer as rank 0
+    for every rank."""
+    if _home[0] is not None and threading.get_ident() != _home[0]:
+        raise RankDependent(f"{what} in thread {threading.current_thread().name!r}, not the local world's, at "
+                            f"{_caller()}: the mode is off there, so it would answer rank 0's for every rank")
 
 
 def _maybe_one(node):
@@ -291,6 +387,7 @@ class LocalWorld:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=self.size)
         try:
             _install(self._patches)
+            _home[0] = threading.get_ident()
         except BaseException:
             self.__exit__(*sys.exc_info())
             raise
@@ -298,6 +395,7 @@ class LocalWorld:
         return self
 
     def __exit__(self, *exc) -> None:
+        _home[0] = None
         self._patches.close()
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -313,6 +411,25 @@ class LocalWorld:
                 return LocalTensor({r: x.detach().clone() for r in self.ranks})
             return x
         return torch.utils._pytree.tree_map(one, value)
+
+
+def per_rank_tensors(fn):
+    """`fn(rank)` for this process's rank; under an enabled `LocalTensorMode`, `fn(r)` of every rank `r` of its world
+    in one value, each tensor a `LocalTensor` holding every rank's (the inputs a rank picks by its rank, such as
+    its data shard, given to every rank at once)."""
+    from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode
+
+    mode = enabled_local_tensor_mode()
+    if mode is None:
+        return fn(dist.get_rank())
+    ranks = sorted(mode.ranks)
+    with mode.disable():
+        values = {r: fn(r) for r in ranks}
+    flat = {r: torch.utils._pytree.tree_flatten(v) for r, v in values.items()}
+    leaves, spec = flat[ranks[0]]
+    joined = [LocalTensor({r: flat[r][0][i] for r in ranks}) if isinstance(leaf, torch.Tensor) else leaf
+              for i, leaf in enumerate(leaves)]
+    return torch.utils._pytree.tree_unflatten(joined, spec)
 
 
 def local_value(value, rank: int):

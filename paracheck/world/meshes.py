@@ -62,7 +62,11 @@ class Meshes:
         return self.built[key]
 
     def from_groups(self, key: MeshKey):
-        """The mesh of `key` over the world's shared groups: one per distinct rank set, made on first ask."""
+        """The mesh of `key` over the world's shared groups: one per distinct rank set, made on first ask. In a
+        local world (`world.localworld`) torch's own mesh: its groups are fake and hold no threads, and picking
+        this rank's group by `dist.get_rank()` would need one value of a per-rank one."""
+        if _in_local_world():
+            return self.mesh(key)
         if key not in self.built:
             from torch.distributed.device_mesh import DeviceMesh
 
@@ -120,6 +124,13 @@ class Meshes:
 
 
 _current: Meshes | None = None
+
+
+def _in_local_world() -> bool:
+    """Whether this process runs every rank of a local world now (torch's `LocalTensorMode` is enabled)."""
+    from torch.distributed._local_tensor import enabled_local_tensor_mode
+
+    return enabled_local_tensor_mode() is not None
 
 
 def for_world() -> Meshes:

@@ -16,7 +16,9 @@ the ranks and what each issued; no thread is left waiting.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import threading
 from dataclasses import dataclass, field
 
@@ -160,9 +162,12 @@ class _RankMode(TorchDispatchMode):
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import FakeTensor
         from torch.distributed._local_tensor import LocalTensor
 
         kwargs = kwargs or {}
+        if any(issubclass(t, FakeTensor) for t in types):
+            return func(*args, **kwargs)  # shapes alone (DTensor's sharding propagation): no rank's values in it
         if any(not issubclass(t, LocalTensor) and t is not torch.Tensor and t is not torch.nn.Parameter
                for t in types):
             return NotImplemented  # another subclass (DTensor) desugars first; its local ops come back here
@@ -273,6 +278,38 @@ def per_rank(fn, ranks_of=None):
 
     wrapper.__paracheck_per_rank__ = fn
     return wrapper
+
+
+@contextlib.contextmanager
+def per_rank_functions(table):
+    """Inside: each library function of `table` ((module, attribute path, kind, why) rows, kind "function" for
+    a function or a method, "classmethod", or "apply" for an autograd Function) runs per rank (`per_rank`);
+    restored on exit, also on error."""
+    undo = []
+    try:
+        for module_name, path, kind, _ in table:
+            owner = importlib.import_module(module_name)
+            *parents, name = path.split(".")
+            for parent in parents:
+                owner = getattr(owner, parent)
+            original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)
+            if kind == "function":
+                setattr(owner, name, per_rank(original))
+            elif kind == "classmethod":
+                setattr(owner, name, classmethod(per_rank(original.__func__)))
+            else:  # an autograd Function: its apply, forward and backward per rank
+                original = getattr(owner, name)
+                undo.append((original, "apply", original.__dict__.get("apply")))
+                original.apply = staticmethod(per_rank(original.apply))
+                continue
+            undo.append((owner, name, original))
+        yield
+    finally:
+        for owner, name, original in reversed(undo):
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
 
 
 def _region(fn, ranks: list[int], args, kwargs):

@@ -4,6 +4,7 @@ The world here is torch's fake process group with `LocalTensorMode`, as `parache
 the launched runs (every rank's checks on real diffusers models, against gloo) are in test_localworld_runs.py.
 """
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -42,7 +43,8 @@ def test_the_share_counts_a_local_worlds_limits_apart_from_other_skips_and_names
     assert (share["ranks"], share["cases"], share["ran"], share["one_process_limits"], share["other_skips"]) == (
         8, 6, 2, 2, 2)
     assert share["limits"] == {"NoLocalRule at regions._same_shapes": 2}
-    assert [s["report"] for s in share["stood_in"]] == ["docs/upstream/localtensor_all_gather.md"]
+    assert [s["report"] for s in share["stood_in"]] == ["docs/upstream/localtensor_all_gather.md",
+                                                        "docs/upstream/localtensor_fsdp_storage.md"]
     line = local_line(share)
     assert "2 of 6 cases ran; 2 could not run" in line and "localtensor_all_gather.md" in line
 
@@ -133,3 +135,61 @@ def test_ranks_that_diverge_in_a_region_end_it_naming_them(world):
 
     with pytest.raises(RegionError, match=r"\[0, 1, 2\] wait in a collective .* ranks \[3\] finished without"):
         each_rank(body, world.ranks)
+
+
+def test_a_rank_query_from_a_thread_of_the_librarys_own_raises_instead_of_answering_rank_0(world):
+    """transformers loads weights in a pool of threads; where the mode is off (a region, or between passes) the
+    fake group would answer rank 0 there for every rank: each rank silently held rank 0's TP shard (measured on
+    llama tp2: forward 0.75 off). Such a query raises; with the mode on, the same thread's answer is per rank
+    (the control)."""
+    import threading
+
+    mesh = _mesh()
+    answers = []
+
+    def loader():
+        for query in (dist.get_rank, lambda: mesh.get_local_rank("b")):
+            try:
+                answers.append(query())
+            except RankDependent as exc:
+                answers.append(str(exc))
+
+    for mode in (contextlib.nullcontext(), world.mode):
+        with mode:
+            thread = threading.Thread(target=loader, name="loader")
+            thread.start()
+            thread.join()
+    assert "dist.get_rank in thread 'loader', not the local world's" in answers[0], answers
+    assert "DeviceMesh.get_local_rank in thread 'loader'" in answers[1], answers
+    assert [answers[2].node._local_ints, answers[3].node._local_ints] == [{0: 0, 1: 1, 2: 2, 3: 3},
+                                                                        {0: 0, 1: 1, 2: 0, 3: 1}]
+
+
+def test_fsdp_of_real_weights_raises_naming_its_chunk_pick_and_of_even_meta_weights_shards_each_rank(world):
+    """FSDP2 picks this rank's chunk by the fake group's rank (0 for every rank): under the world that pick is a
+    `RankDependent` naming torch's line, not rank 0's chunk everywhere. On meta (transformers shards there, then
+    loads each rank's shard) an even split has nothing to pick from, and runs."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (4,))
+    with world.mode:
+        with pytest.raises(RankDependent, match=r"_fsdp_param.py:\d+ \(_init_sharded_param\)"):
+            fully_shard(torch.nn.Linear(4, 8), mesh=mesh)
+        with torch.device("meta"):
+            on_meta = torch.nn.Linear(4, 8)
+        fully_shard(on_meta, mesh=mesh)
+    assert on_meta.weight.to_local().shape == (2, 4)
+
+
+def test_torchs_own_fsdp_storage_is_still_unresizable_so_the_stand_in_is_still_needed(capsys):
+    """The upstream reproduction (docs/upstream/localtensor_fsdp_storage.md), run as is: when torch resizes a
+    LocalTensor's storage this fails, and the stand-in and its `LOCAL_WORLD_STOOD_IN` entry go."""
+    import pathlib
+    import runpy
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    runpy.run_path(str(pathlib.Path(__file__).parents[2] / "docs/upstream/localtensor_fsdp_storage.py"))
+    out = capsys.readouterr().out
+    assert "forward 1 raised RuntimeError: Attempted to call resize_() on an invalid python storage" in out, out

@@ -643,36 +643,9 @@ PER_RANK = (
 )
 
 
-@contextlib.contextmanager
 def per_rank_regions():
     """Inside: the functions of `PER_RANK` run per rank under an enabled LocalTensorMode (elsewhere they are
     themselves); restored on exit, also on error."""
-    import importlib
+    from paracheck.world.regions import per_rank_functions
 
-    from paracheck.world.regions import per_rank
-
-    undo = []
-    try:
-        for module_name, path, kind, _ in PER_RANK:
-            owner = importlib.import_module(module_name)
-            *parents, name = path.split(".")
-            for parent in parents:
-                owner = getattr(owner, parent)
-            original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)
-            if kind == "function":
-                setattr(owner, name, per_rank(original))
-            elif kind == "classmethod":
-                setattr(owner, name, classmethod(per_rank(original.__func__)))
-            else:  # an autograd Function: its apply, forward and backward per rank
-                original = getattr(owner, name)
-                undo.append((original, "apply", original.__dict__.get("apply")))
-                original.apply = staticmethod(per_rank(original.apply))
-                continue
-            undo.append((owner, name, original))
-        yield
-    finally:
-        for owner, name, original in reversed(undo):
-            if original is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
+    return per_rank_functions(PER_RANK)

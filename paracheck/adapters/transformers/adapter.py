@@ -93,6 +93,12 @@ class TransformersAdapter:
 
         return case_body(ctx)
 
+    def local_scope(self):
+        """In a local world (`--local-world`): transformers' per-rank functions run per rank (`library.PER_RANK`)."""
+        from paracheck.adapters.transformers.library import per_rank_regions
+
+        return per_rank_regions()
+
     def preload(self) -> None:
         try:  # the fixtures' classes load lazily
             import transformers  # noqa: F401

@@ -27,6 +27,7 @@ from paracheck.adapters.transformers import cases, fixtures, inputs, library, lo
 from paracheck.adapters.transformers.layout import config_kwargs
 from paracheck.adapters.transformers.controls import CONTROLS, NO_PLANT, PLANTS
 from paracheck.world import meshes
+from paracheck.world.localworld import per_rank_tensors
 from paracheck.world.recent import Recent
 
 #: This process's single-process references, by what they depend on: the factory and checkpoint, the variant,
@@ -55,7 +56,7 @@ def checkpoint(case, fixture: str, folder: str) -> str:
 
 class _Body:
     def __init__(self, ctx: CaseContext):
-        self.ctx, self.case, self.layout, self.rank = ctx, ctx.case, ctx.case.layout, dist.get_rank()
+        self.ctx, self.case, self.layout = ctx, ctx.case, ctx.case.layout
         self.control = CONTROLS[self.case.control] if self.case.control else None
         self.plant = PLANTS[self.case.control] if self.case.control else NO_PLANT
         self.tol = ctx.tolerance
@@ -91,11 +92,13 @@ class _Body:
             self.ctx.result.planted_in = planted if isinstance(planted, str) else None
 
     def structure_checks(self) -> list:
-        return [structure.check_mesh(self.model, self.layout, self.rank),
+        return [structure.check_mesh(self.model, self.layout, dist.get_rank()),
                 structure.check_placements(self.model, self.ref, self.layout)]
 
     def inference(self) -> None:
-        self.mine = inputs.share(self.batch, self.layout.dp_index(self.rank), self.layout.dp)
+        layout = self.layout
+        # in a local world every rank's data shard at once
+        self.mine = per_rank_tensors(lambda rank: inputs.share(self.batch, layout.dp_index(rank), layout.dp))
         with torch.no_grad():
             self.infer = full(self.model(**_model_inputs(self.mine), use_cache=False).logits)
 
@@ -107,7 +110,7 @@ class _Body:
 
     def forward_checks(self) -> list:
         layout, expected, tol = self.layout, self.expected, self.tol
-        dp_index = layout.dp_index(self.rank)
+        dp_index = layout.dp_index(dist.get_rank())  # asked here: a local world checks once per rank, as each
         ref_infer = inputs.share({"x": expected["infer"]}, dp_index, layout.dp)["x"]
         ref_logits = inputs.share({"x": expected["logits"]}, dp_index, layout.dp)["x"]
         checks = [_logits(CheckId.INFERENCE, self.infer, ref_infer, layout, tol, "no_grad logits"),

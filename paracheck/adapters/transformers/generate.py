@@ -105,7 +105,7 @@ def run(body) -> list[CheckResult]:
     batches = {mode: _with_task(body, prompts(layout.dp, vocab, padded)) for mode, (_, padded) in MODES.items()}
     with ctx.phase("generate_reference"):
         expected = _GENERATIONS.get((body.path, layout.dp), lambda: _reference(body.ref, batches))
-    index, per = layout.dp_index(body.rank), batches["dynamic"]["input_ids"].shape[0] // layout.dp
+    index, per = layout.dp_index(dist.get_rank()), batches["dynamic"]["input_ids"].shape[0] // layout.dp
     rows = slice(index * per, (index + 1) * per)
     mine = {mode: {k: v[rows] for k, v in batch.items()} for mode, batch in batches.items()}
     held, notes = {}, {}

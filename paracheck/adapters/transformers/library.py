@@ -76,3 +76,38 @@ def trainer_without_tp(model):
         yield
     finally:
         model._tp_size = saved
+
+
+# -- a local world (`--local-world`) --------------------------------------------------------------------------------
+
+#: transformers' functions whose Python differs between ranks, each run per rank in a local world (`world.regions`),
+#: as the diffusers adapter's `PER_RANK`: (module, attribute path, kind, why).
+PER_RANK = (
+    ("transformers.distributed.sharding_utils", "DtensorShardOperation.shard_tensor", "function",
+     "slices a checkpoint tensor by this rank's coordinate on each sharded mesh dimension (sub_mesh.get_local_rank())"),
+)
+
+
+#: transformers' switch that loads weights in the calling thread: its default pool of loader threads runs
+#: `shard_tensor` where the local world's mode is off (`core_model_loading.py`, `ThreadPoolExecutor`).
+SYNC_LOAD = "HF_DEACTIVATE_ASYNC_LOAD"
+
+
+@contextlib.contextmanager
+def per_rank_regions():
+    """Inside: weights load in the calling thread (`SYNC_LOAD`), and the functions of `PER_RANK` run per rank under
+    an enabled LocalTensorMode; restored on exit."""
+    import os
+
+    from paracheck.world.regions import per_rank_functions
+
+    before = os.environ.get(SYNC_LOAD)
+    os.environ[SYNC_LOAD] = "1"
+    try:
+        with per_rank_functions(PER_RANK):
+            yield
+    finally:
+        if before is None:
+            del os.environ[SYNC_LOAD]
+        else:
+            os.environ[SYNC_LOAD] = before

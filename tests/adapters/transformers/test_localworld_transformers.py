@@ -1,0 +1,43 @@
+"""The transformers adapter in a local world (`--local-world`): `from_pretrained(distributed_config=...)` for
+every rank in one process, held to the same checks as on gloo.
+
+Run in this process as `run_local_case` runs a case. Without the per-rank rules (`library.PER_RANK`: transformers'
+`shard_tensor` slices by this rank's coordinate; its loader's thread pool, where the mode is off) every rank
+silently held rank 0's shards: forward 0.75 off on tp2.
+"""
+
+import os
+
+import pytest
+import torch.distributed as dist
+
+
+@pytest.mark.slow  # no launch, but three cases' loads and compute (32 s of CPU; 207 s wall at load 30-45)
+def test_llama_on_tp2_fsdp2_and_dpr2_in_one_process_passes_every_check_on_both_ranks(tmp_path):
+    """dpr2: FSDP2's shard dimension there has one rank, whose rank under the mode is a constant (it raised
+    AttributeError: 'ConstantIntNode' object has no attribute 'int_' before)."""
+    from paracheck.adapters.transformers import cases as tf_cases
+    from paracheck.adapters.transformers.layout import TfLayout
+    from paracheck.domain.backends import get_backend
+    from paracheck.domain.case import Case
+    from paracheck.domain.records import CheckId, RankStatus, Status
+    from paracheck.rank.localrun import run_local_case
+    from paracheck.world.localworld import LocalWorld
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    os.makedirs(tmp_path / "refs")
+    found = {}
+    with LocalWorld(2) as world:
+        for index, layout in enumerate((TfLayout(tp=2), TfLayout(fsdp=2), TfLayout(dpr=2))):
+            case = Case("llama", tf_cases.factory_of("llama"), layout, library="transformers")
+            found[layout.name] = run_local_case(index, case, get_backend("gloo"), world, str(tmp_path / "refs"),
+                                                str(tmp_path / f"case{index}"))
+    for name, results in found.items():
+        assert [r.rank for r in results] == [0, 1]
+        for result in results:
+            assert result.status == RankStatus.OK, (name, result.rank, result.reason)
+            checks = {c.id: c for c in result.checks}
+            for check in (CheckId.MESH, CheckId.FORWARD, CheckId.INFERENCE, CheckId.LOSS, CheckId.GRADS):
+                assert checks[check].status == Status.PASS, (name, result.rank, checks[check])
+            assert checks[CheckId.FORWARD].max_abs < 1e-6  # fp32 on CPU, as on gloo (2.4e-7 measured on tp2)
