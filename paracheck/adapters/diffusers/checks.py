@@ -25,6 +25,7 @@ from paracheck.checks.compare import compare, problems_text
 from paracheck.checks.shards import assemble, group_ranks, local_slice
 from paracheck.domain.localization import GradRow
 from paracheck.domain.records import CheckId, CheckResult, Raised, Status
+from paracheck.world.recent import Recent
 
 @dataclass
 class CheckContext:
@@ -377,10 +378,7 @@ def _fp64_grads(ctx: CheckContext) -> dict:
     """The reference model's gradients in float64 on this rank, computed only when asked, once per reference:
     consecutive cases share one (a plain case and its controls, `reference.LastReference`), and every control
     that breaks the gradients asks (75 ms a case on the bundled fixtures, a third of their gradient check)."""
-    global _last64
-    if ctx.grads64 is None and _last64 is not None and _last64[0]() is ctx.reference:
-        ctx.grads64 = _last64[1]
-    if ctx.grads64 is None:
+    def computed() -> dict:
         from paracheck.adapters.diffusers.reference import forward, place
 
         model = copy.deepcopy(ctx.reference).double()
@@ -388,14 +386,16 @@ def _fp64_grads(ctx: CheckContext) -> dict:
             param.grad = None
         out = forward(model, place(ctx.inputs, ctx.ref_out.device, torch.float64))
         (out * ctx.weights.to(out.dtype)).sum().backward()
-        ctx.grads64 = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-        _last64 = (weakref.ref(ctx.reference), ctx.grads64)
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    if ctx.grads64 is None:
+        # Keyed weakly by the reference model: a new reference (equal to no dead one) computes anew.
+        ctx.grads64 = _FP64.get(weakref.ref(ctx.reference), computed)
     return ctx.grads64
 
 
-#: The last reference model whose fp64 gradients this rank computed, weakly (it lives as long as the rank keeps
-#: that reference), and those gradients.
-_last64: tuple | None = None
+#: The fp64 gradients of the last reference model this rank computed them for.
+_FP64 = Recent(1, "diffusers fp64 grads")
 
 
 def _figure(max_abs) -> str:
