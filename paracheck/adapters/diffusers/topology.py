@@ -12,6 +12,9 @@ import sys
 import time
 
 from paracheck.cli.common import UsageError, check_order, check_writable
+
+#: `topology`'s names for the layouts and the world size, which a layout error names.
+TOPOLOGY_FLAGS = ("--layout", "--world")
 from paracheck.results.report import write_report
 
 #: Options that only mean something with --simulate (dest -> flag).
@@ -153,33 +156,22 @@ def _print_cost(results, backends) -> tuple[int, float]:
 def topology_layouts(backend, world: int, heads: int, layouts: str | None, order: str) -> list:
     """`paracheck topology` without --simulate: [(layout name, problems, its groups)] for every layout of `world`
     ranks (or those `layouts` names) by `backend`'s rules and the head count `heads`."""
-    from paracheck.adapters.diffusers.layout import (CP_DIMS, backend_problems, fit_heads, head_multiple,
+    from paracheck.adapters.diffusers.layout import (CP_DIMS, backend_problems, head_multiple, heads_unfit,
                                                      layouts_for, parse_layouts)
 
     rows = []
-    for layout in parse_layouts(layouts, world, order) if layouts else layouts_for(world, order):
+    for layout in parse_layouts(layouts, world, order, TOPOLOGY_FLAGS) if layouts else layouts_for(world, order):
         problems = backend_problems(backend, layout)
         if heads % head_multiple(layout):
-            problems.append(f"{heads} heads: tp x ulysses = {head_multiple(layout)} must divide them "
-                            f"(nearest fit: {fit_heads(heads, layout)})")
+            problems.append(heads_unfit(heads, layout))
         rows.append((layout.name, problems, f"tp groups {layout.groups(('tp',))}, cp groups {layout.groups(CP_DIMS)}"))
     return rows
 
 
 def _layouts(args):
-    from paracheck.adapters.diffusers.layout import DiffusersLayout, layouts_for
+    from paracheck.adapters.diffusers.layout import parse_layouts
 
-    if not args.layout or args.layout.strip() == "all":
-        return layouts_for(args.world, args.order)
-    layouts = []
-    for item in args.layout.split(","):
-        layout = DiffusersLayout.parse(item, args.order)
-        if layout.world != args.world:
-            raise UsageError(f"--layout {layout.name}: its world size is {layout.world}, but --world is "
-                              f"{args.world}; the product of the degrees must equal --world")
-        if layout not in layouts:
-            layouts.append(layout)
-    return layouts
+    return parse_layouts(args.layout or "all", args.world, args.order, TOPOLOGY_FLAGS)
 
 
 def _exit_code(results, args) -> int:
