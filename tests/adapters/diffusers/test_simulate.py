@@ -11,7 +11,7 @@ from paracheck.cli.main import main
 from paracheck.fixtures import flux
 from paracheck.adapters.diffusers.layout import DiffusersLayout, layouts_for
 from paracheck.launch.attribution import ranks_text
-from paracheck.checks.shardledger import (
+from paracheck.adapters.diffusers.simulate.shardledger import (
     Provenance,
     expected_intervals,
     merge_intervals,

@@ -40,7 +40,7 @@ from paracheck.adapters.diffusers.layout import DiffusersLayout, backend_problem
 from paracheck.domain.layout import Layout
 from paracheck.domain.records import CheckId, CheckResult, MergedCheck, Route, Status
 from paracheck.results.verdict import merge_check
-from paracheck.checks.shardledger import check_tp_shards_meta, shard_ledger
+from paracheck.adapters.diffusers.simulate.shardledger import check_tp_shards_meta, shard_ledger
 
 MAX_WORLD = 128
 ROUTES = ("auto", "native", "composed")
