@@ -27,7 +27,7 @@ class Rule:
     where a gradient fails, a judgment against a truer gradient (None where there is none); the gradient passes
     where that one does, its data that judgment's, marked `marked`."""
     zero_is_none: bool = False
-    expected32: Mapping = None
+    expected32: Mapping | None = None
     second_look: Callable | None = None
     marked: str = ""
 
