@@ -14,7 +14,7 @@ import time
 from paracheck import __version__
 from paracheck.domain.backends import BackendError, get_backend, missing_devices, resolve
 from paracheck.domain import registry
-from paracheck.domain.adapter import CaseRequest
+from paracheck.domain.adapter import CaseRequest, TopologyRequest
 from paracheck.domain.case import ROUTES, Case, SpecError
 from paracheck.cli.common import (UsageError, add_after_hang, add_order, add_timeout, check_choice, check_dtypes, check_order,
                                   check_timeout, check_writable, named_models, raise_interrupt, signal_of)
@@ -83,9 +83,36 @@ def parser() -> argparse.ArgumentParser:
                       "with it, overrides the model config's num_attention_heads)")
     topo.add_argument("--layout", help="one layout to judge (exit 1 when refused); default: every layout")
     add_order(topo)
-    for simulator in _simulators():
-        simulator.topology_arguments(topo)
+    if _simulators():
+        add_simulate(topo)
     return parser
+
+
+#: The options that only mean something with `topology --simulate` (dest -> flag): the contract's, the host's to
+#: parse and refuse; an adapter is handed them as a `TopologyRequest`.
+SIMULATE_ONLY = {"models": "--models", "spec": "--spec", "route": "--route", "control": "--control",
+                 "collectives": "--collectives", "report_json": "--report-json"}
+
+
+def add_simulate(topo) -> None:
+    """`topology --simulate` and its options, where an adapter simulates a world."""
+    topo.add_argument("--simulate", action="store_true",
+                      help="build each rank's model on meta under torch's fake process group and check what "
+                           "the library really built (no hardware; up to 128 ranks)")
+    topo.add_argument("--models", help="with --simulate: fixture names, comma separated, or all (default all)")
+    topo.add_argument("--spec", action="append", help="with --simulate: MODULE:FUNCTION returning (model_class, "
+                      "init_dict, inputs) (docs/topology.md names full-size ones)")
+    topo.add_argument("--route", help="with --simulate: auto|native|composed (default auto)")
+    topo.add_argument("--control", help="with --simulate: plant this negative control on every rank")
+    topo.add_argument("--collectives", action="store_true",
+                      help="with --simulate: run one forward on meta tensors and check its collectives per group")
+    topo.add_argument("--report-json", help="with --simulate: write the results here")
+
+
+def topology_request(args) -> TopologyRequest:
+    """What `topology --simulate` asks an adapter, read off the parsed options once."""
+    return TopologyRequest(args.backend, args.world, args.heads, args.layout, args.order, args.models,
+                           tuple(args.spec or ()), args.route, args.control, args.collectives, args.report_json)
 
 
 def _simulators() -> list:
@@ -358,9 +385,10 @@ def _launch(args, backend, cases: list[Case], entries, carried: list[dict], swep
 def topology(args) -> int:
     simulators = _simulators()
     if getattr(args, "simulate", False):
-        return simulators[0].topology_simulate(args)
-    for simulator in simulators:
-        simulator.topology_reject(args)
+        return simulators[0].topology_simulate(topology_request(args))
+    for dest, flag in SIMULATE_ONLY.items():
+        if getattr(args, dest, None) not in (None, False):
+            raise UsageError(f"{flag}: only with --simulate")
     if args.heads is None:
         raise UsageError("--heads: required without --simulate (with --simulate the model's config gives it)")
     backend = get_backend(args.backend)

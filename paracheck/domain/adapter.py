@@ -92,6 +92,23 @@ class SweepRequest:
     resume: str | None = None
 
 
+@dataclass(frozen=True)
+class TopologyRequest:
+    """`paracheck topology --simulate`, as the host parsed it: what an adapter's simulation is asked (the flags are
+    the contract's; the host refuses the simulate-only ones without --simulate)."""
+    backend: str
+    world: int
+    heads: int | None = None
+    layout: str | None = None
+    order: str = "cp-fastest"
+    models: str | None = None
+    spec: tuple = ()
+    route: str | None = None
+    control: str | None = None
+    collectives: bool = False
+    report_json: str | None = None
+
+
 @dataclass
 class Swept:
     """A sweep ready for the host's one launch: every case in order; those decided before any rank starts (index
@@ -253,10 +270,8 @@ ADAPTER = Spec("adapter", declared(Adapter, (
     #: (backend, world, heads, layouts, order) -> [(layout name, [problems], groups)]: `topology` without --simulate,
     #: every layout of `world` ranks (or those `layouts` names) judged by the backend's rules and a head count.
     optional("topology_layouts", ("backend", "world", "heads", "layouts", "order"), _absent("topology by head count")),
-    #: `topology --simulate`: the adapter's options on the parser, its refusals without --simulate, the simulation.
-    optional("topology_arguments", ("parser",), lambda who, parser: None),
-    optional("topology_reject", ("args",), lambda who, args: None),
-    optional("topology_simulate", ("args",), _absent("topology simulation")),
+    #: (TopologyRequest) -> exit code: `topology --simulate`, the adapter's models on a simulated world.
+    optional("topology_simulate", ("request",), _absent("topology simulation")),
     #: () -> a `with` block: in a local world (`--local-world`), the library's rank-dependent functions run per
     #: rank inside it (`world.regions`); the default changes nothing.
     optional("local_scope", (), lambda who: _Nothing()),
@@ -272,4 +287,4 @@ CASE_BODY = Spec("case body", declared(CaseBody, (
 )), state=True)
 
 __all__ = ["ADAPTER", "CASE_BODY", "Adapter", "CaseBody", "CaseContext", "CaseRequest", "Member", "Refused",
-           "SweepRequest", "Swept", "Tolerance"]
+           "SweepRequest", "Swept", "Tolerance", "TopologyRequest"]

@@ -59,6 +59,7 @@ def run_passes(case, backend, site, way) -> tuple[RankResult, dict, list]:
     filled, each rank's checks `{rank: [CheckResult]}` and what the passes raised. Never raises."""
     started = time.time()
     result = RankResult(site.index, dist.get_rank(), RankStatus.OK)
+    meshes.for_world()  # first, so a new world drops what the last one kept before any pass reads it (`world.recent`)
     groups = meshes.group_names()
     raised: list[Raised] = []
     checks: dict = {}

@@ -10,6 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+#: Each case status (as JSON spells it) and its word in a count, in the order the counts line says them.
+COUNTED = {"pass": "passed", "fail": "failed", "error": "errors", "skip": "skipped", "detected": "detected",
+           "missed": "missed", "inconclusive": "inconclusive", "xfail": "xfailed", "xpass": "xpassed"}
+
+
+def counts(statuses) -> dict[str, int]:
+    """How many cases have each status: every status of `COUNTED` (0 where none), then any other a report holds,
+    in the order first seen. The terminal's counts line, the JSON summary, JUnit and the HTML badges count by it."""
+    out = dict.fromkeys(COUNTED, 0)
+    for status in statuses:
+        out[status] = out.get(status, 0) + 1
+    return out
+
+
 @dataclass(frozen=True)
 class Row:
     """One case as the groupings read it. `index`: its place in the run (renderers link by it); `plain`: what

@@ -21,13 +21,11 @@ from paracheck.domain.localization import ForwardLocalization, GradsLocalization
 from paracheck.domain.records import CheckId, MergedCheck, RunEvent
 from paracheck.launch.attribution import ranks_text
 from paracheck.results import localization, loopview, overview, plots
-from paracheck.results.grouping import Row, groups
+from paracheck.results.grouping import COUNTED, Row, counts, groups
 from paracheck.results.verdict import Verdict
 
 #: Status order in the summary and the table: what needs a look first.
 ORDER = ("fail", "error", "missed", "xpass", "xfail", "inconclusive", "pass", "detected", "skip")
-LABEL = {"fail": "failed", "error": "errors", "missed": "missed", "xpass": "xpassed", "xfail": "xfailed",
-         "inconclusive": "inconclusive", "pass": "passed", "detected": "detected", "skip": "skipped"}
 FAILING = ("fail", "error", "missed")
 #: Statuses whose row opens to the case's details (any case with a localization opens too).
 OPENS = ("fail", "error", "missed", "xfail", "xpass", "inconclusive")
@@ -103,16 +101,15 @@ def _e(value) -> str:
 
 
 def _counts(cases: list[Shown]) -> dict[str, int]:
-    counts = {s: 0 for s in ORDER}
-    for c in cases:
-        counts[c.row.status] = counts.get(c.row.status, 0) + 1
-    return counts
+    """The counts (`grouping.counts`), in the page's order: what needs a look first, then any status it does not know."""
+    counted = counts(c.row.status for c in cases)
+    return dict({s: counted[s] for s in ORDER}, **{s: n for s, n in counted.items() if s not in ORDER})
 
 
 def _header(data: dict, cases: list[Shown], title: str) -> str:
     counts = _counts(cases)
     badges = " ".join(f'<button type="button" class="badge s-{_e(s)}" data-status="{_e(s)}">'
-                      f'<span class="num">{n}</span> {_e(LABEL.get(s, s))}</button>'
+                      f'<span class="num">{n}</span> {_e(COUNTED.get(s, s))}</button>'
                       for s, n in counts.items() if n)
     failing = sum(counts.get(s, 0) for s in FAILING)
     verdict = (f'<span class="verdict bad">{failing} failing</span>' if failing else

@@ -60,10 +60,10 @@ class Estimate:
 
 
 def kinds_of(case) -> tuple:
-    """A case's kinds, from the most specific to any case: (library, model, trains), (library, trains), ()."""
-    trains = bool(getattr(case, "steps", 0) or getattr(case, "checkpoint", False))
-    library = getattr(case, "library", None)
-    return (library, getattr(case, "model", None), trains), (library, trains), ()
+    """A case's kinds (a `Case`'s), from the most specific to any case: (library, model, trains), (library, trains),
+    ()."""
+    trains = bool(case.steps or case.checkpoint)
+    return (case.library, case.model, trains), (case.library, trains), ()
 
 
 def duration(seconds: float | None) -> str:

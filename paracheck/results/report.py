@@ -13,21 +13,15 @@ from paracheck.domain import registry
 from paracheck.domain.case import Case
 from paracheck.domain.records import LOCAL_WORLD_LIMITS, LOCAL_WORLD_STOOD_IN, CaseStatus, CheckId, Status
 from paracheck.results import localization, resume
-from paracheck.results.grouping import Row, covered, groups
+from paracheck.results.grouping import COUNTED, Row, counts, covered, groups
 from paracheck.results.verdict import Verdict
 
 CELL = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.SKIP: "-", None: " "}
 SHOWN_CHECKS = [c for c in CheckId if not c.simulated]
-_SUMMARY = (("passed", CaseStatus.PASS), ("failed", CaseStatus.FAIL), ("errors", CaseStatus.ERROR),
-            ("skipped", CaseStatus.SKIP), ("detected", CaseStatus.DETECTED), ("missed", CaseStatus.MISSED),
-            ("inconclusive", CaseStatus.INCONCLUSIVE), ("xfailed", CaseStatus.XFAIL), ("xpassed", CaseStatus.XPASS))
-
-
-_SUMMARY_KEY = {status: key for key, status in _SUMMARY}
-
-
 def summarize(verdicts: list[Verdict]) -> dict:
-    return {key: sum(v.status == status for v in verdicts) for key, status in _SUMMARY}
+    """The counts by status (`grouping.counts`), each by its word: {"passed": 3, "failed": 0, ...}."""
+    counted = counts(v.status.value for v in verdicts)
+    return {word: counted[status] for status, word in COUNTED.items()}
 
 
 def exit_code(verdicts: list[Verdict], events: list) -> int:
@@ -187,7 +181,7 @@ def local_line(share: dict) -> str:
 
 def counts_line(verdicts: list[Verdict], seconds: float, worlds: int, extra: str = "") -> str:
     s = summarize(verdicts)
-    parts = [f"{s[k]} {k}" for k, _ in _SUMMARY if s[k] or k in ("passed", "failed", "errors", "skipped")]
+    parts = [f"{s[k]} {k}" for k in COUNTED.values() if s[k] or k in ("passed", "failed", "errors", "skipped")]
     return f"{', '.join(parts)} in {seconds:.1f}s ({worlds} world{'s' if worlds != 1 else ''}{extra})"
 
 
@@ -201,7 +195,7 @@ def to_json(verdicts: list[Verdict], meta: dict, events: list, replays: dict[str
               for v in verdicts]
     summary = summarize(verdicts)
     for entry in carried:
-        summary[_SUMMARY_KEY[CaseStatus(entry["status"])]] += 1
+        summary[COUNTED[CaseStatus(entry["status"]).value]] += 1
     code = exit_code(verdicts, events)
     if code == 0 and any(CaseStatus(c["status"]).failing for c in carried):
         code = Exit.FAILED

@@ -27,10 +27,12 @@ REPORT_FIELDS = ("replay", "resumed")
 
 
 @dataclass(frozen=True)
-class NamedLayout:
-    """A layout as a report names it, its name and order: a verdict read back from JSON holds it as its case's
-    layout (`Verdict.from_json`), since a report does not say whose grammar parses the name, and a reader of a
-    report needs none."""
+class LayoutName:
+    """Not a layout: a report's name for one, and its mesh order, which a verdict read back from JSON holds as its
+    case's layout (`Verdict.from_json`). Kept apart from the host `Layout` (`domain.layout`) on purpose: a `Layout`
+    is its adapter's grammar applied to a name (degrees, mesh, groups), a report names no adapter, and every reader
+    of a report (the renderers, `--resume`, `compare_reports`) asks the name and order alone; folding the two would
+    mean guessing a grammar."""
     name: str
     order: str = "cp-fastest"
 
@@ -127,7 +129,7 @@ class Verdict:
         verdict's is what its checks lifted (`lifted`), the report's own (`REPORT_FIELDS`) excepted."""
         options, stacks = data.get("cp_options"), data.get("stacks")
         route = enum_value(Route, data.get("route")) or Route.AUTO
-        case = Case(_text(data.get("model"), ""), "", NamedLayout(_text(data.get("layout"), ""),
+        case = Case(_text(data.get("model"), ""), "", LayoutName(_text(data.get("layout"), ""),
                                                                  _text(data.get("order"), "cp-fastest")),
                     route, text(data.get("control")), variant=_text(data.get("variant"), "base"),
                     dtype=_text(data.get("dtype"), "fp32"), library=FROM_REPORT,
@@ -136,20 +138,22 @@ class Verdict:
         findings = ([Finding.from_json(f) for f in _list(data.get("findings_seen"))] if "findings_seen" in data
                     else [_finding_line(f) for f in _list(data.get("findings"))])
         timings = data.get("timings") if isinstance(data.get("timings"), dict) else {}
+        stacks = stacks if isinstance(stacks, dict) else {}
         return cls(
-            case, enum_value(CaseStatus, data.get("status")) or CaseStatus.ERROR, route,
-            _text(data.get("reason"), ""), [c for c in checks if c is not None], _texts(data.get("fit")),
-            [f for f in findings if f is not None], ints(data.get("error_ranks")), ints(data.get("secondary_ranks")),
-            _text(data.get("traceback"), ""),
-            {int(k): v for k, v in stacks.items() if str(k).isdigit() and isinstance(v, str)}
-            if isinstance(stacks, dict) else {},
-            text(data.get("known_failure")) or None, Failure.from_json(data.get("failure")),
-            text(data.get("attention_backend")), number(data.get("seconds")) or 0.0, None,
-            _texts(data.get("inputs")), {str(k): v for k, v in timings.items() if number(v) is not None},
-            *(_numbers(data.get(k)) for k in ("peak_rss_mb", "rss_mb", "cpu_seconds")),
-            *([v for v in _list(data.get(k)) if integer(v) is not None] for k in ("threads", "process_groups")),
-            Localization.from_json(data.get("localization")),
-            {k: v for k, v in data.items() if k not in _WRITTEN and k not in REPORT_FIELDS})
+            case=case, status=enum_value(CaseStatus, data.get("status")) or CaseStatus.ERROR, route=route,
+            reason=_text(data.get("reason"), ""), checks=[c for c in checks if c is not None],
+            fit=_texts(data.get("fit")), findings=[f for f in findings if f is not None],
+            cause_ranks=ints(data.get("error_ranks")), secondary_ranks=ints(data.get("secondary_ranks")),
+            traceback=_text(data.get("traceback"), ""),
+            stacks={int(k): v for k, v in stacks.items() if str(k).isdigit() and isinstance(v, str)},
+            known=text(data.get("known_failure")) or None, failure=Failure.from_json(data.get("failure")),
+            attention_backend=text(data.get("attention_backend")), seconds=number(data.get("seconds")) or 0.0,
+            model_class=None, inputs=_texts(data.get("inputs")),
+            timings={str(k): v for k, v in timings.items() if number(v) is not None},
+            **{k: _numbers(data.get(k)) for k in ("peak_rss_mb", "rss_mb", "cpu_seconds")},
+            **{k: [v for v in _list(data.get(k)) if integer(v) is not None] for k in ("threads", "process_groups")},
+            localization=Localization.from_json(data.get("localization")),
+            lifted={k: v for k, v in data.items() if k not in _WRITTEN and k not in REPORT_FIELDS})
 
 
 #: The top-level fields `Verdict.to_json` writes of the verdict itself (any other is lifted).

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from paracheck.domain.layout import Layout
+from paracheck.world import recent
 
 
 @dataclass(frozen=True)
@@ -135,11 +136,12 @@ def _in_local_world() -> bool:
 
 def for_world() -> Meshes:
     """This process's meshes for the world it is in now (a new world, after the default group was destroyed
-    and made again, starts with none)."""
+    and made again, starts with none, and with nothing kept: `recent.enter`)."""
     global _current
     world = dist.distributed_c10d._get_default_group()
     if _current is None or _current.world is not world:
         _current = Meshes(world)
+        recent.enter(world)  # what the last world kept goes with it (`world.recent`)
     return _current
 
 

@@ -12,7 +12,7 @@ from paracheck.domain.localization import Localization
 from paracheck.domain.records import (CaseStatus, CheckId, CheckResult, Failure, FailureKind, Finding, MergedCheck,
                                       RankResult, RankStatus, Route, Status)
 from tests.domain.test_localization import localizations
-from paracheck.results.verdict import (NamedLayout, Verdict, inconclusive_rule, judge, judge_controls, merge,
+from paracheck.results.verdict import (LayoutName, Verdict, inconclusive_rule, judge, judge_controls, merge,
                                        outcome_for_test)
 
 U4 = DiffusersLayout.parse("u4")
@@ -275,7 +275,7 @@ _merged = st.builds(MergedCheck, st.sampled_from(list(CheckId)), st.sampled_from
                     st.dictionaries(_words, _json_values, max_size=2), _failures,
                     st.dictionaries(_words, st.booleans(), max_size=2))
 _cases = st.builds(lambda model, layout, order, route, control, variant, dtype, options: Case(
-    model, "x:make", NamedLayout(layout, order), route, control, variant=variant, dtype=dtype,
+    model, "x:make", LayoutName(layout, order), route, control, variant=variant, dtype=dtype,
     cp_options=tuple(options.items()), library="diffusers"),
     _words, _words, st.sampled_from(["cp-fastest", "tp-fastest"]), st.sampled_from(list(Route)), st.none() | _words,
     _words, _words, st.dictionaries(_words, st.booleans() | st.integers(0, 3), max_size=2))

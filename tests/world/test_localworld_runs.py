@@ -2,7 +2,8 @@
 
 Two small launches (one process each): an 8-rank world no machine here runs with gloo (Flux on three mesh
 dimensions, `tp2xr2xu2`), and a 4-rank control compared case for case with the gloo session run (`default_run`).
-And one case in this process: the control only three mesh dimensions can show, on that 8-rank layout.
+And in this process: the control only three mesh dimensions can show, on that 8-rank layout; and several cases
+in two worlds, counting what the ranks keep (`world.recent`).
 """
 
 import pytest
@@ -89,3 +90,35 @@ def test_the_collapsed_cp_index_control_is_detected_on_eight_ranks_and_names_ran
     forward = [c for c in results[0].checks if c.id == CheckId.FORWARD][0]
     assert forward.max_abs > 1e-2  # 0.113 measured; a pass is below 1e-6
     assert get_control(name).judge(set().union(*failing.values()))[0] == CaseStatus.DETECTED
+
+
+@pytest.mark.slow  # no launch, but three cases' compute and two references (four cases: 127 s at load 28 on 2 cores)
+def test_what_ranks_keep_is_bounded_over_cases_and_dropped_with_the_world(tmp_path):
+    """Cases in this one process, as a local world (or the pytest mixins) runs them: what the caches
+    hold (`world.recent.held`) never passes each one's bound however many cases run, and the next world starts
+    with nothing the last one kept."""
+    import paracheck.fixtures as fixtures
+    from paracheck.adapters.diffusers.layout import DiffusersLayout
+    from paracheck.domain.backends import get_backend
+    from paracheck.domain.case import Case
+    from paracheck.rank.localrun import run_local_case
+    from paracheck.world import recent
+    from paracheck.world.localworld import LocalWorld
+
+    backend, refs = get_backend("gloo"), str(tmp_path / "refs")
+    (tmp_path / "refs").mkdir()
+    cases = [Case("flux", fixtures.FIXTURES["flux"], DiffusersLayout.parse("tp2"), variant=v, grads=False,
+                  library="diffusers") for v in ("base", "batch2")]
+    seen = []
+    with LocalWorld(2) as world:
+        for index, case in enumerate(cases):
+            results = run_local_case(index, case, backend, world, refs, str(tmp_path / f"case{index}"))
+            assert {r.status.value for r in results} == {"ok"}, results[0].reason
+            seen.append(recent.held())
+    # One reference at most (the last case's: the first was dropped before it was read); a source per variant.
+    assert [(h["diffusers reference"], h["diffusers source"]) for h in seen] == [(1, 1), (1, 2)]
+    with LocalWorld(2) as world:
+        run_local_case(0, cases[1], backend, world, refs, str(tmp_path / "next"))
+    held = recent.held()
+    # The control: the new world holds its own source and reference only; the last world's are gone.
+    assert (held["diffusers source"], held["diffusers reference"]) == (1, 1)

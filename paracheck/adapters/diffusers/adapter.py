@@ -113,26 +113,16 @@ class DiffusersAdapter:
 
         return draw_options(d, layout, uneven)
 
-    # `paracheck topology --simulate`: this adapter's models on meta under torch's fake process group.
-    def topology_arguments(self, parser) -> None:
-        from paracheck.adapters.diffusers.topology import add_arguments
-
-        add_arguments(parser)
-
-    def topology_reject(self, args) -> None:
-        from paracheck.adapters.diffusers.topology import reject_simulate_only
-
-        reject_simulate_only(args)
-
     def topology_layouts(self, backend, world: int, heads: int, layouts, order: str) -> list:
         from paracheck.adapters.diffusers.topology import topology_layouts
 
         return topology_layouts(backend, world, heads, layouts, order)
 
-    def topology_simulate(self, args) -> int:
+    # `paracheck topology --simulate`: this adapter's models on meta under torch's fake process group.
+    def topology_simulate(self, request) -> int:
         from paracheck.adapters.diffusers.topology import topology_simulate
 
-        return topology_simulate(args)
+        return topology_simulate(request)
 
     def mixins(self) -> dict[str, str]:
         where = "paracheck.adapters.diffusers.mixins:"

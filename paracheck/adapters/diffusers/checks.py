@@ -9,7 +9,6 @@ collectives, counted during the forward, are judged after it, then the forward, 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass, field
@@ -20,12 +19,13 @@ import torch.distributed as dist
 
 from paracheck.adapters.diffusers import library
 from paracheck.adapters.diffusers.splits import plan_modules
-from paracheck.checks import localize
+from paracheck.checks import grads
 from paracheck.checks.buckets import gather_each, reduce_each
 from paracheck.checks.compare import compare, problems_text
 from paracheck.checks.shards import assemble, group_ranks, local_slice
 from paracheck.domain.localization import GradRow
 from paracheck.domain.records import CheckId, CheckResult, Raised, Status
+from paracheck.world.recent import Recent
 
 @dataclass
 class CheckContext:
@@ -301,61 +301,65 @@ def check_grads(ctx: CheckContext) -> CheckResult:
 
 
 def _compare_grads(ctx: CheckContext) -> CheckResult:
-    """Reassemble every gradient, then compare with the reference's; reports the parameters beyond
-    tolerance and, separately, the one with the largest max_abs (which can be within tolerance: the bound is
-    elementwise, atol + rtol |ref|). A failing check carries every parameter's error in
-    `data["localization"]["grads"]`."""
+    """Reassemble every gradient, then judge each by the shared rule (`checks.grads`) at diffusers' strictness
+    (`_rule`); reports the parameters beyond tolerance and, separately, the one with the largest max_abs (which can
+    be within tolerance: the bound is elementwise, atol + rtol |ref|). A failing check carries every parameter's
+    error in `data["localization"]["grads"]`."""
     layout, applied = ctx.layout, ctx.applied
     specs = library.tp_shard_specs(ctx.reference, layout.tp) if layout.has_tp else {}
     groups = _Groups(cp_process_group(applied), applied.meshes["tp"].get_group() if layout.has_tp else None)
     ref_params = dict(ctx.reference.named_parameters())
-    worst = CheckResult(CheckId.GRADS, Status.PASS, atol=ctx.atol, rtol=ctx.rtol, max_abs=0.0, max_rel=0.0)
-    failures, tp_partial, ratio, entries, rounded = [], [], 0.0, [], []
+    tp_partial = []
     params = sorted(ctx.model.named_parameters())
     # Every rank has the same parameters with and without a gradient (the model's structure decides),
     # so every rank issues the same collectives here.
     wholes = _whole_grads({n: p.grad for n, p in params if p.grad is not None}, specs, groups, tp_partial)
-    for name, param in params:
-        ref_grad = ref_params[name].grad
-        if param.grad is None:
-            if ref_grad is not None and bool(ref_grad.abs().max() > 0):
-                failures.append(f"{name} has no gradient" + ("" if param.requires_grad else " (requires_grad=False)"))
-                entries.append(localize.grad_entry(name, None, ref_grad, ctx.atol, ctx.rtol))
+    judged = grads.judge(((n, wholes.get(n), ref_params[n].grad) for n, _ in params), ctx.atol, ctx.rtol, _rule(ctx))
+    worst = CheckResult(CheckId.GRADS, Status.PASS, atol=ctx.atol, rtol=ctx.rtol, max_abs=0.0, max_rel=0.0)
+    failures, ratio = [], 0.0
+    by_name = dict(params)
+    for j in judged:
+        result = j.result
+        if result is None:
+            frozen = "" if by_name[j.name].requires_grad else " (requires_grad=False)"
+            failures.append(f"{j.name} has no gradient{frozen}" if j.entry.why == "no gradient"
+                            else f"{j.name} has a gradient the reference lacks")
             continue
-        if ref_grad is None:
-            failures.append(f"{name} has a gradient the reference lacks")
-            entries.append(localize.grad_entry(name, wholes[name], None, ctx.atol, ctx.rtol))
-            continue
-        result = compare(CheckId.GRADS, wholes[name], ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
-                         expected32=ctx.ref_grads32.get(name), floor=torch.finfo(ref_grad.dtype).eps)
-        if result.status == Status.FAIL and not ctx.ref_grads32:
-            result = _rounding_rule(result, name, wholes[name], ref_grad, ctx, rounded)
         ratio = max(ratio, (result.data or {}).get("ratio", 0.0))
-        entries.append(_grad_entry(name, wholes[name], ref_grad, result, ctx))
-        if result.status == Status.FAIL:
-            failures.append(f"{name} ({_figure(result.max_abs)}, {_over(entries[-1])})")
+        if j.failed:
+            failures.append(f"{j.name} ({_figure(result.max_abs)}, {_over(j.entry)})")
         if result.max_abs is not None and result.max_abs >= (worst.max_abs or 0.0):
             within = "within tolerance" if result.status == Status.PASS else "beyond tolerance"
             worst.max_abs, worst.max_rel = result.max_abs, result.max_rel
-            worst.detail = f"largest max_abs: {name} ({_figure(result.max_abs)}, {within})"
-            worst.data = dict(result.data, param=name) if result.data else {}
+            worst.detail = f"largest max_abs: {j.name} ({_figure(result.max_abs)}, {within})"
+            worst.data = dict(result.data, param=j.name) if result.data else {}
     if worst.data:
         worst.data["ratio"] = ratio  # the parameter furthest over its own bound, which need not be the worst
     notes = [worst.detail] if worst.detail else []
     if tp_partial:
         notes.append(f"{len(tp_partial)} params outside the TP plan have TP-partial grads (e.g. {tp_partial[0]})")
+    rounded = [j.name for j in judged if j.second]
     if rounded:
         notes.append(f"{len(rounded)} grads outside the elementwise bound are as close to the fp64 gradient as the "
                      f"single-device one (rounding of a long sum, e.g. {rounded[0]})")
     if failures:
         worst.status = Status.FAIL
         notes.insert(0, f"{len(failures)} grads beyond tolerance: {problems_text(failures)}")
-        worst.data["localization"] = {"grads": localize.grads_localization(entries, layout.factor_degrees()).to_json()}
+        worst.data["localization"] = grads.localization(judged, layout.factor_degrees())
     worst.detail = "; ".join(notes)
     return worst
 
 
-def _rounding_rule(result: CheckResult, name: str, whole, ref_grad, ctx: CheckContext, rounded: list) -> CheckResult:
+def _rule(ctx: CheckContext) -> grads.Rule:
+    """diffusers' strictness: a parameter the loss never reached (its reference gradient all zeros) may hold no
+    gradient; a reduced-precision run is judged against the fp32 gradients; an fp32 one, where it fails, against
+    the fp64 gradient (`_fp64_look`)."""
+    if ctx.ref_grads32:
+        return grads.Rule(zero_is_none=True, expected32=ctx.ref_grads32)
+    return grads.Rule(zero_is_none=True, second_look=functools.partial(_fp64_look, ctx), marked="fp64")
+
+
+def _fp64_look(ctx: CheckContext, name: str, whole, ref_grad) -> CheckResult | None:
     """An fp32 gradient beyond the elementwise bound, judged again against the fp64 gradient: it passes when it
     is no further from it than `BOUND_FACTOR` x the single-device gradient's own distance, plus one fp32 unit
     of its scale (the reduced-precision rule, `checks.compare`, with fp64 as the truth). Why: a weight
@@ -365,23 +369,16 @@ def _rounding_rule(result: CheckResult, name: str, whole, ref_grad, ctx: CheckCo
     2.2e-5 from fp64, 3.1e-5 from each other)."""
     exact = _fp64_grads(ctx).get(name)
     if exact is None:
-        return result
-    again = compare(CheckId.GRADS, whole, ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
-                    expected32=exact, floor=torch.finfo(ref_grad.dtype).eps)
-    if again.status == Status.PASS:
-        rounded.append(name)
-        return dataclasses.replace(result, status=Status.PASS, detail="", data=dict(again.data, rule="fp64"))
-    return result
+        return None
+    return compare(CheckId.GRADS, whole, ref_grad, ctx.atol, ctx.rtol, what=f"grad of {name}",
+                   expected32=exact, floor=torch.finfo(ref_grad.dtype).eps)
 
 
 def _fp64_grads(ctx: CheckContext) -> dict:
     """The reference model's gradients in float64 on this rank, computed only when asked, once per reference:
     consecutive cases share one (a plain case and its controls, `reference.LastReference`), and every control
     that breaks the gradients asks (75 ms a case on the bundled fixtures, a third of their gradient check)."""
-    global _last64
-    if ctx.grads64 is None and _last64 is not None and _last64[0]() is ctx.reference:
-        ctx.grads64 = _last64[1]
-    if ctx.grads64 is None:
+    def computed() -> dict:
         from paracheck.adapters.diffusers.reference import forward, place
 
         model = copy.deepcopy(ctx.reference).double()
@@ -389,24 +386,16 @@ def _fp64_grads(ctx: CheckContext) -> dict:
             param.grad = None
         out = forward(model, place(ctx.inputs, ctx.ref_out.device, torch.float64))
         (out * ctx.weights.to(out.dtype)).sum().backward()
-        ctx.grads64 = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-        _last64 = (weakref.ref(ctx.reference), ctx.grads64)
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    if ctx.grads64 is None:
+        # Keyed weakly by the reference model: a new reference (equal to no dead one) computes anew.
+        ctx.grads64 = _FP64.get(weakref.ref(ctx.reference), computed)
     return ctx.grads64
 
 
-#: The last reference model whose fp64 gradients this rank computed, weakly (it lives as long as the rank keeps
-#: that reference), and those gradients.
-_last64: tuple | None = None
-
-
-def _grad_entry(name: str, whole, ref_grad, result: CheckResult, ctx: CheckContext) -> GradRow:
-    """A parameter's entry, judged by the check's own rule (the reduced-precision one where it applies)."""
-    entry = dataclasses.replace(localize.grad_entry(name, whole, ref_grad, ctx.atol, ctx.rtol),
-                                within=result.status == Status.PASS)
-    if "ratio" in (result.data or {}):
-        ratio = result.data["ratio"]
-        entry = dataclasses.replace(entry, over=None if ratio == float("inf") else ratio)
-    return entry
+#: The fp64 gradients of the last reference model this rank computed them for.
+_FP64 = Recent(1, "diffusers fp64 grads")
 
 
 def _figure(max_abs) -> str:

@@ -28,18 +28,20 @@ def layouts_for(world: int, order: str = "cp-fastest") -> list[Layout]:
     return [layout.with_order(order) for layout in DiffusersLayout.layouts_for(world)]
 
 
-def parse_layouts(text: str, world: int, order: str = "cp-fastest") -> list[Layout]:
-    """`all` or a comma list; every layout must have world size `world`."""
+def parse_layouts(text: str, world: int, order: str = "cp-fastest",
+                  flags: tuple[str, str] = ("--layouts", "--nproc")) -> list[Layout]:
+    """`all` or a comma list, each named once; every layout must have world size `world`. `flags`: the command's
+    names for the layouts and the world size (`topology` says --layout and --world), which an error names."""
     if text.strip() == "all":
         return layouts_for(world, order)
-    layouts = []
+    layouts, (names, size) = [], flags
     for item in text.split(","):
         layout = DiffusersLayout.parse(item, order)
         if layout.world != world:
             raise LayoutError(
-                f"--layouts {layout.name}: its world size is {layout.world} "
+                f"{names} {layout.name}: its world size is {layout.world} "
                 f"({' x '.join(str(d) for d in layout.degrees.values() if d > 1)}), "
-                f"but --nproc is {world}; the product of the degrees must equal --nproc"
+                f"but {size} is {world}; the product of the degrees must equal {size}"
             )
         if layout not in layouts:
             layouts.append(layout)
@@ -55,6 +57,13 @@ def fit_heads(heads: int, layout: Layout) -> int:
     """The smallest head count >= `heads` that tp x ulysses divides."""
     multiple = head_multiple(layout)
     return -(-heads // multiple) * multiple
+
+
+def heads_unfit(heads: int, layout: Layout, nearest: int | None = None) -> str:
+    """The sentence for `heads` heads that tp x ulysses does not divide, naming the nearest fit (`fit_heads`'s,
+    unless the caller's fitting chose `nearest`)."""
+    nearest = fit_heads(heads, layout) if nearest is None else nearest
+    return f"{heads} heads: tp x ulysses = {head_multiple(layout)} must divide them (nearest fit: {nearest})"
 
 
 def backend_problems(backend: Backend, layout: Layout) -> list[str]:

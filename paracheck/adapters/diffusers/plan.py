@@ -56,8 +56,8 @@ class Sources:
     KEEP = 32
 
     def __init__(self):
-        self._loaded = Recent(self.KEEP)
-        self._splits = Recent(self.KEEP)
+        self._loaded = Recent(self.KEEP, "diffusers source")
+        self._splits = Recent(self.KEEP, "diffusers cp splits")
 
     def get(self, case: Case):
         return self._loaded.get((case.payload or case.factory, case.variant, case.shape), lambda: _load(case))

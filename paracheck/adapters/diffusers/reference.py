@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from paracheck.world.recent import Recent
+
 from paracheck.adapters.diffusers import attention
 from paracheck.adapters.diffusers.fitting import Unfittable
 from paracheck.launch.protocol import read_json, reference_error_file, reference_file, write_json
@@ -140,11 +142,7 @@ class LastReference:
     held tens of MiB more per rank for a few percent of CPU). Nothing in a case writes to its reference."""
 
     def __init__(self):
-        self._key, self._ref = None, None
+        self._kept = Recent(1, "diffusers reference")
 
     def get(self, p: Plan, refs_dir: str, device: torch.device) -> Reference:
-        if p.key != self._key:
-            self._key, self._ref = None, None
-            self._ref = load(p, refs_dir, device)
-            self._key = p.key
-        return self._ref
+        return self._kept.get(p.key, lambda: load(p, refs_dir, device))

@@ -32,12 +32,13 @@ from paracheck.checks.buckets import gather_each, reduce_each
 from paracheck.checks.shards import assemble, full
 from paracheck.checks.steps import compare_steps
 from paracheck.domain.records import CheckId, CheckResult, Status
+from paracheck.world.recent import Recent
 
 #: Step `i`'s inputs are drawn under seed STEP_SEED + i.
 STEP_SEED = 1000
 
 #: (reference key, steps) -> the reference run's trace: one kept, as `reference.LastReference` keeps one reference.
-_KEPT: dict = {}
+_KEPT = Recent(1, "diffusers steps trace")
 
 
 def fresh_inputs(inputs: dict, step: int) -> dict:
@@ -103,14 +104,12 @@ def run(body, hooks: trainloop.Hooks = trainloop.PLAIN) -> list[CheckResult]:
 
 def reference_trace(body, loss) -> trainloop.Trace:
     """The loop on a fresh single-device copy of the reference's weights (kept for the next case that shares it)."""
-    key = (body.plan.key, body.case.steps)
-    if key not in _KEPT:
-        _KEPT.clear()
+    def trace():
         ref = body.ref
         twin = copy_of(body.plan.model_class, body.plan.init_dict, ref.model.state_dict(), ref.out.device,
                        ref.out.dtype)
-        _KEPT[key] = trainloop.train(twin, loss, body.case.steps)
-    return _KEPT[key]
+        return trainloop.train(twin, loss, body.case.steps)
+    return _KEPT.get((body.plan.key, body.case.steps), trace)
 
 
 def whole_params(model, specs: dict, applied) -> dict:

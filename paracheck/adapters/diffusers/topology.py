@@ -1,5 +1,5 @@
-"""`paracheck topology --simulate`: the command-line side of `simulate.py`: its options, `--heads`, the
-tables it prints and the report it writes.
+"""`paracheck topology --simulate`: the command-line side of `simulate.py`, asked by a `TopologyRequest` (the host
+owns the options): `--heads`, the tables it prints and the report it writes.
 
 Exit codes: 0 every layout simulated as the rules say (with `--layout`: every named layout is ok; with
 `--control`: the control was detected wherever it applied), 1 otherwise or when the library built a wrong
@@ -12,46 +12,25 @@ import sys
 import time
 
 from paracheck.cli.common import UsageError, check_order, check_writable
+from paracheck.domain.adapter import TopologyRequest
 from paracheck.results.report import write_report
 
-#: Options that only mean something with --simulate (dest -> flag).
-SIMULATE_ONLY = {"models": "--models", "spec": "--spec", "route": "--route", "control": "--control",
-                 "collectives": "--collectives", "report_json": "--report-json"}
+#: `topology`'s names for the layouts and the world size, which a layout error names.
+TOPOLOGY_FLAGS = ("--layout", "--world")
 
 
-def add_arguments(topo) -> None:
-    """The --simulate options of the `topology` subcommand."""
-    topo.add_argument("--simulate", action="store_true",
-                      help="build each rank's model on meta under torch's fake process group and check what "
-                           "the library really built (no hardware; up to 128 ranks)")
-    topo.add_argument("--models", help="with --simulate: fixture names, comma separated, or all (default all)")
-    topo.add_argument("--spec", action="append", help="with --simulate: MODULE:FUNCTION returning (model_class, "
-                      "init_dict, inputs); e.g. paracheck.adapters.diffusers.simulate.specs:flux_dev")
-    topo.add_argument("--route", help="with --simulate: auto|native|composed (default auto)")
-    topo.add_argument("--control", help="with --simulate: plant this negative control on every rank")
-    topo.add_argument("--collectives", action="store_true",
-                      help="with --simulate: run one forward on meta tensors and check its collectives per group")
-    topo.add_argument("--report-json", help="with --simulate: write the results here")
-
-
-def reject_simulate_only(args) -> None:
-    for dest, flag in SIMULATE_ONLY.items():
-        if getattr(args, dest, None) not in (None, False):
-            raise UsageError(f"{flag}: only with --simulate")
-
-
-def models_from(args) -> list[tuple[str, type, dict, dict]]:
+def models_from(request) -> list[tuple[str, type, dict, dict]]:
     """(name, model_class, init_dict, inputs) per model asked for, heads overridden by --heads."""
     from paracheck.domain.case import call_factory
     from paracheck.adapters.diffusers.fixtures_index import FIXTURES
     from paracheck.adapters.diffusers.simulate.engine import SimulationError
 
-    if args.spec and args.models:
+    if request.spec and request.models:
         raise UsageError("--models and --spec: give one or the other")
-    if args.spec:
-        named = [(spec.rpartition(":")[2], spec) for spec in args.spec]
+    if request.spec:
+        named = [(spec.rpartition(":")[2], spec) for spec in request.spec]
     else:
-        text = args.models or "all"
+        text = request.models or "all"
         names = list(FIXTURES) if text.strip() == "all" else [m.strip() for m in text.split(",") if m.strip()]
         unknown = [n for n in names if n not in FIXTURES]
         if unknown or not names:
@@ -62,29 +41,29 @@ def models_from(args) -> list[tuple[str, type, dict, dict]]:
     for name, factory in named:
         model_class, init_dict, inputs = call_factory(factory)
         try:
-            init_dict = with_heads(model_class, init_dict, args.heads)
+            init_dict = with_heads(model_class, init_dict, request.heads)
         except SimulationError as exc:
             raise UsageError(str(exc)) from exc
         out.append((name, model_class, init_dict, inputs))
     return out
 
 
-def topology_simulate(args) -> int:
+def topology_simulate(request: TopologyRequest) -> int:
     from paracheck.launch.protocol import Exit
     from paracheck.adapters.diffusers.simulate.engine import simulate_on
 
-    backends, route = _validated(args)
-    layouts = _layouts(args)
-    models = models_from(args)
+    backends, route = _validated(request)
+    layouts = _layouts(request)
+    models = models_from(request)
     started = time.perf_counter()
     report, code, total_ranks, total_cpu = [], 0, 0, 0.0
     for name, model_class, init_dict, inputs in models:
-        by_backend = simulate_on(model_class, init_dict, backends, args.world, layouts, order=args.order, route=route,
-                                 control=args.control, collectives=args.collectives, inputs=inputs)
+        by_backend = simulate_on(model_class, init_dict, backends, request.world, layouts, order=request.order,
+                                 route=route, control=request.control, collectives=request.collectives, inputs=inputs)
         for backend in backends:
             results = by_backend[backend.name]
-            _print_results(name, model_class, init_dict, backend, results, args, route)
-            code = max(code, _exit_code(results, args))
+            _print_results(name, model_class, init_dict, backend, results, request, route)
+            code = max(code, _exit_code(results, request))
             report.append({"model": name, "class": model_class.__name__, "backend": backend.name,
                            "heads": heads_of(model_class, init_dict), "results": [r.to_json() for r in results]})
         ranks, cpu = _print_cost(by_backend[backends[0].name], backends)
@@ -92,42 +71,43 @@ def topology_simulate(args) -> int:
     elapsed = time.perf_counter() - started
     print(f"{total_ranks} ranks in {elapsed:.1f} s" + (f" ({1000 * total_cpu / total_ranks:.0f} ms CPU per rank)"
                                                        if total_ranks else ""))
-    if args.report_json:
-        write_report(args.report_json, {"backends": [b.name for b in backends], "world": args.world, "order": args.order,
-                                        "route": route, "control": args.control, "models": report,
-                                        "seconds": round(elapsed, 3)})
+    if request.report_json:
+        write_report(request.report_json, {"backends": [b.name for b in backends], "world": request.world,
+                                           "order": request.order, "route": route, "control": request.control,
+                                           "models": report, "seconds": round(elapsed, 3)})
     sys.stdout.flush()
     return Exit(code)
 
 
-def _validated(args):
+def _validated(request):
     """(the backends, the route) the options name; a usage error names the bad option and its rule."""
     from paracheck.domain.backends import get_backend
     from paracheck.adapters.diffusers.controls import CONTROLS
     from paracheck.adapters.diffusers.simulate.engine import MAX_WORLD, ROUTES
 
-    names = [b.strip() for b in args.backend.split(",") if b.strip()]
+    names = [b.strip() for b in request.backend.split(",") if b.strip()]
     backends = [get_backend(name) for name in dict.fromkeys(names)]
     if not backends:
-        raise UsageError(f"--backend {args.backend!r}: name one or more of gloo, nccl, neuron")
-    if not 2 <= args.world <= MAX_WORLD:
-        raise UsageError(f"--world {args.world}: --simulate takes 2 to {MAX_WORLD} ranks")
-    check_order(args.order)
-    route = args.route or "auto"
+        raise UsageError(f"--backend {request.backend!r}: name one or more of gloo, nccl, neuron")
+    if not 2 <= request.world <= MAX_WORLD:
+        raise UsageError(f"--world {request.world}: --simulate takes 2 to {MAX_WORLD} ranks")
+    check_order(request.order)
+    route = request.route or "auto"
     if route not in ROUTES:
         raise UsageError(f"--route {route!r}: --simulate takes one of {', '.join(ROUTES)} "
                           "(sharded-load reads a checkpoint, which a meta model has none of)")
-    if args.control and args.control not in CONTROLS:
-        raise UsageError(f"--control {args.control!r}: must be one of {', '.join(CONTROLS)}")
-    if args.heads is not None and args.heads < 1:
-        raise UsageError(f"--heads {args.heads}: must be >= 1")
-    check_writable(args.report_json, "--report-json")
+    if request.control and request.control not in CONTROLS:
+        raise UsageError(f"--control {request.control!r}: must be one of {', '.join(CONTROLS)}")
+    if request.heads is not None and request.heads < 1:
+        raise UsageError(f"--heads {request.heads}: must be >= 1")
+    check_writable(request.report_json, "--report-json")
     return backends, route
 
 
-def _print_results(name, model_class, init_dict, backend, results, args, route) -> None:
+def _print_results(name, model_class, init_dict, backend, results, request, route) -> None:
     print(f"{name} ({model_class.__name__}, {heads_of(model_class, init_dict)} heads) on {backend.name}, "
-          f"world {args.world}, order {args.order}, route {route}" + (f", control {args.control}" if args.control else ""))
+          f"world {request.world}, order {request.order}, route {route}"
+          + (f", control {request.control}" if request.control else ""))
     print(table(results))
     for r in results:
         for check, failure in r.failures.items():
@@ -153,43 +133,32 @@ def _print_cost(results, backends) -> tuple[int, float]:
 def topology_layouts(backend, world: int, heads: int, layouts: str | None, order: str) -> list:
     """`paracheck topology` without --simulate: [(layout name, problems, its groups)] for every layout of `world`
     ranks (or those `layouts` names) by `backend`'s rules and the head count `heads`."""
-    from paracheck.adapters.diffusers.layout import (CP_DIMS, backend_problems, fit_heads, head_multiple,
+    from paracheck.adapters.diffusers.layout import (CP_DIMS, backend_problems, head_multiple, heads_unfit,
                                                      layouts_for, parse_layouts)
 
     rows = []
-    for layout in parse_layouts(layouts, world, order) if layouts else layouts_for(world, order):
+    for layout in parse_layouts(layouts, world, order, TOPOLOGY_FLAGS) if layouts else layouts_for(world, order):
         problems = backend_problems(backend, layout)
         if heads % head_multiple(layout):
-            problems.append(f"{heads} heads: tp x ulysses = {head_multiple(layout)} must divide them "
-                            f"(nearest fit: {fit_heads(heads, layout)})")
+            problems.append(heads_unfit(heads, layout))
         rows.append((layout.name, problems, f"tp groups {layout.groups(('tp',))}, cp groups {layout.groups(CP_DIMS)}"))
     return rows
 
 
-def _layouts(args):
-    from paracheck.adapters.diffusers.layout import DiffusersLayout, layouts_for
+def _layouts(request):
+    from paracheck.adapters.diffusers.layout import parse_layouts
 
-    if not args.layout or args.layout.strip() == "all":
-        return layouts_for(args.world, args.order)
-    layouts = []
-    for item in args.layout.split(","):
-        layout = DiffusersLayout.parse(item, args.order)
-        if layout.world != args.world:
-            raise UsageError(f"--layout {layout.name}: its world size is {layout.world}, but --world is "
-                              f"{args.world}; the product of the degrees must equal --world")
-        if layout not in layouts:
-            layouts.append(layout)
-    return layouts
+    return parse_layouts(request.layout or "all", request.world, request.order, TOPOLOGY_FLAGS)
 
 
-def _exit_code(results, args) -> int:
+def _exit_code(results, request) -> int:
     from paracheck.adapters.diffusers.simulate.engine import LayoutStatus
 
-    if args.control:
+    if request.control:
         return 1 if any(r.detected is False for r in results) else 0
     if any(r.structure_failed for r in results):
         return 1
-    if args.layout and any(r.status != LayoutStatus.OK for r in results):
+    if request.layout and any(r.status != LayoutStatus.OK for r in results):
         return 1
     return 0
 

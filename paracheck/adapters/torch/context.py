@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import torch
 
-#: device type -> why torch's context_parallel cannot run there, or None where it runs.
-_KNOWN: dict[str, str | None] = {}
+from paracheck.world.recent import Recent
+
+#: device type -> why torch's context_parallel cannot run there, or None where it runs (`world.recent`: asked again
+#: in another world).
+_KNOWN = Recent(4, "torch context_parallel probe")
 
 
 def problem(mesh, device) -> str | None:
     """Why torch's context_parallel cannot run causal attention on `device` (over `mesh["cp"]`); None where it runs.
     Collective where it runs (every rank of the world asks at the same case)."""
-    if device.type not in _KNOWN:
-        _KNOWN[device.type] = _probe(mesh["cp"], device)
-    return _KNOWN[device.type]
+    return _KNOWN.get(device.type, lambda: _probe(mesh["cp"], device))
 
 
 def _probe(cp_mesh, device) -> str | None:

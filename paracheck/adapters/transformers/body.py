@@ -34,7 +34,7 @@ from paracheck.world.recent import Recent
 #: the drawn shape and the data-parallel degree (the rows of the global batch). A world runs a fixture's layouts
 #: one after another, so neighbouring cases often share one. Nothing in a case writes to one (controls plant
 #: into the parallel model only); a few tiny models, so memory stays flat.
-_REFERENCES = Recent(3)
+_REFERENCES = Recent(3, "transformers reference")
 
 
 @contextlib.contextmanager

@@ -37,7 +37,7 @@ MODES = {"dynamic": (None, False), "padded": (None, True), "static": ("static", 
 PART = "generate"
 
 #: This process's reference generations by (checkpoint, dp): a control after its plain case reads the same.
-_GENERATIONS = Recent(3)
+_GENERATIONS = Recent(3, "transformers generations")
 
 
 def prompts(dp: int, vocab: int, padded: bool) -> dict:

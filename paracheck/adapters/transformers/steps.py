@@ -58,7 +58,7 @@ WORLD_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK
 
 #: This process's reference step records by (factory, checkpoint, variant, shape, dp, steps): a world runs a
 #: fixture's layouts one after another, so neighbouring cases of one dp share them (and a control its plain case's).
-_STEPS = Recent(3)
+_STEPS = Recent(3, "transformers steps trace")
 
 
 class Recorder:

@@ -74,15 +74,11 @@ def check_mesh(model, layout, rank: int) -> CheckResult:
 
 
 def _group(layout, rank: int, dim: str) -> list[int]:
+    """The ranks of `rank`'s group along transformers' mesh dimension `dim`: the layout's own (`Layout.group`, over
+    transformers' dense mesh), but for `ep`, which is off that mesh."""
     if dim == "ep":  # the expert mesh (pp, dp_replicate, efsdp, ep) is row-major with ep fastest
         return list(range(rank - rank % layout.ep, rank - rank % layout.ep + layout.ep))
-    token = {"dp_replicate": "dpr"}.get(dim, dim)
-    base = layout.coords(rank)
-    strides, stride = {}, 1
-    for t in reversed(("pp", "dpr", "fsdp", "cp", "tp")):
-        strides[t], stride = stride, stride * getattr(layout, t)
-    start = rank - base[token] * strides[token]
-    return [start + i * strides[token] for i in range(getattr(layout, token))]
+    return layout.group(rank, ({"dp_replicate": "dpr"}.get(dim, dim),))
 
 
 def check_placements(model, reference, layout) -> CheckResult:

@@ -11,7 +11,7 @@ from paracheck.cli.main import main
 from paracheck.fixtures import flux
 from paracheck.adapters.diffusers.layout import DiffusersLayout, layouts_for
 from paracheck.launch.attribution import ranks_text
-from paracheck.checks.shardledger import (
+from paracheck.adapters.diffusers.simulate.shardledger import (
     Provenance,
     expected_intervals,
     merge_intervals,
@@ -212,7 +212,7 @@ def test_cli_reproduces_the_neuron_finding(capsys):
     (["--world", "16", "--route", "sharded-load"], "--route 'sharded-load'"),
     (["--world", "16", "--control", "nope"], "--control 'nope'"),
     (["--world", "16", "--heads", "0"], "--heads 0: must be >= 1"),
-    (["--world", "16", "--layout", "tp4xu2"], "--layout tp4xu2: its world size is 8, but --world is 16"),
+    (["--world", "16", "--layout", "tp4xu2"], "--layout tp4xu2: its world size is 8 (4 x 2), but --world is 16"),
     (["--world", "16", "--order", "sideways"], "--order 'sideways'"),
     (["--world", "16", "--spec", "nocolon"], "write MODULE:FUNCTION"),
 ])
@@ -220,6 +220,14 @@ def test_simulate_usage_errors_exit_2(argv, fragment, capsys):
     assert main(["topology", "--simulate", "--backend", "neuron", *argv]) == 2
     err = capsys.readouterr().err
     assert fragment in err, err
+
+
+def test_a_layout_of_another_world_is_named_by_topologys_own_flags_with_or_without_simulate(capsys):
+    """One parser for both (`layout.parse_layouts`); the table without --simulate named `run`'s --layouts and
+    --nproc, flags `topology` does not have."""
+    for extra in ([], ["--simulate"]):
+        assert main(["topology", *extra, "--backend", "gloo", "--world", "4", "--heads", "4", "--layout", "tp2"]) == 2
+        assert "--layout tp2: its world size is 2 (2), but --world is 4" in capsys.readouterr().err
 
 
 def test_simulate_only_flags_and_heads_without_simulate(capsys):

@@ -19,3 +19,19 @@ def test_a_tp_layout_that_splits_nothing_fails_and_one_split_parameter_counts(tp
     assert tp_coverage(whole, TfLayout(fsdp=2)) == (0, [])  # no tensor parallelism asked: nothing to split
     split = dict(whole, embed=torch.nn.Parameter(distribute_tensor(torch.randn(8, 4), tp_mesh_of_one, [Shard(0)])))
     assert tp_coverage(split, TfLayout(tp=2)) == (1, [])
+
+
+def test_each_mesh_dimensions_group_is_the_slice_of_transformers_row_major_dense_mesh():
+    """structure.mesh's expected groups (`Layout.group`, no strides of its own) against an independent oracle: the
+    world's ranks laid out row-major over (pp, dp_replicate, fsdp, cp, tp), sliced along one dimension."""
+    from paracheck.adapters.transformers.structure import _group
+
+    for world in (4, 8, 12):
+        for layout in TfLayout.layouts_for(world):
+            shape = [layout.pp, layout.dpr, layout.fsdp, layout.cp, layout.tp]
+            ranks = torch.arange(layout.world).reshape(shape)
+            for axis, dim in enumerate(("pp", "dp_replicate", "fsdp", "cp", "tp")):
+                for rank in range(layout.world):
+                    where = [int(i) for i in (ranks == rank).nonzero()[0]]
+                    where[axis] = slice(None)
+                    assert _group(layout, rank, dim) == ranks[tuple(where)].tolist(), (layout.name, rank, dim)

@@ -80,7 +80,7 @@ class Sources:
     """Each pipeline source a rank runs, loaded once per process (the recent ones kept)."""
 
     def __init__(self):
-        self._loaded = Recent(8)
+        self._loaded = Recent(8, "diffusers pipeline source")
 
     def get(self, case: Case) -> spec.Source:
         return self._loaded.get((case.payload or case.factory), lambda: spec.load(case.factory, case.payload))

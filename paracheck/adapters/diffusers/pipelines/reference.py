@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from paracheck.world.recent import Recent
+
 from paracheck.adapters.diffusers import attention
 from paracheck.adapters.diffusers.fitting import Unfittable
 from paracheck.adapters.diffusers.pipelines import caches, loop
@@ -134,11 +136,7 @@ class LastPipelineReference:
     """The pipeline reference this rank read last (a plain case and its controls share it); one at most."""
 
     def __init__(self):
-        self._key, self._ref = None, None
+        self._kept = Recent(1, "diffusers pipeline reference")
 
     def get(self, p, refs_dir: str, device: torch.device) -> PipelineReference:
-        if p.key != self._key:
-            self._key, self._ref = None, None
-            self._ref = load(p, refs_dir, device)
-            self._key = p.key
-        return self._ref
+        return self._kept.get(p.key, lambda: load(p, refs_dir, device))

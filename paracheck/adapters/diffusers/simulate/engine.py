@@ -36,11 +36,11 @@ from paracheck.domain.registry import get_control
 from paracheck.domain.control import Control
 from paracheck.adapters.diffusers.simulate.fakeworld import build_meta, fake_world, meta_inputs, quiet
 from paracheck.adapters.diffusers.fitting import HEADS_KEY, Unfittable, cp_split_problems, fit_init_dict, init_value
-from paracheck.adapters.diffusers.layout import DiffusersLayout, backend_problems, head_multiple, layouts_for
+from paracheck.adapters.diffusers.layout import DiffusersLayout, backend_problems, heads_unfit, layouts_for
 from paracheck.domain.layout import Layout
 from paracheck.domain.records import CheckId, CheckResult, MergedCheck, Route, Status
 from paracheck.results.verdict import merge_check
-from paracheck.checks.shardledger import check_tp_shards_meta, shard_ledger
+from paracheck.adapters.diffusers.simulate.shardledger import check_tp_shards_meta, shard_ledger
 
 MAX_WORLD = 128
 ROUTES = ("auto", "native", "composed")
@@ -300,8 +300,8 @@ def _setup(model_class, init_dict, layout, route, control, collectives, inputs, 
     except Unfittable as exc:
         raise _NotSimulated(LayoutStatus.UNFIT, str(exc)) from exc
     if any("heads" in c.split(" ")[0] for c in fit.changes):
-        raise _NotSimulated(LayoutStatus.UNFIT, f"{init_value(model_class, init_dict, HEADS_KEY)} heads: tp x ulysses = "
-                            f"{head_multiple(layout)} must divide them (nearest fit: {fit.init_dict[HEADS_KEY]})")
+        raise _NotSimulated(LayoutStatus.UNFIT, heads_unfit(init_value(model_class, init_dict, HEADS_KEY), layout,
+                                                            fit.init_dict[HEADS_KEY]))
     if fit.changes:  # block counts a plan needs (e.g. `transformer_blocks.1`): the library's own rule
         shared.notes.append(f"fitted: {', '.join(fit.changes)}")
         init_dict = fit.init_dict
