@@ -16,6 +16,7 @@ from paracheck.domain.case import SpecError
 from paracheck.cli.common import (UsageError, add_order, add_timeout, check_dtypes, check_order, check_timeout,
                                   check_writable, named_models, raise_interrupt)
 from paracheck.results.report import run_meta
+from paracheck.results.runmeta import RunMeta
 from paracheck.results.report import write_report
 from paracheck.launch.protocol import Exit
 
@@ -180,13 +181,13 @@ class _Lines:
               f"{' ' + figure if figure else ''}", flush=True)
 
 
-def _finish(args, explorer, meta: dict, seconds: float, worlds: int) -> int:
+def _finish(args, explorer, meta: RunMeta, seconds: float, worlds: int) -> int:
     from paracheck.explore import found as found_files
 
     rows = []
     for f in explorer.found.values():
         spec, command = found_files.write(args.out, f, args.nproc, None if args.backend == "auto" else args.backend,
-                                          args.known_failures == "none", meta["versions"])
+                                          args.known_failures == "none", meta.versions)
         rows.append({"signature": f.signature, "case": f.case.id, "shape": f.case.shape.describe(),
                      "dtype": f.case.dtype, "cp_options": dict(f.case.cp_options), "detail": f.detail,
                      "spec": spec, "replay": command})
@@ -209,7 +210,7 @@ def _finish(args, explorer, meta: dict, seconds: float, worlds: int) -> int:
           f"({per_case:.2f}s per case, {worlds} world{'s' if worlds != 1 else ''}); "
           f"replay this run with --seed {args.seed}")
     if args.report_json:
-        data = dict(meta, command="explore", seed=args.seed, examples=args.examples, cases_run=explorer.ran,
+        data = dict(meta.to_json(), command="explore", seed=args.seed, examples=args.examples, cases_run=explorer.ran,
                     statuses=dict(explorer.statuses),
                     seconds=round(seconds, 2), seconds_per_case=round(per_case, 3), worlds=worlds, found=rows,
                     known={text: count for text, count in explorer.known_hits.items()},

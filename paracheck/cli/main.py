@@ -374,7 +374,7 @@ def _launch(args, backend, cases: list[Case], entries, carried: list[dict], swep
     finally:
         signal.signal(signal.SIGTERM, previous)
     progress.close()
-    meta = dict(run_meta(backend, args.nproc, outcome), **(swept.meta if swept else {}))
+    meta = run_meta(backend, args.nproc, outcome).with_extra(**(swept.meta if swept else {}))
     verdicts = dict(zip(launched, progress.judged([outcome.results[k] for k in range(len(todo))] if todo else [])))
     verdicts.update(zip(decided, judge([cases[i] for i in decided], list(decided.values()), entries)))
     tail = f", ranks {outcome.start_method}, {outcome.references} references" if outcome else ""

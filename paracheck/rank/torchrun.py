@@ -84,10 +84,12 @@ def _finish(args, backend, cases, verdicts, store, rank: int, started: float) ->
     import torch.distributed as dist
 
     if rank == 0:
+        from dataclasses import replace
+
         from paracheck.results.report import run_meta
         from paracheck.results.finish import finish
 
-        meta = dict(run_meta(backend, dist.get_world_size()), worlds=1, start_method="torchrun")
+        meta = replace(run_meta(backend, dist.get_world_size()), worlds=1, start_method="torchrun")
         code = finish(args, verdicts, [], meta, time.time() - started, ", ranks torchrun")
         store.set(STORE_EXIT_KEY, str(int(code)))
     else:

@@ -4,16 +4,17 @@ summary printed, the reports written; returns the exit code."""
 from __future__ import annotations
 
 from paracheck.results import report
+from paracheck.results.runmeta import RunMeta
 
 
-def finish(args, verdicts, events, meta: dict, seconds: float, extra: str, carried=(), not_run=()) -> int:
+def finish(args, verdicts, events, meta: RunMeta, seconds: float, extra: str, carried=(), not_run=()) -> int:
     """The table, notes and reports of every case's verdict (each judged once, as it finished: `Progress`);
     returns the exit code. `carried`: the cases a `--resume` report held, written into this run's report;
     `not_run`: the ids of the cases an interrupted run never finished."""
     base = [] if args.backend == "auto" else ["--backend", args.backend]
     local = getattr(args, "local_world", None)
     if local:  # also for an interrupted run: the share of what it finished
-        meta = dict(meta, local_world=report.local_share(verdicts, local))
+        meta = meta.with_extra(local_world=report.local_share(verdicts, local))
     base += (["--local-world", str(local)] if local else ["--nproc", str(args.nproc)]) + (
         ["--no-grads"] if args.no_grads else [])
     replays = {v.id: report.replay_command(v, base) for v in verdicts}
@@ -24,9 +25,9 @@ def finish(args, verdicts, events, meta: dict, seconds: float, extra: str, carri
     for event in events:
         print(f"\nRUN BROKE ({event.kind}): {event.message}")
     data = report.to_json(verdicts, meta, events, replays, carried, not_run)
-    print("\n" + report.counts_line(verdicts, seconds, meta.get("worlds", 1), extra))
-    if "local_world" in meta:
-        print(report.local_line(meta["local_world"]))
+    print("\n" + report.counts_line(verdicts, seconds, meta.worlds or 1, extra))
+    if "local_world" in meta.extra:
+        print(report.local_line(meta.extra["local_world"]))
     if carried:
         print(f"{len(carried)} cases carried from --resume {args.resume} (not run again; in the JSON report)")
     if args.report_json:
@@ -40,7 +41,7 @@ def finish(args, verdicts, events, meta: dict, seconds: float, extra: str, carri
     return data["exit_code"]
 
 
-def interrupted(args, progress, cases, meta: dict, seconds: float, how: str, extra: str = "", carried=()) -> int:
+def interrupted(args, progress, cases, meta: RunMeta, seconds: float, how: str, extra: str = "", carried=()) -> int:
     """A run stopped by `how` (SIGINT, SIGTERM) before its end: the table and reports of every case that finished,
     the others named as not run, and the command that goes on from the JSON report; exit 3."""
     from paracheck.domain.records import RunEvent

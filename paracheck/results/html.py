@@ -22,6 +22,7 @@ from paracheck.domain.records import CheckId, MergedCheck, RunEvent
 from paracheck.launch.attribution import ranks_text
 from paracheck.results import localization, loopview, overview, plots
 from paracheck.results.grouping import COUNTED, Row, counts, groups
+from paracheck.results.runmeta import RunMeta
 from paracheck.results.verdict import Verdict
 
 #: Status order in the summary and the table: what needs a look first.
@@ -84,7 +85,7 @@ def render(data: dict, title: str = "paracheck report", with_plots: bool | None 
     found = groups(rows)
     body = [_header(data, cases, title), overview.grid(rows, _anchor, run_order), _events(data),
             _cases(cases, with_plots), _known(cases, found), _skips(cases, found),
-            f'<footer>paracheck {_e(data.get("paracheck", ""))} · one self-contained file: nothing here is fetched'
+            f'<footer>paracheck {_e(RunMeta.from_json(data).paracheck or "")} · one self-contained file: nothing here is fetched'
             "</footer>"]
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{_e(title)}</title>\n'
@@ -122,20 +123,14 @@ def _header(data: dict, cases: list[Shown], title: str) -> str:
 
 
 def _meta(data: dict) -> str:
-    parts = []
-    if data.get("paracheck"):
-        parts.append(f"paracheck {_e(data['paracheck'])}")
-    if data.get("backend"):
-        parts.append(f"backend {_e(data['backend'])}")
-    if data.get("nproc") is not None:
-        parts.append(f'<span class="num">{_e(data["nproc"])}</span> ranks')
-    versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
-    parts += [f"{_e(k)} <span class=\"num\">{_e(v)}</span>" for k, v in versions.items() if v]
-    worlds = [_n(data["worlds"], "world")] if isinstance(data.get("worlds"), int) else []
-    if data.get("start_method"):
-        worlds.append(f"ranks by {_e(data['start_method'])}")
-    if isinstance(data.get("references"), int):
-        worlds.append(_n(data["references"], "reference"))
+    meta = RunMeta.from_json(data)
+    parts = [f"paracheck {_e(meta.paracheck)}"] if meta.paracheck else []
+    parts += [f"backend {_e(meta.backend)}"] if meta.backend else []
+    parts += [f'<span class="num">{_e(meta.nproc)}</span> ranks'] if meta.nproc is not None else []
+    parts += [f"{_e(k)} <span class=\"num\">{_e(v)}</span>" for k, v in meta.versions.items() if v]
+    worlds = [_n(meta.worlds, "world")] if meta.worlds is not None else []
+    worlds += [f"ranks by {_e(meta.start_method)}"] if meta.start_method else []
+    worlds += [_n(meta.references, "reference")] if meta.references is not None else []
     if worlds:
         parts.append(", ".join(worlds))
     return " · ".join(parts)

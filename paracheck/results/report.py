@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 from xml.sax.saxutils import escape, quoteattr
 
 from paracheck.launch.attribution import ranks_named, ranks_text
@@ -13,6 +14,7 @@ from paracheck.domain import registry
 from paracheck.domain.case import Case
 from paracheck.domain.records import LOCAL_WORLD_LIMITS, LOCAL_WORLD_STOOD_IN, CaseStatus, CheckId, Status
 from paracheck.results import localization, resume
+from paracheck.results.runmeta import RunMeta
 from paracheck.results.grouping import COUNTED, Row, counts, covered, groups
 from paracheck.results.verdict import Verdict
 
@@ -185,7 +187,7 @@ def counts_line(verdicts: list[Verdict], seconds: float, worlds: int, extra: str
     return f"{', '.join(parts)} in {seconds:.1f}s ({worlds} world{'s' if worlds != 1 else ''}{extra})"
 
 
-def to_json(verdicts: list[Verdict], meta: dict, events: list, replays: dict[str, str] | None = None,
+def to_json(verdicts: list[Verdict], meta: RunMeta, events: list, replays: dict[str, str] | None = None,
             carried: list[dict] = (), not_run: list[str] = ()) -> dict:
     """The JSON report; `replays` (case id -> the command that runs it alone) adds each case's `replay`.
     `carried`: a resumed report's cases, as it wrote them (marked `resumed`), counted and judged with the rest;
@@ -199,7 +201,7 @@ def to_json(verdicts: list[Verdict], meta: dict, events: list, replays: dict[str
     code = exit_code(verdicts, events)
     if code == 0 and any(CaseStatus(c["status"]).failing for c in carried):
         code = Exit.FAILED
-    data = dict(meta, cases=cases, summary=summary, events=[e.to_json() for e in events], exit_code=int(code))
+    data = dict(meta.to_json(), cases=cases, summary=summary, events=[e.to_json() for e in events], exit_code=int(code))
     if not_run:
         data[resume.NOT_RUN] = list(not_run)
         summary[resume.NOT_RUN] = len(not_run)
@@ -233,7 +235,7 @@ def write_report(path: str, data) -> None:
     write_text(path, data if isinstance(data, str) else json.dumps(data, indent=1))
 
 
-def run_meta(backend, nproc: int, outcome=None) -> dict:
+def run_meta(backend, nproc: int, outcome=None) -> RunMeta:
     """What a report says about the run: versions, backend, ranks, and how the worlds started."""
     from importlib.metadata import version
 
@@ -243,8 +245,8 @@ def run_meta(backend, nproc: int, outcome=None) -> dict:
             versions[package] = version(package)
         except Exception:
             versions[package] = None
-    meta = {"paracheck": __version__, "backend": backend.name, "nproc": nproc, "versions": versions}
+    meta = RunMeta(paracheck=__version__, backend=backend.name, nproc=nproc, versions=versions)
     if outcome is not None:
-        meta.update(worlds=outcome.worlds, start_method=outcome.start_method, references=outcome.references,
-                    start_seconds=round(outcome.start_seconds, 3))
+        meta = replace(meta, worlds=outcome.worlds, start_method=outcome.start_method, references=outcome.references,
+                       start_seconds=round(outcome.start_seconds, 3))
     return meta

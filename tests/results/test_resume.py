@@ -10,6 +10,7 @@ from hypothesis import given, strategies as st
 from paracheck.domain.case import Case
 from paracheck.adapters.diffusers.layout import DiffusersLayout
 from paracheck.results import report, resume
+from paracheck.results.runmeta import RunMeta
 
 STATUSES = ["pass", "fail", "error", "skip", "detected", "missed", "inconclusive", "xfail", "xpass"]
 CASES = [Case(model, "pkg:f", DiffusersLayout.parse(layout, order), variant=variant, dtype=dtype, control=control,
@@ -64,9 +65,9 @@ def test_a_report_that_is_not_one_is_refused_by_name(tmp_path, text):
 
 def test_carried_cases_are_counted_and_judged_and_not_run_ones_named():
     carried = [dict(_entry(CASES[0], "pass")), dict(_entry(CASES[1], "fail"))]
-    data = report.to_json([], {"backend": "gloo"}, [], carried=carried, not_run=["wan-u4-auto"])
+    data = report.to_json([], RunMeta(backend="gloo"), [], carried=carried, not_run=["wan-u4-auto"])
     assert [c["resumed"] for c in data["cases"]] == [True, True]
     assert data["summary"]["passed"] == 1 and data["summary"]["failed"] == 1
     assert data["exit_code"] == 1  # a failure carried from the first run still fails the whole run
     assert data[resume.NOT_RUN] == ["wan-u4-auto"] and data["summary"][resume.NOT_RUN] == 1
-    assert report.to_json([], {}, [], carried=carried[:1])["exit_code"] == 0
+    assert report.to_json([], RunMeta(), [], carried=carried[:1])["exit_code"] == 0
