@@ -305,6 +305,9 @@ BUILDERS = {
 _PACKED = ("its pixel_values pack every image's patches into one sequence along a dim other than the first, so no "
            "tensor holds one row's image at its row")
 
+_TIMM = "its vision tower is a timm model (TimmWrapperConfig), and timm is not installed here"
+_UNBUILT = "its config class's own defaults do not build its model"
+
 #: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
 REFUSED = {
     "aria": "its projector holds queries only for its real images' patch counts (35 or 70 a side), so no tiny image",
@@ -317,6 +320,19 @@ REFUSED = {
     "kimi_k25": "its projector's layer norm keeps the real tower's width (1152), which the tiny rule does not reach",
     "minicpmv4_6": _PACKED,  # (1, channels, patch, patches x patch)
     "emu3": "its images are a VQ tokenizer's codes in the text, not a vision tower's features",
+    "fast_vlm": _TIMM,
+    "perception_lm": _TIMM,
+    "gemma3n": "its vision tower is a timm MobileNetV5 (mobilenetv5_300m_enc), whose config has no patch size: "
+               "an image size for it is not the kit's patch rule",
+    "cohere_compass": _UNBUILT + " (its rotary reads rope_parameters per layer type, which the defaults leave empty)",
+    "qwen4_exp": _UNBUILT + " (its indexer divides indexer_budget by indexer_compress_ratio, both None)",
+    "granite4_vision": _UNBUILT + " (deepstack_layer_map None)",
+    "diffusion_gemma": _UNBUILT + " (its router's num_experts None)",
+    "mistral4": "the mapping gives it Mistral4ForCausalLM, a text-only class: no vision tower, no image to make",
+    "t5gemma2": "an encoder-decoder whose images enter through its encoder, which the image-text task's decoder-only "
+                "inputs do not reach; its text runs as the seq2seq family t5gemma2-seq2seq",
+    "gemma4": "its config's defaults name no vision tower (vision_config None), so there is no image to make",
+    "gemma4_unified": "its config's defaults name no vision tower (vision_config None), so there is no image to make",
     "shieldgemma2": "the mapping builds Gemma3ForConditionalGeneration from ShieldGemma2Config, whose checkpoint "
                     "conversion writes every weight under a second prefix (model.model.language_model.model.*) that "
                     "from_pretrained does not read back: even one process reloads it at random",
