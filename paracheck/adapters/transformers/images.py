@@ -125,6 +125,19 @@ def _packed_images(config, rows: int, size: int, generator) -> dict:
             "image_grid_thw": torch.tensor([[1, grid, grid]] * rows)}
 
 
+def _merged_pixels(config, rows: int, size: int, generator) -> dict:
+    """Inkling2's pixels, channels last, one block of merge x merge patches per placeholder, every row's in one
+    sequence: `pixel_values` (rows x placeholders, merge x patch, merge x patch, channels) and `image_grid_thw`
+    (rows, 3) counted in placeholders. Each row's image is the same size, so `inputs.share` cuts it at images."""
+    import torch
+
+    merge, patch = config.vision_config.spatial_merge_size, _patch(config)
+    side = size // (merge * patch)
+    return {"pixel_values": torch.randn(rows * side * side, merge * patch, merge * patch, CHANNELS,
+                                        generator=generator),
+            "image_grid_thw": torch.tensor([[1, side, side]] * rows)}
+
+
 def _merged_patches(config, rows: int, size: int, generator) -> dict:
     """Qwen-VL's patches and the merge each image is given: `image_merge_sizes` (rows,), 2 as the builder's
     `merge` (VideoLLaMA3 takes the merge per image, not from its config)."""
@@ -167,6 +180,16 @@ def _qwen_vl(config) -> None:
         text.rope_parameters = {k: v if v is None else _mrope(text, dict(v)) for k, v in rope.items()}
     else:
         text.rope_parameters = _mrope(text, rope)
+
+
+def _ernie(config) -> None:
+    """Ernie 4.5 VL's M-RoPE stacks its height and width sections pairwise, so they must be equal: of the fitted
+    rotary half-width, equal height and width sections and the rest temporal, as its real [22, 22, 20]."""
+    _qwen_vl(config)
+    text = text_config(config)
+    half = sum(text.rope_parameters["mrope_section"])
+    side = (half - half // 4) // 2
+    text.rope_parameters = dict(text.rope_parameters, mrope_section=[side, side, half - 2 * side])
 
 
 def _mrope(text, rope: dict) -> dict:
@@ -297,6 +320,9 @@ BUILDERS = {
     "video_llama_3": Builder(merge=2, configure=_qwen_vl, pixels=_merged_patches),
     "paddleocr_vl": Builder(merge=2, configure=_qwen_vl, pixels=_packed_images,
                             token_types=("mm_token_type_ids", "image")),
+    "ernie4_5_vl_moe": Builder(merge=2, configure=_ernie, pixels=_packed, token_types=("mm_token_type_ids", "image")),
+    "inkling2": Builder(merge=2, pixels=_merged_pixels),
+    "inkling2_loop": Builder(merge=2, pixels=_merged_pixels),
 }
 
 #: Packed patches along a dim other than 0: the tower reads all images' patches as one sequence (cut again by a grid
