@@ -45,8 +45,10 @@ def rank(r: int, folder: str) -> None:
     parallel = Glm5NextForConditionalGeneration.from_pretrained(
         folder, dtype=torch.float32, distributed_config=DistributedConfig(tp_size=WORLD))
     attn = parallel.model.language_model.layers[0].self_attn
+    out = attn.o_proj.weight
+    local = out.to_local() if hasattr(out, "to_local") else out
     print(f"rank {r}: layer 0 is {type(attn).__name__}: q_proj {tuple(attn.q_proj.weight.shape)} (whole), "
-          f"o_proj local {tuple(attn.o_proj.weight.to_local().shape if hasattr(attn.o_proj.weight, 'to_local') else attn.o_proj.weight.shape)}")
+          f"o_proj local {tuple(local.shape)}")
     try:
         forward(parallel, ids, False)
         print(f"rank {r}: tp{WORLD} no_grad forward ran")

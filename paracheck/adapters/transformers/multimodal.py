@@ -2,8 +2,8 @@
 none of the rest.
 
 It is no task of its own: for every model type with a TP plan but three (transformers 5.25.0: 95 of the 98 of its
-119 with a plan), the class it names is also the class another task's mapping names for that model type (the image-text-to-text class,
-the causal LM or the seq2seq LM), so the sweep already runs that class, under that task, with that task's inputs
+119 with a plan), the class it names is also the class another task's mapping names for that model type (the
+image-text-to-text class, the causal LM or the seq2seq LM), so the sweep already runs that class, under that task, with that task's inputs
 (and refusals: an image-text family without an image builder stays refused there). The three whose class no task
 names are refused here by name. Torch-free at import.
 """
