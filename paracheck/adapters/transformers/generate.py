@@ -19,6 +19,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from paracheck.adapters.transformers.inputs import share
 from paracheck.checks import generate as rule
 from paracheck.checks import localize, rerun
 from paracheck.checks.shards import full
@@ -107,7 +108,8 @@ def run(body) -> list[CheckResult]:
         expected = _GENERATIONS.get((body.path, layout.dp), lambda: _reference(body.ref, batches))
     index, per = layout.dp_index(dist.get_rank()), batches["dynamic"]["input_ids"].shape[0] // layout.dp
     rows = slice(index * per, (index + 1) * per)
-    mine = {mode: {k: v[rows] for k, v in batch.items()} for mode, batch in batches.items()}
+    # `share` cuts a tensor packing every row's image patches at its rows' images too
+    mine = {mode: share(batch, index, layout.dp) for mode, batch in batches.items()}
     held, notes = {}, {}
     for mode in MODES:
         if isinstance(expected[mode], str):

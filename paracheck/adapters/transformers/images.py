@@ -107,6 +107,54 @@ def _patches(config, rows: int, size: int, generator) -> dict:
             "image_grid_thw": torch.tensor([[1, grid, grid]] * rows)}
 
 
+def _packed(config, rows: int, size: int, generator) -> dict:
+    """Qwen-VL's patches as its processor gives them, every row's in one sequence: `pixel_values` (rows x patches,
+    channels x temporal x patch x patch) for a tower that reads them without a `view`. Each row's image is the same
+    size, so `inputs.share` cuts the sequence at images."""
+    out = _patches(config, rows, size, generator)
+    return dict(out, pixel_values=out["pixel_values"].flatten(0, 1))
+
+
+def _packed_images(config, rows: int, size: int, generator) -> dict:
+    """Every row's patches in one sequence as images: `pixel_values` (rows x patches, channels, patch, patch) and
+    `image_grid_thw` (rows, 3). Each row's image is the same size, so `inputs.share` cuts the sequence at images."""
+    import torch
+
+    patch, grid = _patch(config), size // _patch(config)
+    return {"pixel_values": torch.randn(rows * grid * grid, CHANNELS, patch, patch, generator=generator),
+            "image_grid_thw": torch.tensor([[1, grid, grid]] * rows)}
+
+
+def _merged_pixels(config, rows: int, size: int, generator) -> dict:
+    """Inkling2's pixels, channels last, one block of merge x merge patches per placeholder, every row's in one
+    sequence: `pixel_values` (rows x placeholders, merge x patch, merge x patch, channels) and `image_grid_thw`
+    (rows, 3) counted in placeholders. Each row's image is the same size, so `inputs.share` cuts it at images."""
+    import torch
+
+    merge, patch = config.vision_config.spatial_merge_size, _patch(config)
+    side = size // (merge * patch)
+    return {"pixel_values": torch.randn(rows * side * side, merge * patch, merge * patch, CHANNELS,
+                                        generator=generator),
+            "image_grid_thw": torch.tensor([[1, side, side]] * rows)}
+
+
+def _merged_patches(config, rows: int, size: int, generator) -> dict:
+    """Qwen-VL's patches and the merge each image is given: `image_merge_sizes` (rows,), 2 as the builder's
+    `merge` (VideoLLaMA3 takes the merge per image, not from its config)."""
+    import torch
+
+    return dict(_patches(config, rows, size, generator), image_merge_sizes=torch.tensor([2] * rows))
+
+
+def _masked_tiles(config, rows: int, size: int, generator) -> dict:
+    """One tile per row (rows, 1, channels, size, size) and `pixel_attention_mask` (rows, 1) marking it real:
+    Granite Docling encodes only the tiles the mask marks."""
+    import torch
+
+    return {"pixel_values": torch.randn(rows, 1, CHANNELS, size, size, generator=generator),
+            "pixel_attention_mask": torch.ones(rows, 1, dtype=torch.bool)}
+
+
 def _naflex(config, rows: int, size: int, generator) -> dict:
     """A SigLIP2 (NaFlex) tower's flattened patches: `pixel_values` (rows, patches, channels x patch x patch),
     `spatial_shapes` (rows, 2) the patch grid, and `pixel_attention_mask` (rows, patches), all patches real."""
@@ -120,14 +168,36 @@ def _naflex(config, rows: int, size: int, generator) -> dict:
 
 def _qwen_vl(config) -> None:
     """M-RoPE's sections (temporal, height, width) cover the fitted text's rotary half-width, as the real ones
-    cover a 128-wide head's 64; the merger's output is the fitted text width."""
+    cover a 128-wide head's 64 (in each layer type's parameters where they are given per layer type); the
+    merger's output is the fitted text width. A text config with no `rope_parameters` has no M-RoPE to size."""
     text = text_config(config)
     config.vision_config.out_hidden_size = text.hidden_size
+    if not hasattr(text, "rope_parameters"):
+        return
     rope = dict(text.rope_parameters or {})
+    types = set(getattr(text, "layer_types", None) or ())
+    if rope and types.issuperset(rope):  # per layer type: {type: parameters or None}
+        text.rope_parameters = {k: v if v is None else _mrope(text, dict(v)) for k, v in rope.items()}
+    else:
+        text.rope_parameters = _mrope(text, rope)
+
+
+def _ernie(config) -> None:
+    """Ernie 4.5 VL's M-RoPE stacks its height and width sections pairwise, so they must be equal: of the fitted
+    rotary half-width, equal height and width sections and the rest temporal, as its real [22, 22, 20]."""
+    _qwen_vl(config)
+    text = text_config(config)
+    half = sum(text.rope_parameters["mrope_section"])
+    side = (half - half // 4) // 2
+    text.rope_parameters = dict(text.rope_parameters, mrope_section=[side, side, half - 2 * side])
+
+
+def _mrope(text, rope: dict) -> dict:
+    """`rope` with sections of the fitted head's rotary half-width: a quarter each for height and width."""
     rotary = rope.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", None) or 1.0)
     half = int((getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads) * rotary) // 2
     # Read with a default of a 128-wide head's sections where the config names none.
-    text.rope_parameters = dict(rope, mrope_section=[half - 2 * (half // 4), half // 4, half // 4])
+    return dict(rope, mrope_section=[half - 2 * (half // 4), half // 4, half // 4])
 
 
 def _ovis2(config) -> None:
@@ -155,6 +225,12 @@ def _llama4(config) -> None:
     vision.projector_input_dim = vision.projector_output_dim = vision.vision_output_dim = vision.hidden_size
 
 
+def _got_ocr2(config) -> None:
+    """GotOcr2's vision config draws its weights with a standard deviation of 1e-10 (SAM's default), so a tiny
+    model's image would not reach the text (its logits do not change with the pixels): 0.02, as its text's."""
+    config.vision_config.initializer_range = 0.02
+
+
 def _idefics2(config) -> None:
     """Idefics2's perceiver resamples each image to `resampler_n_latents` features, its placeholder count."""
     config.perceiver_config.resampler_n_latents = SIDE * SIDE
@@ -172,11 +248,21 @@ def _cls_kept(config, side: int) -> int:
                and config.vision_config.model_type == "clip_vision_model")
 
 
+def _row_ends(config, side: int) -> int:
+    """A newline feature ending each of the image's `side` rows of placeholders."""
+    return side
+
+
 def _newlines(config, side: int) -> int:
     """llava_next's anyres: the base image's `side * side` features, then the crop's, each of its `side` rows
     ending with a newline feature."""
     return side + side * side
 
+
+#: Qwen-VL's patches, 2 x 2 merged into a placeholder; M-RoPE reads where the image is from `mm_token_type_ids`.
+_QWEN_VL = Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image"))
+#: The same for a family whose forward takes no `mm_token_type_ids` (its positions come from the grid alone).
+_QWEN_VL_UNTYPED = Builder(merge=2, configure=_qwen_vl, pixels=_patches)
 
 #: model type -> how the kit shapes its image.
 BUILDERS = {
@@ -195,46 +281,84 @@ BUILDERS = {
     # The base image and one crop, each of one patch (with a class token dropped): 3 placeholders.
     "llava_next": Builder(side=1, more=_newlines, configure=_anyres, tiles=2, sizes=True),
     "llava_onevision": Builder(side=1, more=_newlines, configure=_anyres, tiles=2, sizes=True),
-    # M-RoPE reads where the image is from `mm_token_type_ids`.
     "qwen2_vl": Builder(merge=2, configure=_qwen2_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
-    "qwen2_5_vl": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "qwen2_5_vl": _QWEN_VL,
     "llama4": Builder(merge=2, configure=_llama4),
-    "qwen3_vl": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
-    "qwen3_vl_moe": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
-    "qwen3_5": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
-    "qwen3_5_moe": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
-    "glm4v": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
-    "glm4v_moe": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "qwen3_vl": _QWEN_VL,
+    "qwen3_vl_moe": _QWEN_VL,
+    "qwen3_5": _QWEN_VL,
+    "qwen3_5_moe": _QWEN_VL,
+    "glm4v": _QWEN_VL,
+    "glm4v_moe": _QWEN_VL,
     "lighton_ocr": Builder(merge=2, configure=_pixtral, sizes=True),
     "llava_next_video": Builder(side=1, more=_newlines, configure=_anyres, tiles=2, sizes=True),
-    "got_ocr2": Builder(merge=4),  # its neck convolves the patches down 4 a side
+    "got_ocr2": Builder(merge=4, configure=_got_ocr2),  # its neck convolves the patches down 4 a side
     "video_llava": Builder(more=_cls_kept),
     "idefics2": Builder(configure=_idefics2, tiles=1),
-    "glm46v": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
-    "glm_ocr": Builder(merge=2, configure=_qwen_vl, pixels=_patches, token_types=("mm_token_type_ids", "image")),
+    "glm46v": _QWEN_VL,
+    "glm_ocr": _QWEN_VL,
     "deepseek_vl": Builder(),
     "ovis2": Builder(merge=2, configure=_ovis2),
-    "llava_onevision1_5": Builder(merge=2, configure=_qwen_vl, pixels=_patches,
-                                  token_types=("mm_token_type_ids", "image")),
+    "llava_onevision1_5": _QWEN_VL,
     "lfm2_vl": Builder(merge=2, pixels=_naflex),
     "janus": Builder(configure=_janus),  # its projector unshuffles 2 x 2 patches into one placeholder
+    "glmga": _QWEN_VL,  # Glm46V's classes under a second model type
+    "pp_chart2table": Builder(merge=4, configure=_got_ocr2),  # GotOcr2's classes
+    "qianfan_ocr": Builder(merge=2),
+    "cosmos3_omni": _QWEN_VL,
+    "cosmos3_edge": Builder(merge=2, configure=_qwen_vl, pixels=_packed, token_types=("mm_token_type_ids", "image")),
+    "exaone4_5": _QWEN_VL_UNTYPED,
+    "hyperclovax_vision_v2": _QWEN_VL_UNTYPED,
+    "minimax_m3_vl": _QWEN_VL_UNTYPED,
+    "glm5_next": _QWEN_VL,  # its text config has no rope_parameters: no M-RoPE to size
+    "mistral_large4": Builder(merge=2, configure=_pixtral, sizes=True),
+    "granite_docling": Builder(merge=4, pixels=_masked_tiles),  # its pixel shuffle merges 4 x 4 patches
+    "lfm3_vl": Builder(merge=2, configure=_qwen_vl, pixels=_packed),
+    # One merged placeholder and its row's end: 2 placeholders, which fit the generate prompts' padded rows.
+    "hy_v4_vl": Builder(merge=2, side=1, more=_row_ends, configure=_qwen_vl, pixels=_packed,
+                        token_types=("mm_token_type_ids", "image")),
+    "video_llama_3": Builder(merge=2, configure=_qwen_vl, pixels=_merged_patches),
+    "paddleocr_vl": Builder(merge=2, configure=_qwen_vl, pixels=_packed_images,
+                            token_types=("mm_token_type_ids", "image")),
+    "ernie4_5_vl_moe": Builder(merge=2, configure=_ernie, pixels=_packed, token_types=("mm_token_type_ids", "image")),
+    "inkling2": Builder(merge=2, pixels=_merged_pixels),
+    "inkling2_loop": Builder(merge=2, pixels=_merged_pixels),
 }
 
-#: Packed patches: the tower reads all images' patches as one sequence (cut again by a grid or size tensor), so the
-#: row split `inputs.share` makes of dim 0 would cut patches, not images.
-_PACKED = ("its pixel_values pack every image's patches into one sequence (all rows' patches along one dim, as its "
-           "processor gives them), so no tensor holds one row's image at its row")
+#: Packed patches along a dim other than 0: the tower reads all images' patches as one sequence (cut again by a grid
+#: or size tensor), so no split of dim 0 (`inputs.share`'s) gives a row its image. (Packed along dim 0, every image
+#: the same size, `inputs.share` cuts at images: `_packed`, `_packed_images`.)
+_PACKED = ("its pixel_values pack every image's patches into one sequence along a dim other than the first, so no "
+           "tensor holds one row's image at its row")
+
+_TIMM = "its vision tower is a timm model (TimmWrapperConfig), and timm is not installed here"
+_UNBUILT = "its config class's own defaults do not build its model"
 
 #: model type -> why the kit makes no image inputs for it (a family its inputs cannot serve).
 REFUSED = {
     "aria": "its projector holds queries only for its real images' patch counts (35 or 70 a side), so no tiny image",
     "deepseek_vl_hybrid": "each image is also a second, high-resolution tensor (high_res_pixel_values) of its own "
                           "tower",
-    "hunyuan_vl": _PACKED,  # (patches, channels x patch x patch)
-    "kimi_k25": _PACKED,  # (patches, channels, patch, patch)
+    # (rows x patches, channels x patch x patch), which `inputs.share` cuts at images: built, but on one process a
+    # share's logits are 1.2e-4 from the whole batch's rows (every other builder's: under 1e-6); not yet explained.
+    "hunyuan_vl": "a data-parallel share of its images does not give that share's rows of the whole batch's logits "
+                  "on one process (1.2e-4 apart)",
+    "kimi_k25": "its projector's layer norm keeps the real tower's width (1152), which the tiny rule does not reach",
     "minicpmv4_6": _PACKED,  # (1, channels, patch, patches x patch)
-    "paddleocr_vl": _PACKED,  # (patches, channels, patch, patch), given a batch dim of 1 in forward
     "emu3": "its images are a VQ tokenizer's codes in the text, not a vision tower's features",
+    "fast_vlm": _TIMM,
+    "perception_lm": _TIMM,
+    "gemma3n": "its vision tower is a timm MobileNetV5 (mobilenetv5_300m_enc), whose config has no patch size: "
+               "an image size for it is not the kit's patch rule",
+    "cohere_compass": _UNBUILT + " (its rotary reads rope_parameters per layer type, which the defaults leave empty)",
+    "qwen4_exp": _UNBUILT + " (its indexer divides indexer_budget by indexer_compress_ratio, both None)",
+    "granite4_vision": _UNBUILT + " (deepstack_layer_map None)",
+    "diffusion_gemma": _UNBUILT + " (its router's num_experts None)",
+    "mistral4": "the mapping gives it Mistral4ForCausalLM, a text-only class: no vision tower, no image to make",
+    "t5gemma2": "an encoder-decoder whose images enter through its encoder, which the image-text task's decoder-only "
+                "inputs do not reach; its text runs as the seq2seq family t5gemma2-seq2seq",
+    "gemma4": "its config's defaults name no vision tower (vision_config None), so there is no image to make",
+    "gemma4_unified": "its config's defaults name no vision tower (vision_config None), so there is no image to make",
     "shieldgemma2": "the mapping builds Gemma3ForConditionalGeneration from ShieldGemma2Config, whose checkpoint "
                     "conversion writes every weight under a second prefix (model.model.language_model.model.*) that "
                     "from_pretrained does not read back: even one process reloads it at random",

@@ -65,10 +65,17 @@ def predicted_tokens(labels: torch.Tensor) -> int:
 
 
 def share(batch: dict, index: int, dp: int) -> dict:
-    """Data-parallel rank `index`'s rows of `batch` (contiguous, in rank order)."""
+    """Data-parallel rank `index`'s rows of `batch` (contiguous, in rank order). A tensor whose dim 0 packs an
+    equal block per row (every row's image patches in one sequence, each image the same size) gives the same
+    rows' blocks."""
     rows = next(iter(batch.values())).shape[0]
     per = rows // dp
-    return {k: v[index * per:(index + 1) * per] for k, v in batch.items()}
+
+    def mine(tensor):
+        block = tensor.shape[0] // rows  # 1 for a tensor of one entry per row
+        return tensor[index * per * block:(index + 1) * per * block]
+
+    return {k: mine(v) for k, v in batch.items()}
 
 
 def with_embeds(batch: dict, embed) -> dict:

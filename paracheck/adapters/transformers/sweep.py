@@ -71,7 +71,7 @@ def families(names: list[str] | None = None) -> list[Family]:
             name = model_type + task.suffix
             if names is not None and name not in names and f"all-{task.key}" not in names:
                 continue
-            if model_type in CONFIG_MAPPING and _planned(CONFIG_MAPPING[model_type], task):
+            if model_type in CONFIG_MAPPING and planned(CONFIG_MAPPING[model_type], task):
                 found.append(Family(name, CONFIG_MAPPING[model_type], task))
     keys = {f"all-{task.key}" for task in tasks.TASKS}
     unknown = sorted(set(names or []) - {f.name for f in found} - keys)
@@ -82,7 +82,7 @@ def families(names: list[str] | None = None) -> list[Family]:
     return found
 
 
-def _planned(config_class, task: tasks.Task) -> bool:
+def planned(config_class, task: tasks.Task) -> bool:
     """Whether the config class carries a TP plan: on the class (a causal LM's, as the sweep always read it), or,
     for the other tasks, on the text config its defaults nest (a vision-language model's language plans)."""
     if getattr(config_class, "base_model_tp_plan", None):

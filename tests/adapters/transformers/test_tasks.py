@@ -59,29 +59,33 @@ def test_a_family_without_an_image_builder_is_refused_by_name():
 #: parts): the whole table runs in the 2-rank sweep, at ~1 s a family here on 2 cores.
 SHAPES = ("llava", "vipllava", "paligemma", "gemma3", "mistral3", "idefics3", "llava_next", "qwen2_vl", "qwen2_5_vl",
           "llama4", "idefics2", "ovis2", "llava_onevision1_5", "lfm2_vl",
-          "janus")
+          "janus", "hy_v4_vl", "granite_docling", "got_ocr2")
 
 
 @pytest.mark.parametrize("model_type", SHAPES)
 def test_each_builders_inputs_run_the_tiny_model_and_split_by_rows(model_type):
-    """A builder's inputs run its family's tiny model on one process, and each data-parallel share of them (dim 0
-    of every tensor, as `inputs.share` cuts them) gives that share's rows of the whole batch's logits."""
+    """A builder's inputs run its family's tiny model on one process, each data-parallel share of them (dim 0
+    of every tensor, as `inputs.share` cuts them) gives that share's rows of the whole batch's logits, and other
+    pixels give other logits."""
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    from paracheck.adapters.transformers import fitting
+    from paracheck.adapters.transformers import fitting, sweep
 
     config = tasks.prepared(fitting.tiny(CONFIG_MAPPING[model_type]), tasks.IMAGE_TEXT)
     torch.manual_seed(0)
     model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
+    sweep._nonzero_biases(model, zero_weights=True)  # as the sweep draws them: gemma3's projector starts at zero
     batch = tasks.with_labels(tasks.IMAGE_TEXT, inputs.global_batch("left_pad", 2, config.get_text_config().vocab_size),
                               config, seed=1)
     with torch.no_grad():
         out = model(**batch, use_cache=False)
         rows = [model(**{k: v for k, v in inputs.share(batch, i, 2).items() if k != "labels"}, use_cache=False).logits
                 for i in range(2)]
+        other = model(**dict(batch, pixel_values=torch.randn_like(batch["pixel_values"])), use_cache=False).logits
     assert torch.isfinite(out.loss)
     torch.testing.assert_close(torch.cat(rows), out.logits, atol=1e-5, rtol=1e-5)
+    assert (other - out.logits).abs().max() > 1e-3  # the image reaches the text (GotOcr2's 1e-10 weights did not)
 
 
 @settings(max_examples=30, deadline=None)
@@ -173,3 +177,28 @@ def test_a_seq2seq_class_that_is_no_encoder_decoder_is_refused_by_name():
     with pytest.raises(tasks.NotEncoderDecoder, match=r"qwen2_audio: not an encoder-decoder .*\(audio_config") as e:
         tasks.prepared(Qwen2AudioConfig(), tasks.SEQ2SEQ)
     assert e.value.why == tasks.NotEncoderDecoder.WHY  # one reason for every such family, as a report groups it
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.sampled_from([1, 2, 4]), st.integers(1, 5))
+def test_a_share_of_packed_patches_holds_its_rows_images(per, dp, patches):
+    """A tensor packing an equal block per row along dim 0 (every row's image patches in one sequence) is cut at
+    the same rows as the per-row tensors: rank i's share holds exactly its rows' patches, in order."""
+    rows = per * dp
+    batch = {"input_ids": torch.arange(rows)[:, None].expand(rows, 3),
+             "pixel_values": torch.arange(rows).repeat_interleave(patches)[:, None].float()}
+    for index in range(dp):
+        mine = inputs.share(batch, index, dp)
+        assert mine["pixel_values"].shape[0] == per * patches
+        assert mine["pixel_values"][:, 0].long().unique().tolist() == mine["input_ids"][:, 0].tolist()
+
+
+def test_every_multimodal_lm_class_with_a_plan_is_a_tasks_class_or_refused_by_name():
+    """The multimodal-LM mapping's classes run under the task whose mapping names the same class; the rest are
+    refused with a reason, and the refusals name no class a task already runs (nor a model type gone)."""
+    from paracheck.adapters.transformers import multimodal
+
+    found = multimodal.coverage()
+    assert "unknown" not in found.values(), [k for k, v in found.items() if v == "unknown"]
+    assert {k for k, v in found.items() if v.startswith("refused")} == set(multimodal.REFUSED)
+    assert (found["qwen2_5_vl"], found["glmasr"], found["fuyu"]) == ("image-text", "seq2seq", "causal-lm")
