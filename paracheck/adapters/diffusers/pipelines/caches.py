@@ -8,7 +8,9 @@ cache its pipeline cannot run on one device (Flux2's pipeline enters no `cache_c
 TaylorSeer caches require). FasterCache's unconditional-batch reuse needs the guidance pair in one batch: on a
 pipeline that calls the transformer once per branch (or takes the scale as an input) it runs as diffusers' own
 testers run it there, `is_guidance_distilled=True`; its timestep ranges leave the first step out, as diffusers'
-testers' do (a skip on the first step finds its cache empty: `TypeError: 'NoneType' object is not subscriptable`).
+testers' do (a skip on the first step finds its cache empty: `TypeError: 'NoneType' object is not subscriptable`),
+and the first step a pipeline takes is read as the schedule's top, so one that starts below it (img2img at a
+strength) computes its first step too.
 """
 
 from __future__ import annotations
@@ -25,9 +27,26 @@ def _faster(pipe, steps: int, guidance: str, options: dict):
 
     defaults = dict(spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 901),
                     unconditional_batch_skip_range=2, unconditional_batch_timestep_skip_range=(-1, 901),
-                    attention_weight_callback=_half, current_timestep_callback=lambda: pipe.current_timestep,
+                    attention_weight_callback=_half, current_timestep_callback=_first_at_top(pipe),
                     is_guidance_distilled=guidance != "batched")
     return FasterCacheConfig(**dict(defaults, **options))
+
+
+def _first_at_top(pipe):
+    """`pipe.current_timestep`, but 1000 (above the skip ranges) while it is the loop's first timestep: a pipeline
+    that starts lower (img2img at strength 0.75 starts near 800) would otherwise skip its first step into an empty
+    cache and raise on one device, testing nothing. A pipeline that keeps no timestep (None: Helios Pyramid's) is
+    left to raise as it does without the kit."""
+    first = []
+
+    def current():
+        t = pipe.current_timestep
+        if t is None:
+            return t
+        if not first:
+            first.append(t)
+        return 1000 if bool(t == first[0]) else t
+    return current
 
 
 def _half(_module) -> float:

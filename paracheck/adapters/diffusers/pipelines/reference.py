@@ -37,7 +37,7 @@ def pipeline_on(p, components: dict, device: torch.device, dtype: torch.dtype):
 
 
 def run(p, pipe, device: torch.device, dtype: torch.dtype, record_calls: bool = False) -> loop.Recording:
-    return loop.run(pipe, place(p.inputs(), device, dtype), p.steps, record_calls)
+    return loop.run(pipe, place(p.inputs(), device, dtype), record_calls)
 
 
 def compute(p, refs_dir: str, device: torch.device) -> None:
