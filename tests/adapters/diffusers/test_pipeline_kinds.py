@@ -147,3 +147,21 @@ def test_the_installed_release_has_no_other_pipeline_on_a_planned_transformer():
             if arg and planned_transformers & {n.id for n in ast.walk(arg.annotation) if isinstance(n, ast.Name)}:
                 planned.add(node.name)
     assert planned == _bundled_classes() | set(PIPELINE_NOT_BUNDLED)
+
+
+def test_a_cache_diffusers_keeps_off_on_one_device_is_named_not_compared():
+    """SeaCache needs the step, sigma and step count in each `cache_context`; Flux's pipeline gives none, so diffusers
+    runs it fail-open (every call in full) and a parallel case would compare two uncached runs. Wan's text pipeline
+    gives them: the same check passes there (the negative control)."""
+    from paracheck.adapters.diffusers.pipelines import caches, loop
+
+    for name, off in (("flux-pipeline", True), ("wan-pipeline", False)):
+        source = spec.from_tester(load_object(PIPELINE_FIXTURES[name]), name)
+        pipe = pipeline_of(source, source.components())
+        caches.enable(pipe, "sea-cache", 2, source.guidance, {})
+        loop.run(pipe, dict(source.inputs(0), **source.step_inputs(2)))
+        if off:
+            with pytest.raises(caches.Inert, match="FluxPipeline runs sea-cache off on one device: .*fail-open"):
+                caches.inert(pipe, "sea-cache")
+        else:
+            caches.inert(pipe, "sea-cache")

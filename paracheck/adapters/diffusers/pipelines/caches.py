@@ -10,7 +10,9 @@ pipeline that calls the transformer once per branch (or takes the scale as an in
 testers run it there, `is_guidance_distilled=True`; its timestep ranges leave the first step out, as diffusers'
 testers' do (a skip on the first step finds its cache empty: `TypeError: 'NoneType' object is not subscriptable`),
 and the first step a pipeline takes is read as the schedule's top, so one that starts below it (img2img at a
-strength) computes its first step too.
+strength) computes its first step too. A cache that ran and reused nothing because diffusers turned it off (SeaCache
+runs "fail-open" where the pipeline's `cache_context` gives no step, sigma and step count: every pipeline of 0.42.1
+but Wan's text-to-video and Cosmos 3's) is as good as refused (`inert`): its case would compare two uncached runs.
 """
 
 from __future__ import annotations
@@ -107,3 +109,18 @@ def enable(pipe, name: str, steps: int, guidance: str, options: dict) -> None:
     except Exception as exc:
         raise Refused(f"diffusers refuses {name} on {type(pipe.transformer).__name__}: {type(exc).__name__}: {exc}") \
             from exc
+
+
+class Inert(Exception):
+    """The cache ran on one device and diffusers kept it off (its own words in the message)."""
+
+
+def inert(pipe, name: str) -> None:
+    """`Inert` where diffusers ran this cache fail-open on the pipeline's last run (SeaCache's root hook keeps the
+    warnings it gave; a fail-open one means every call ran in full)."""
+    registry = getattr(pipe.transformer, "_diffusers_hook", None)
+    root = registry.get_hook("sea_cache_root") if registry is not None and name == "sea-cache" else None
+    shared = getattr(root, "shared_state", None)
+    said = sorted(m for m in getattr(shared, "_warned_messages", ()) if "fail-open" in m or "running full" in m)
+    if said:
+        raise Inert(f"diffusers' {type(pipe).__name__} runs {name} off on one device: {said[0]}")
