@@ -8,7 +8,11 @@ cache its pipeline cannot run on one device (Flux2's pipeline enters no `cache_c
 TaylorSeer caches require). FasterCache's unconditional-batch reuse needs the guidance pair in one batch: on a
 pipeline that calls the transformer once per branch (or takes the scale as an input) it runs as diffusers' own
 testers run it there, `is_guidance_distilled=True`; its timestep ranges leave the first step out, as diffusers'
-testers' do (a skip on the first step finds its cache empty: `TypeError: 'NoneType' object is not subscriptable`).
+testers' do (a skip on the first step finds its cache empty: `TypeError: 'NoneType' object is not subscriptable`),
+and the first step a pipeline takes is read as the schedule's top, so one that starts below it (img2img at a
+strength) computes its first step too. A cache that ran and reused nothing because diffusers turned it off (SeaCache
+runs "fail-open" where the pipeline's `cache_context` gives no step, sigma and step count: every pipeline of 0.42.1
+but Wan's text-to-video and Cosmos 3's) is as good as refused (`inert`): its case would compare two uncached runs.
 """
 
 from __future__ import annotations
@@ -25,9 +29,26 @@ def _faster(pipe, steps: int, guidance: str, options: dict):
 
     defaults = dict(spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 901),
                     unconditional_batch_skip_range=2, unconditional_batch_timestep_skip_range=(-1, 901),
-                    attention_weight_callback=_half, current_timestep_callback=lambda: pipe.current_timestep,
+                    attention_weight_callback=_half, current_timestep_callback=_first_at_top(pipe),
                     is_guidance_distilled=guidance != "batched")
     return FasterCacheConfig(**dict(defaults, **options))
+
+
+def _first_at_top(pipe):
+    """`pipe.current_timestep`, but 1000 (above the skip ranges) while it is the loop's first timestep: a pipeline
+    that starts lower (img2img at strength 0.75 starts near 800) would otherwise skip its first step into an empty
+    cache and raise on one device, testing nothing. A pipeline that keeps no timestep (None: Helios Pyramid's) is
+    left to raise as it does without the kit."""
+    first = []
+
+    def current():
+        t = pipe.current_timestep
+        if t is None:
+            return t
+        if not first:
+            first.append(t)
+        return 1000 if bool(t == first[0]) else t
+    return current
 
 
 def _half(_module) -> float:
@@ -88,3 +109,18 @@ def enable(pipe, name: str, steps: int, guidance: str, options: dict) -> None:
     except Exception as exc:
         raise Refused(f"diffusers refuses {name} on {type(pipe.transformer).__name__}: {type(exc).__name__}: {exc}") \
             from exc
+
+
+class Inert(Exception):
+    """The cache ran on one device and diffusers kept it off (its own words in the message)."""
+
+
+def inert(pipe, name: str) -> None:
+    """`Inert` where diffusers ran this cache fail-open on the pipeline's last run (SeaCache's root hook keeps the
+    warnings it gave; a fail-open one means every call ran in full)."""
+    registry = getattr(pipe.transformer, "_diffusers_hook", None)
+    root = registry.get_hook("sea_cache_root") if registry is not None and name == "sea-cache" else None
+    shared = getattr(root, "shared_state", None)
+    said = sorted(m for m in getattr(shared, "_warned_messages", ()) if "fail-open" in m or "running full" in m)
+    if said:
+        raise Inert(f"diffusers' {type(pipe).__name__} runs {name} off on one device: {said[0]}")

@@ -36,8 +36,8 @@ def pipeline_of(source, components: dict):
     return pipe
 
 
-def run(pipe, inputs: dict, steps: int, record_calls: bool = False) -> Recording:
-    """`pipe(**inputs)` for `steps` denoising steps under `torch.no_grad()`, recorded."""
+def run(pipe, inputs: dict, record_calls: bool = False) -> Recording:
+    """`pipe(**inputs)` under `torch.no_grad()` (the inputs say how many steps), recorded."""
     rec = Recording()
 
     def after_step(pipeline, index, timestep, tensors):
@@ -52,14 +52,22 @@ def run(pipe, inputs: dict, steps: int, record_calls: bool = False) -> Recording
         transformer.cache_context = _recording_context(transformer.cache_context, entered)
     try:
         with torch.no_grad():
-            out = pipe(**dict(inputs, num_inference_steps=steps, callback_on_step_end=after_step,
+            out = pipe(**dict(inputs, callback_on_step_end=after_step,
                               callback_on_step_end_tensor_inputs=["latents"], **CALL))
     finally:
         if handle is not None:
             handle.remove()
             del transformer.cache_context
-    rec.output = out[0] if isinstance(out, (tuple, list)) else out
+    rec.output = _stacked(out[0] if isinstance(out, (tuple, list)) else out)
     return rec
+
+
+def _stacked(output):
+    """The decoded output as one tensor: a pipeline that returns a list of them, one per batch entry (Qwen-Image
+    Layered's, each its layers' pictures), has them stacked."""
+    if isinstance(output, (list, tuple)) and output and all(isinstance(t, torch.Tensor) for t in output):
+        return torch.stack(list(output))
+    return output
 
 
 def _recording_context(cache_context, entered: list):

@@ -62,7 +62,8 @@ class PipelinePlan:
         return pipeline_of(self.source, self.components() if components is None else components)
 
     def inputs(self) -> dict:
-        return self.source.inputs(0)
+        """The call's inputs, with the argument that makes it denoise this plan's steps."""
+        return dict(self.source.inputs(0), **self.source.step_inputs(self.steps))
 
 
 def _heads_followed(controlnet, heads: dict):
@@ -154,7 +155,7 @@ def first_call(p: PipelinePlan) -> dict:
     pipe.transformer.register_forward_pre_hook(stop, with_kwargs=True)
     try:
         with torch.no_grad():
-            pipe(**dict(p.inputs(), num_inference_steps=p.steps, output_type="pt", return_dict=False))
+            pipe(**dict(p.inputs(), output_type="pt", return_dict=False))
     except _FirstCall as call:
         return call.kwargs
     return {}

@@ -39,7 +39,7 @@ def pipeline_on(p, components: dict, device: torch.device, dtype: torch.dtype):
 
 
 def run(p, pipe, device: torch.device, dtype: torch.dtype, record_calls: bool = False) -> loop.Recording:
-    return loop.run(pipe, place(p.inputs(), device, dtype), p.steps, record_calls)
+    return loop.run(pipe, place(p.inputs(), device, dtype), record_calls)
 
 
 def compute(p, refs_dir: str, device: torch.device) -> None:
@@ -50,12 +50,15 @@ def compute(p, refs_dir: str, device: torch.device) -> None:
         with attention.scope(p.attention):
             components = p.components()
             tensors = {f"state.{c}.{k}": v for c, m in modules(components).items() for k, v in m.state_dict().items()}
-            rec32 = run(p, pipeline_on(p, components, device, torch.float32), device, torch.float32)
+            pipe32 = pipeline_on(p, components, device, torch.float32)
+            rec32 = run(p, pipe32, device, torch.float32)
+            if p.cache:
+                caches.inert(pipe32, p.cache)
             rec = rec32
             if dtype != torch.float32:
                 rec = run(p, pipeline_on(p, components, device, dtype), device, dtype)
                 tensors.update({f"step32.{i}": s for i, s in enumerate(rec32.steps)}, out32=rec32.output)
-    except caches.Refused as exc:
+    except (caches.Refused, caches.Inert) as exc:
         write_json(reference_error_file(refs_dir, p.key), {"error": str(exc), "fitted": True})
         return
     except Exception as exc:

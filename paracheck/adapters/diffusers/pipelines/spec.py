@@ -17,6 +17,8 @@ from paracheck.domain.case import SpecError, load_object
 #: How a pipeline runs classifier-free guidance (`paracheck_guidance`): one call on the doubled batch, one call per
 #: branch, or none (a distilled model takes the scale as an input).
 GUIDANCE = ("batched", "calls", "none")
+#: The call's argument that says how many steps the pipeline denoises, unless `paracheck_steps_input` names another.
+STEPS_INPUT = "num_inference_steps"
 #: The payload file of a pipeline mixin's case (`dump`).
 PAYLOAD_FILE = "pipeline.pt"
 
@@ -25,10 +27,10 @@ class Source:
     """One pipeline case's makings on a rank: its class, fresh components, the call's inputs, and the kit's options."""
 
     def __init__(self, pipeline_class, components, inputs, guidance: str = "calls", steps: int | None = None,
-                 caches: dict | None = None, name: str = ""):
+                 caches: dict | None = None, name: str = "", steps_input: str | None = None):
         self.pipeline_class, self._components, self._inputs = pipeline_class, components, inputs
         self.guidance, self.caches, self.name = guidance, dict(caches or {}), name
-        self.steps = steps
+        self.steps, self.steps_input = steps, steps_input or STEPS_INPUT
         if guidance not in GUIDANCE:
             raise SpecError(f"{name}: paracheck_guidance {guidance!r} must be one of {', '.join(GUIDANCE)}")
 
@@ -41,7 +43,26 @@ class Source:
         return self._inputs(seed)
 
     def default_steps(self) -> int:
-        return int(self.steps or self.inputs().get("num_inference_steps") or 2)
+        given = self.inputs().get(self.steps_input)
+        if isinstance(given, (list, tuple)):
+            given = len(given) if any(isinstance(x, float) for x in given) else sum(given)
+        return int(self.steps or given or 2)
+
+    def step_inputs(self, steps: int) -> dict:
+        """The call's argument that makes the pipeline denoise `steps` times: `num_inference_steps`, or the one
+        `paracheck_steps_input` names. Where the inputs give that one a list, it is a count per stage (ints: Helios
+        Pyramid's), over which the steps are spread, the earlier stages taking the remainder; or a schedule (floats:
+        a distilled pipeline's sigmas), respaced evenly over its span at `steps` points."""
+        given = self.inputs().get(self.steps_input)
+        if not isinstance(given, (list, tuple)):
+            return {self.steps_input: steps}
+        if any(isinstance(x, float) for x in given):
+            first, last = float(given[0]), float(given[-1])
+            return {self.steps_input: [first + (last - first) * i / max(steps - 1, 1) for i in range(steps)]}
+        stages = len(given)
+        if steps < stages:
+            raise SpecError(f"{self.name}: {steps} steps cannot be spread over {stages} stages")
+        return {self.steps_input: [steps // stages + (i < steps % stages) for i in range(stages)]}
 
 
 def is_tester(obj) -> bool:
@@ -54,7 +75,8 @@ def from_tester(obj, name: str = "") -> Source:
     tester = obj() if isinstance(obj, type) else obj
     return Source(tester.pipeline_class, tester.get_dummy_components, lambda seed: tester_inputs(tester, seed),
                   getattr(tester, "paracheck_guidance", "calls"), getattr(tester, "paracheck_steps", None),
-                  getattr(tester, "paracheck_caches", None), name or type(tester).__name__)
+                  getattr(tester, "paracheck_caches", None), name or type(tester).__name__,
+                  getattr(tester, "paracheck_steps_input", None))
 
 
 def tester_inputs(tester, seed: int) -> dict:
@@ -98,7 +120,8 @@ def dump(directory: str, tester) -> str:
     data = dict(pipeline_class=f"{pipeline_class.__module__}:{pipeline_class.__qualname__}",
                 components=tester.get_dummy_components(), inputs=inputs,
                 guidance=getattr(tester, "paracheck_guidance", "calls"), steps=getattr(tester, "paracheck_steps", None),
-                caches=getattr(tester, "paracheck_caches", None), name=type(tester).__name__)
+                caches=getattr(tester, "paracheck_caches", None), name=type(tester).__name__,
+                steps_input=getattr(tester, "paracheck_steps_input", None))
     path = os.path.join(directory, PAYLOAD_FILE)
     torch.save(data, path + ".tmp")
     os.replace(path + ".tmp", path)
@@ -122,4 +145,4 @@ def from_payload(directory: str) -> Source:
         return out
 
     return Source(pipeline_class, lambda: copy.deepcopy(data["components"]), inputs, data["guidance"],
-                  data["steps"], data["caches"], data["name"])
+                  data["steps"], data["caches"], data["name"], data.get("steps_input"))
