@@ -374,17 +374,53 @@ def _attentions(model) -> list:
     return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")]
 
 
+#: The TP styles that leave a projection's output split by head on each rank (`colwise_gather_output` gathers every
+#: head back, `replicate` never splits): where a key or value projection has one, each rank caches its own heads.
+HEADS_SPLIT = ("colwise", "unit_colwise", "packed_colwise")
+#: The projections whose outputs a layer caches (MLA's `kv_b_proj` makes the per-head keys and values).
+KV_PROJECTIONS = ("k_proj", "v_proj", "kv_b_proj")
+
+
+def split_attentions(model) -> list:
+    """The attentions whose cached keys and values TP splits by head, read from the model's TP plan: a key or value
+    projection planned in a `HEADS_SPLIT` style. An attention the plan leaves whole (an encoder-decoder's cross-
+    attention, which T5Gemma's plan does not name) or gathers back (olmo2's `colwise_gather_output`) caches every
+    head on every rank already: there is no other rank's block of heads to read instead of its own."""
+    from paracheck.adapters.transformers.structure import style_of
+
+    plan = dict(getattr(model, "tp_plan", None) or {})
+    return [m for name, m in model.named_modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")
+            and any(style_of(f"{name}.{p}", plan, False) in HEADS_SPLIT for p in KV_PROJECTIONS if hasattr(m, p))]
+
+
+def _cache_heads_split(ref) -> str | None:
+    """Why reading the first heads' cache cannot show on this model (the control is refused, never `missed`)."""
+    if not _attentions(ref):
+        return "the model has no attention module with a q_proj and a layer_idx"
+    if not split_attentions(ref):
+        return (f"its tp_plan splits no attention's cached keys and values by head (no {'/'.join(KV_PROJECTIONS)} "
+                f"planned {' or '.join(HEADS_SPLIT)}), so every rank's cache holds every head already")
+    return None
+
+
+def _tp_group(attention):
+    """The TP group an attention's split key/value projection is sharded over."""
+    for name in KV_PROJECTIONS:
+        weight = getattr(getattr(attention, name, None), "weight", None)
+        if "tp" in (getattr(getattr(weight, "device_mesh", None), "mesh_dim_names", None) or ()):
+            return weight.device_mesh.get_group("tp")
+    raise RuntimeError(f"{type(attention).__name__}: its tp_plan splits its keys and values, but no key or value "
+                       "projection is sharded on a tp mesh dimension")
+
+
 def _cache_first_heads(model, layout) -> None:
     """Each decode step reads the key/value cache as if it held every head: every TP rank takes the first heads
     (TP coordinate 0's) instead of its own. Planted around each attention's forward by bending its cache's `update`
     for that call, on decode steps only (one new token): the prompt's forward and every pass without a cache run as
-    they were. Only in the attentions the TP plan splits: one it leaves whole (an encoder-decoder's cross-attention,
-    which T5Gemma's plan does not name) holds every head on every rank already."""
-    for attention in _attentions(model):
-        weight = attention.q_proj.weight
-        if not hasattr(weight, "device_mesh"):  # a plain parameter: replicated, no other rank's heads to read
-            continue
-        group = weight.device_mesh.get_group("tp")
+    they were. Only in the attentions whose cache the TP plan splits by head (`split_attentions`); a model with none
+    is refused before (`_cache_heads_split`)."""
+    for attention in split_attentions(model):
+        group = _tp_group(attention)
         forward = attention.forward
 
         def bent(*args, forward=forward, group=group, **kwargs):
@@ -547,8 +583,7 @@ _ENTRIES += (
     (Control("tf-cache-all-heads", "each decode step reads the key/value cache as if it held every head: every TP "
              "rank attends with the first heads' keys and values instead of its own (the prompt's forward exact)",
              (CheckId.GENERATE,), _needs_tp, plants_in="*.self_attn|*.attention|*.attn"),
-     Plant(after_load=_cache_first_heads, needs_model=lambda ref: None if _attentions(ref) else
-           "the model has no attention module with a q_proj and a layer_idx")),
+     Plant(after_load=_cache_first_heads, needs_model=_cache_heads_split)),
     (Control("tf-position-stuck", "the position stops advancing after the first decode step: later decode steps "
              "take the first one's rotary positions", (CheckId.GENERATE,), lambda layout: None,
              plants_in="*rotary_emb*"),
