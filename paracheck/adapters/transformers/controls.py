@@ -300,10 +300,11 @@ def _needs_trainer(layout) -> str | None:
 
 
 def _rule_of(ref, module) -> dict:
-    """{the model's tp_plan key naming `module`: "replicate"}, or {} where its plan names it under no key: the key
+    """{the model's tp_plan key naming `module`: "replicate"}, or {} where its plan names it under no key or already
+    plans it `replicate` (the plant would change nothing: inkling's text plans keep their embedding whole): the key
     differs from class to class (`model.embed_tokens`, a vision-language model's `model.language_model.embed_tokens`)."""
     name = next((n for n, m in ref.named_modules() if m is module), None) if module is not None else None
-    return {name: "replicate"} if name in (ref.tp_plan or {}) else {}
+    return {name: "replicate"} if (ref.tp_plan or {}).get(name, "replicate") != "replicate" else {}
 
 
 def _embedding_replicated(ref) -> dict:
@@ -314,13 +315,23 @@ def _head_replicated(ref) -> dict:
     return _rule_of(ref, ref.get_output_embeddings())
 
 
+def _embedding_shows(ref) -> str | None:
+    """Why planning the input embedding replicate cannot show on this model, else None."""
+    if not _embedding_replicated(ref):
+        return "the model's tp_plan does not split its input embedding (no rule, or replicate already)"
+    if _untied(ref) is None:  # `_untied` is None where the head is tied
+        return ("the model ties its input embedding to its output head, planned colwise: one weight cannot be "
+                "planned replicate and colwise (its forward raises)")
+    return None
+
+
 def _vlm_head_shows(ref) -> str | None:
     """Where a wrapper's missing head rule can exist: a model whose plan reaches a nested language model, with a
     head of its own planned (and untied: a tied head planned replicate beside a sharded embedding raises)."""
     if not any(".language_model." in f".{key}" for key in ref.tp_plan or {}):
         return "the model has no nested language model (its own plan is the language model's)"
     if not _head_replicated(ref):
-        return "the model's tp_plan plans no output head"
+        return "the model's tp_plan does not split its output head (no rule, or replicate already)"
     if _untied(ref) is None:  # `_untied` names what a tied-only control lacks: None means tied
         return "the model ties its output head to its input embedding, planned rowwise: a head planned replicate " \
                "beside it raises"
@@ -524,10 +535,7 @@ _ENTRIES = (
      Plant(loss_factor=lambda dp: 1.0)),
     (Control("tf-embed-replicate", "the input embedding planned replicate instead of embedding_rowwise: numbers "
              "exact, the vocabulary no longer sharded", (CheckId.TP_SHARDS,), _needs_tp),
-     Plant(tp_plan_from=_embedding_replicated, needs_model=lambda ref: (
-         "the model's tp_plan plans no input embedding" if not _embedding_replicated(ref) else
-         None if _untied(ref) else "the model ties its input embedding to its output head, planned colwise: one "
-         "weight cannot be planned replicate and colwise (its forward raises)"))),
+     Plant(tp_plan_from=_embedding_replicated, needs_model=_embedding_shows)),
     (Control("tf-vlm-head-unplanned", "a vision-language wrapper's own plan missing its output head while its "
              "language model's rules apply (as transformers#45124's class had no lm_head entry): the head runs "
              "whole, numbers exact, the vocabulary no longer sharded", (CheckId.TP_SHARDS,), _needs_tp),

@@ -149,3 +149,23 @@ def test_the_cache_control_reads_the_families_own_plans():
         olmo2 = transformers.Olmo2ForCausalLM(fitting.tiny(transformers.Olmo2Config))
     assert "colwise_gather_output" not in controls.HEADS_SPLIT
     assert "splits no attention's cached keys and values" in controls._cache_heads_split(olmo2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(("embedding_rowwise", "embedding_colwise", "replicate", None)),
+       st.sampled_from(("colwise_gather_output", "rowwise_split_input", "replicate", None)))
+def test_the_replicate_controls_are_refused_where_the_plan_already_keeps_the_module_whole(embed, head):
+    """tf-embed-replicate and tf-vlm-head-unplanned plan a module `replicate`: where the plan names it under no key
+    or already plans it so (inkling's text plans keep `embed_tokens` replicate), the plant would change nothing,
+    so the control is refused by name instead of reading `missed`."""
+    model = _LLAMA.setdefault("model", _meta_llama())
+    rules = {"model.embed_tokens": embed, "lm_head": head}
+    model._tp_plan = {k: v for k, v in rules.items() if v is not None}
+    splits = {"model.embed_tokens": embed not in (None, "replicate"), "lm_head": head not in (None, "replicate")}
+    assert controls._embedding_replicated(model) == ({"model.embed_tokens": "replicate"} if splits["model.embed_tokens"]
+                                                     else {})
+    assert controls._head_replicated(model) == ({"lm_head": "replicate"} if splits["lm_head"] else {})
+    why = controls._embedding_shows(model)
+    assert (why is None) == splits["model.embed_tokens"], why  # llama's head is untied
+    if not splits["model.embed_tokens"]:
+        assert "does not split its input embedding" in why
