@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from paracheck.adapters.transformers import checkpoint_plants
+from paracheck.domain.adapter import Refused
 from paracheck.domain.control import PLANTED, Control, applicable_to
 from paracheck.domain.records import CheckId
 
@@ -100,7 +101,10 @@ def _rowwise_with_bias(model) -> list:
 def _bias_before_reduce(model, layout) -> None:
     """Each rank adds its row-parallel bias to its partial sum, so the all-reduce counts it tp times: the same
     output as adding (tp - 1) more copies after transformers' own reduction, which is how it is planted. The
-    row-parallel modules of the loaded model are those whose weight is split on tp by input rows."""
+    row-parallel modules of the loaded model are those whose weight is split on tp by input rows. Where the layout
+    leaves none (the plan's only biased row-parallel modules are experts an EP layout dispatches instead), the bug
+    cannot exist there: refused by name, never planted to read `missed`."""
+    planted = 0
     for module in model.modules():
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         if bias is None or not hasattr(weight, "placements") or "tp" not in (weight.device_mesh.mesh_dim_names or ()):
@@ -108,6 +112,10 @@ def _bias_before_reduce(model, layout) -> None:
         placement = weight.placements[weight.device_mesh.mesh_dim_names.index("tp")]
         if getattr(placement, "dim", None) in (1, -1) and weight.ndim == 2:
             module.register_forward_hook(lambda m, args, out, extra=layout.tp - 1: out + extra * _local(m.bias))
+            planted += 1
+    if not planted:
+        raise Refused(f"tf-rowwise-bias-before-reduce: layout {layout} splits no module with a bias by input rows on "
+                      "tp, so no bias is counted tp times")
 
 
 def _bias_shows(ref) -> str | None:

@@ -169,3 +169,30 @@ def test_the_replicate_controls_are_refused_where_the_plan_already_keeps_the_mod
     assert (why is None) == splits["model.embed_tokens"], why  # llama's head is untied
     if not splits["model.embed_tokens"]:
         assert "does not split its input embedding" in why
+
+
+def test_the_bias_control_is_refused_on_a_layout_that_splits_no_biased_module_by_rows(tp_mesh_of_one):
+    """After the load: a biased linear split by input rows on tp takes the plant; where the layout splits none so
+    (a colwise one only, or experts an EP layout dispatches), the control is refused by name, not planted."""
+    import torch
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from paracheck.domain.adapter import Refused
+
+    class Layout:
+        tp = 2
+
+        def __str__(self):
+            return "tp2xfsdp2xep2"
+
+    def linear(dim):
+        module = torch.nn.Linear(4, 4)
+        module.weight = torch.nn.Parameter(distribute_tensor(module.weight.detach(), tp_mesh_of_one, [Shard(dim)]))
+        return module
+
+    colwise = torch.nn.Sequential(linear(0))
+    with pytest.raises(Refused, match="splits no module with a bias by input rows"):
+        controls._bias_before_reduce(colwise, Layout())
+    rowwise = torch.nn.Sequential(linear(0), linear(1))
+    controls._bias_before_reduce(rowwise, Layout())
+    assert [bool(m._forward_hooks) for m in rowwise] == [False, True]
