@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from paracheck.adapters.transformers import checkpoint_plants
+from paracheck.domain.adapter import Refused
 from paracheck.domain.control import PLANTED, Control, applicable_to
 from paracheck.domain.records import CheckId
 
@@ -100,7 +101,10 @@ def _rowwise_with_bias(model) -> list:
 def _bias_before_reduce(model, layout) -> None:
     """Each rank adds its row-parallel bias to its partial sum, so the all-reduce counts it tp times: the same
     output as adding (tp - 1) more copies after transformers' own reduction, which is how it is planted. The
-    row-parallel modules of the loaded model are those whose weight is split on tp by input rows."""
+    row-parallel modules of the loaded model are those whose weight is split on tp by input rows. Where the layout
+    leaves none (the plan's only biased row-parallel modules are experts an EP layout dispatches instead), the bug
+    cannot exist there: refused by name, never planted to read `missed`."""
+    planted = 0
     for module in model.modules():
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         if bias is None or not hasattr(weight, "placements") or "tp" not in (weight.device_mesh.mesh_dim_names or ()):
@@ -108,6 +112,10 @@ def _bias_before_reduce(model, layout) -> None:
         placement = weight.placements[weight.device_mesh.mesh_dim_names.index("tp")]
         if getattr(placement, "dim", None) in (1, -1) and weight.ndim == 2:
             module.register_forward_hook(lambda m, args, out, extra=layout.tp - 1: out + extra * _local(m.bias))
+            planted += 1
+    if not planted:
+        raise Refused(f"tf-rowwise-bias-before-reduce: layout {layout} splits no module with a bias by input rows on "
+                      "tp, so no bias is counted tp times")
 
 
 def _bias_shows(ref) -> str | None:
@@ -300,10 +308,11 @@ def _needs_trainer(layout) -> str | None:
 
 
 def _rule_of(ref, module) -> dict:
-    """{the model's tp_plan key naming `module`: "replicate"}, or {} where its plan names it under no key: the key
+    """{the model's tp_plan key naming `module`: "replicate"}, or {} where its plan names it under no key or already
+    plans it `replicate` (the plant would change nothing: inkling's text plans keep their embedding whole): the key
     differs from class to class (`model.embed_tokens`, a vision-language model's `model.language_model.embed_tokens`)."""
     name = next((n for n, m in ref.named_modules() if m is module), None) if module is not None else None
-    return {name: "replicate"} if name in (ref.tp_plan or {}) else {}
+    return {name: "replicate"} if (ref.tp_plan or {}).get(name, "replicate") != "replicate" else {}
 
 
 def _embedding_replicated(ref) -> dict:
@@ -314,13 +323,23 @@ def _head_replicated(ref) -> dict:
     return _rule_of(ref, ref.get_output_embeddings())
 
 
+def _embedding_shows(ref) -> str | None:
+    """Why planning the input embedding replicate cannot show on this model, else None."""
+    if not _embedding_replicated(ref):
+        return "the model's tp_plan does not split its input embedding (no rule, or replicate already)"
+    if _untied(ref) is None:  # `_untied` is None where the head is tied
+        return ("the model ties its input embedding to its output head, planned colwise: one weight cannot be "
+                "planned replicate and colwise (its forward raises)")
+    return None
+
+
 def _vlm_head_shows(ref) -> str | None:
     """Where a wrapper's missing head rule can exist: a model whose plan reaches a nested language model, with a
     head of its own planned (and untied: a tied head planned replicate beside a sharded embedding raises)."""
     if not any(".language_model." in f".{key}" for key in ref.tp_plan or {}):
         return "the model has no nested language model (its own plan is the language model's)"
     if not _head_replicated(ref):
-        return "the model's tp_plan plans no output head"
+        return "the model's tp_plan does not split its output head (no rule, or replicate already)"
     if _untied(ref) is None:  # `_untied` names what a tied-only control lacks: None means tied
         return "the model ties its output head to its input embedding, planned rowwise: a head planned replicate " \
                "beside it raises"
@@ -374,17 +393,53 @@ def _attentions(model) -> list:
     return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")]
 
 
+#: The TP styles that leave a projection's output split by head on each rank (`colwise_gather_output` gathers every
+#: head back, `replicate` never splits): where a key or value projection has one, each rank caches its own heads.
+HEADS_SPLIT = ("colwise", "unit_colwise", "packed_colwise")
+#: The projections whose outputs a layer caches (MLA's `kv_b_proj` makes the per-head keys and values).
+KV_PROJECTIONS = ("k_proj", "v_proj", "kv_b_proj")
+
+
+def split_attentions(model) -> list:
+    """The attentions whose cached keys and values TP splits by head, read from the model's TP plan: a key or value
+    projection planned in a `HEADS_SPLIT` style. An attention the plan leaves whole (an encoder-decoder's cross-
+    attention, which T5Gemma's plan does not name) or gathers back (olmo2's `colwise_gather_output`) caches every
+    head on every rank already: there is no other rank's block of heads to read instead of its own."""
+    from paracheck.adapters.transformers.structure import style_of
+
+    plan = dict(getattr(model, "tp_plan", None) or {})
+    return [m for name, m in model.named_modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")
+            and any(style_of(f"{name}.{p}", plan, False) in HEADS_SPLIT for p in KV_PROJECTIONS if hasattr(m, p))]
+
+
+def _cache_heads_split(ref) -> str | None:
+    """Why reading the first heads' cache cannot show on this model (the control is refused, never `missed`)."""
+    if not _attentions(ref):
+        return "the model has no attention module with a q_proj and a layer_idx"
+    if not split_attentions(ref):
+        return (f"its tp_plan splits no attention's cached keys and values by head (no {'/'.join(KV_PROJECTIONS)} "
+                f"planned {' or '.join(HEADS_SPLIT)}), so every rank's cache holds every head already")
+    return None
+
+
+def _tp_group(attention):
+    """The TP group an attention's split key/value projection is sharded over."""
+    for name in KV_PROJECTIONS:
+        weight = getattr(getattr(attention, name, None), "weight", None)
+        if "tp" in (getattr(getattr(weight, "device_mesh", None), "mesh_dim_names", None) or ()):
+            return weight.device_mesh.get_group("tp")
+    raise RuntimeError(f"{type(attention).__name__}: its tp_plan splits its keys and values, but no key or value "
+                       "projection is sharded on a tp mesh dimension")
+
+
 def _cache_first_heads(model, layout) -> None:
     """Each decode step reads the key/value cache as if it held every head: every TP rank takes the first heads
     (TP coordinate 0's) instead of its own. Planted around each attention's forward by bending its cache's `update`
     for that call, on decode steps only (one new token): the prompt's forward and every pass without a cache run as
-    they were. Only in the attentions the TP plan splits: one it leaves whole (an encoder-decoder's cross-attention,
-    which T5Gemma's plan does not name) holds every head on every rank already."""
-    for attention in _attentions(model):
-        weight = attention.q_proj.weight
-        if not hasattr(weight, "device_mesh"):  # a plain parameter: replicated, no other rank's heads to read
-            continue
-        group = weight.device_mesh.get_group("tp")
+    they were. Only in the attentions whose cache the TP plan splits by head (`split_attentions`); a model with none
+    is refused before (`_cache_heads_split`)."""
+    for attention in split_attentions(model):
+        group = _tp_group(attention)
         forward = attention.forward
 
         def bent(*args, forward=forward, group=group, **kwargs):
@@ -488,10 +543,7 @@ _ENTRIES = (
      Plant(loss_factor=lambda dp: 1.0)),
     (Control("tf-embed-replicate", "the input embedding planned replicate instead of embedding_rowwise: numbers "
              "exact, the vocabulary no longer sharded", (CheckId.TP_SHARDS,), _needs_tp),
-     Plant(tp_plan_from=_embedding_replicated, needs_model=lambda ref: (
-         "the model's tp_plan plans no input embedding" if not _embedding_replicated(ref) else
-         None if _untied(ref) else "the model ties its input embedding to its output head, planned colwise: one "
-         "weight cannot be planned replicate and colwise (its forward raises)"))),
+     Plant(tp_plan_from=_embedding_replicated, needs_model=_embedding_shows)),
     (Control("tf-vlm-head-unplanned", "a vision-language wrapper's own plan missing its output head while its "
              "language model's rules apply (as transformers#45124's class had no lm_head entry): the head runs "
              "whole, numbers exact, the vocabulary no longer sharded", (CheckId.TP_SHARDS,), _needs_tp),
@@ -547,8 +599,7 @@ _ENTRIES += (
     (Control("tf-cache-all-heads", "each decode step reads the key/value cache as if it held every head: every TP "
              "rank attends with the first heads' keys and values instead of its own (the prompt's forward exact)",
              (CheckId.GENERATE,), _needs_tp, plants_in="*.self_attn|*.attention|*.attn"),
-     Plant(after_load=_cache_first_heads, needs_model=lambda ref: None if _attentions(ref) else
-           "the model has no attention module with a q_proj and a layer_idx")),
+     Plant(after_load=_cache_first_heads, needs_model=_cache_heads_split)),
     (Control("tf-position-stuck", "the position stops advancing after the first decode step: later decode steps "
              "take the first one's rotary positions", (CheckId.GENERATE,), lambda layout: None,
              plants_in="*rotary_emb*"),

@@ -88,9 +88,9 @@ def test_a_model_without_a_row_parallel_bias_says_so():
 
 
 def test_the_cache_control_plants_only_in_the_attentions_tp_splits(tp_mesh_of_one):
-    """tf-cache-all-heads bends the attentions whose `q_proj` the TP plan shards (a DTensor); an encoder-decoder's
-    cross-attention, which T5Gemma's plan leaves whole on every rank, is left as it is (it has no other rank's heads
-    to read, and a plain parameter has no mesh to read them over)."""
+    """tf-cache-all-heads bends the attentions whose cached keys and values the TP plan splits by head; an
+    encoder-decoder's cross-attention, which T5Gemma's plan leaves whole on every rank, is left as it is (it has
+    no other rank's heads to read)."""
     import torch
     from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -98,11 +98,101 @@ def test_the_cache_control_plants_only_in_the_attentions_tp_splits(tp_mesh_of_on
 
     with torch.device("meta"):
         model = transformers.T5GemmaForConditionalGeneration(fitting.tiny(transformers.T5GemmaConfig))
-    for layer in model.model.decoder.layers:  # as the plan shards them: self_attn.q_proj colwise
-        q_proj = layer.self_attn.q_proj
-        q_proj.weight = torch.nn.Parameter(distribute_tensor(torch.zeros(q_proj.weight.shape), tp_mesh_of_one,
-                                                             [Shard(0)]))
+    for layer in [*model.model.encoder.layers, *model.model.decoder.layers]:  # as the plan shards them: colwise
+        for proj in (layer.self_attn.k_proj, layer.self_attn.v_proj):
+            proj.weight = torch.nn.Parameter(distribute_tensor(torch.zeros(proj.weight.shape), tp_mesh_of_one,
+                                                               [Shard(0)]))
     controls._cache_first_heads(model, None)
     bent = {name.split(".")[-1] for name, m in model.named_modules() if "forward" in vars(m)}
     assert bent == {"self_attn"}
     assert all("forward" not in vars(layer.cross_attn) for layer in model.model.decoder.layers)
+
+
+def _meta_llama():
+    import torch
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                      intermediate_size=64)
+    with torch.device("meta"):
+        return transformers.LlamaForCausalLM(config)
+
+
+_LLAMA: dict = {}
+_STYLES = ("colwise", "colwise_gather_output", "unit_colwise", "packed_colwise", "rowwise", "replicate", None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(_STYLES), st.sampled_from(_STYLES), st.sampled_from(_STYLES))
+def test_the_cache_control_is_refused_exactly_where_no_key_or_value_projection_keeps_its_heads_split(q, k, v):
+    """Whatever the plan does to the queries, the control shows only where a key or value projection's output stays
+    split by head on each rank (what the cache holds); otherwise it is refused by name, never planted to be
+    `missed` (a family whose plan gathers every head back, or splits no attention, as qwen3_vl's 5.25 text plan)."""
+    model = _LLAMA.setdefault("model", _meta_llama())  # one model, its plan redrawn
+    styles = {"q_proj": q, "k_proj": k, "v_proj": v}
+    model._tp_plan = {f"model.layers.*.self_attn.{p}": s for p, s in styles.items() if s is not None}
+    why = controls._cache_heads_split(model)
+    if k in controls.HEADS_SPLIT or v in controls.HEADS_SPLIT:
+        assert why is None and len(controls.split_attentions(model)) == 1
+    else:
+        assert "splits no attention's cached keys and values" in why
+
+
+def test_the_cache_control_reads_the_families_own_plans():
+    """On transformers' own plans: llama's colwise keys and values show the plant; olmo2's colwise_gather_output
+    gathers every head back, so the control is refused by name."""
+    import torch
+
+    from paracheck.adapters.transformers import fitting
+
+    assert controls._cache_heads_split(_meta_llama()) is None
+    with torch.device("meta"):
+        olmo2 = transformers.Olmo2ForCausalLM(fitting.tiny(transformers.Olmo2Config))
+    assert "colwise_gather_output" not in controls.HEADS_SPLIT
+    assert "splits no attention's cached keys and values" in controls._cache_heads_split(olmo2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(("embedding_rowwise", "embedding_colwise", "replicate", None)),
+       st.sampled_from(("colwise_gather_output", "rowwise_split_input", "replicate", None)))
+def test_the_replicate_controls_are_refused_where_the_plan_already_keeps_the_module_whole(embed, head):
+    """tf-embed-replicate and tf-vlm-head-unplanned plan a module `replicate`: where the plan names it under no key
+    or already plans it so (inkling's text plans keep `embed_tokens` replicate), the plant would change nothing,
+    so the control is refused by name instead of reading `missed`."""
+    model = _LLAMA.setdefault("model", _meta_llama())
+    rules = {"model.embed_tokens": embed, "lm_head": head}
+    model._tp_plan = {k: v for k, v in rules.items() if v is not None}
+    splits = {"model.embed_tokens": embed not in (None, "replicate"), "lm_head": head not in (None, "replicate")}
+    assert controls._embedding_replicated(model) == ({"model.embed_tokens": "replicate"} if splits["model.embed_tokens"]
+                                                     else {})
+    assert controls._head_replicated(model) == ({"lm_head": "replicate"} if splits["lm_head"] else {})
+    why = controls._embedding_shows(model)
+    assert (why is None) == splits["model.embed_tokens"], why  # llama's head is untied
+    if not splits["model.embed_tokens"]:
+        assert "does not split its input embedding" in why
+
+
+def test_the_bias_control_is_refused_on_a_layout_that_splits_no_biased_module_by_rows(tp_mesh_of_one):
+    """After the load: a biased linear split by input rows on tp takes the plant; where the layout splits none so
+    (a colwise one only, or experts an EP layout dispatches), the control is refused by name, not planted."""
+    import torch
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from paracheck.domain.adapter import Refused
+
+    class Layout:
+        tp = 2
+
+        def __str__(self):
+            return "tp2xfsdp2xep2"
+
+    def linear(dim):
+        module = torch.nn.Linear(4, 4)
+        module.weight = torch.nn.Parameter(distribute_tensor(module.weight.detach(), tp_mesh_of_one, [Shard(dim)]))
+        return module
+
+    colwise = torch.nn.Sequential(linear(0))
+    with pytest.raises(Refused, match="splits no module with a bias by input rows"):
+        controls._bias_before_reduce(colwise, Layout())
+    rowwise = torch.nn.Sequential(linear(0), linear(1))
+    controls._bias_before_reduce(rowwise, Layout())
+    assert [bool(m._forward_hooks) for m in rowwise] == [False, True]
