@@ -7,7 +7,7 @@ prints whether `from_pretrained(..., distributed_config=DistributedConfig(fsdp_s
 load report names the mismatched parameters (Ernie's router gates and e_score_correction_bias, Inkling2-Loop's
 message_input.query).
 """
-import os, sys, tempfile, warnings
+import os, tempfile, warnings
 warnings.filterwarnings("ignore")
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 WORLD = 2
