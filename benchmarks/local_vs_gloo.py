@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import sys
 
+from paracheck.domain.records import LOCAL_WORLD_SKIP as ONE_PROCESS  # torch-free: the words of a local-world skip
+
 LATER = {"parity.steps", "checkpoint.roundtrip", "parity.generate"}
-#: The words of a case a local world cannot run (`paracheck.rank.localrun.ONE_PROCESS`).
-ONE_PROCESS = "one process cannot run this case as every rank"
 
 
 def _cases(path: str) -> dict:

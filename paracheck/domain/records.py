@@ -114,6 +114,8 @@ class FailureKind(str, enum.Enum):
 #: Exceptions, by class name, that are a local world's limit rather than the case's failure (`--local-world`:
 #: Python that needs one value of a per-rank one, an operation torch's LocalTensorMode has no rule for).
 LOCAL_WORLD_LIMITS = ("RankDependent", "NoLocalRule")
+#: How a case a local world cannot run begins its skip reason (written by `rank.localrun`, read by the benchmark).
+LOCAL_WORLD_SKIP = "one process cannot run this case as every rank"
 
 #: torch's own rules a local world stands a corrected one in for while it lives, each with its upstream report:
 #: every `--local-world` report lists them (`local_world.stood_in`), so the stand-in stays visible.

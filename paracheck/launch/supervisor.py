@@ -31,6 +31,7 @@ _EXIT_GRACE = 3.0
 #: to multiprocessing's temporary folder: "/pymp-XXXXXXXX" (its folder, made under the system's temp folder)
 #: and "/listener-XXXXXXXX" (its socket).
 _UNIX_PATH_MAX, _SERVER_SUFFIX = 107, len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+_LISTENER = len("/listener-XXXXXXXX")
 #: Short folders the fork server's socket may live in where TMPDIR is too long for one (CPython 3.14 falls back
 #: the same way; 3.11 to 3.13 raise "AF_UNIX path too long" when the first rank starts).
 _SHORT_TEMP = ("/tmp", "/var/tmp", "/dev/shm")
@@ -66,21 +67,30 @@ def _fit_server_socket() -> None:
     import tempfile
     from multiprocessing import process
 
-    if process.current_process()._config.get("tempdir") is not None:
-        return  # already made, and the fork server (if any) already listens
+    import multiprocessing.forkserver as forkserver
+
+    made = process.current_process()._config.get("tempdir")
+    if made is not None:  # made earlier in this process: too late to move; fine where it fits or a server listens
+        if len(made) + _LISTENER <= _UNIX_PATH_MAX or forkserver._forkserver._forkserver_address is not None:
+            return
+        raise RuntimeError(_too_long(made, _LISTENER, "multiprocessing's temporary folder, made before this run"))
     base = tempfile.gettempdir()
     if len(base) + _SERVER_SUFFIX <= _UNIX_PATH_MAX:
         return
     short = next((folder for folder in _SHORT_TEMP if os.access(folder, os.W_OK | os.X_OK)), None)
     if short is None:
-        raise RuntimeError(f"the temporary folder {base!r} ({len(base)} characters) is too long to hold the socket "
-                           f"ranks start through (at most {_UNIX_PATH_MAX - _SERVER_SUFFIX} characters), and none of "
-                           f"{', '.join(_SHORT_TEMP)} is writable: set TMPDIR to a shorter folder, or PARACHECK_START=fresh")
+        raise RuntimeError(_too_long(base, _SERVER_SUFFIX, f"the temporary folder, and none of "
+                                                           f"{', '.join(_SHORT_TEMP)} is writable"))
     saved, tempfile.tempdir = tempfile.tempdir, short
     try:
         multiprocessing.util.get_temp_dir()
     finally:
         tempfile.tempdir = saved
+
+
+def _too_long(folder: str, suffix: int, what: str) -> str:
+    return (f"{what}: {folder!r} ({len(folder)} characters) is too long to hold the socket ranks start through (at "
+            f"most {_UNIX_PATH_MAX - suffix} characters): set TMPDIR to a shorter folder, or PARACHECK_START=fresh")
 
 
 class _Rank:

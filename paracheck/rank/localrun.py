@@ -19,13 +19,13 @@ import os
 import time
 
 from paracheck.domain import registry
-from paracheck.domain.records import Failure, FailureKind, RankResult, RankStatus
+from paracheck.domain.records import LOCAL_WORLD_SKIP, Failure, FailureKind, RankResult, RankStatus
 from paracheck.launch.protocol import Phase, RankExit, RankProgress, RunDir, write_json
 from paracheck.rank.skeleton import run_passes, settle
 from paracheck.world.site import CaseSite
 
 #: The words of a case a local world cannot run, before the reason.
-ONE_PROCESS = "one process cannot run this case as every rank"
+ONE_PROCESS = LOCAL_WORLD_SKIP
 LATER_OFF = "a local world (--local-world) takes no localization rerun, generation, steps or checkpoint"
 
 

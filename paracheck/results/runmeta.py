@@ -3,7 +3,7 @@ and read from the report's JSON by the same code."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 
 def _int(value):
@@ -29,6 +29,9 @@ class RunMeta:
     extra: dict = field(default_factory=dict)
 
     def with_extra(self, **values) -> "RunMeta":
+        clash = sorted(set(values) & {f.name for f in fields(self)})
+        if clash:  # an extra would silently replace the run's own field in the JSON
+            raise ValueError(f"RunMeta extra {', '.join(clash)}: a field of the record itself, not an extra")
         return replace(self, extra={**self.extra, **values})
 
     def to_json(self) -> dict:

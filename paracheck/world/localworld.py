@@ -427,6 +427,11 @@ def per_rank_tensors(fn):
         values = {r: fn(r) for r in ranks}
     flat = {r: torch.utils._pytree.tree_flatten(v) for r, v in values.items()}
     leaves, spec = flat[ranks[0]]
+    differ = [r for r in ranks if flat[r][1] != spec or any(
+        not isinstance(a, torch.Tensor) and a != b for a, b in zip(flat[r][0], leaves))]
+    if differ:  # one rank's value would stand for every rank's: what a local world must never do silently
+        raise RankDependent(f"per_rank_tensors: ranks {differ} give another structure or non-tensor value than "
+                            f"rank {ranks[0]}; only tensors may differ between ranks")
     joined = [LocalTensor({r: flat[r][0][i] for r in ranks}) if isinstance(leaf, torch.Tensor) else leaf
               for i, leaf in enumerate(leaves)]
     return torch.utils._pytree.tree_unflatten(joined, spec)

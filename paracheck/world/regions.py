@@ -8,7 +8,8 @@ runs at a time), so the order of work is the same on every run.
 
 `per_rank(fn)` wraps a library function: under an enabled `LocalTensorMode` it runs as a region and its results
 come back as `LocalTensor`s, differentiable (the backward runs per rank too, with the collectives it issues);
-anywhere else it is the function itself.
+anywhere else it is the function itself. `per_rank_functions(table)` does that for a library's table of
+functions by module and name (each adapter's `PER_RANK`), inside its context.
 
 Ranks that diverge (one issues a collective another does not) or raise end the region with `RegionError`, naming
 the ranks and what each issued; no thread is left waiting.

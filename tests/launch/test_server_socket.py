@@ -10,7 +10,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Start the fork server and one process through it, as the supervisor does for a rank; print the folder it used.
 _START = """
 import multiprocessing, multiprocessing.util, os, sys
-if sys.argv[1] == "fit":
+if sys.argv[1] == "made":  # multiprocessing's folder made under the long TMPDIR before the run
+    multiprocessing.util.get_temp_dir()
+if sys.argv[1] in ("fit", "made"):
     from paracheck.launch.supervisor import _fit_server_socket
     _fit_server_socket()
 process = multiprocessing.get_context("forkserver").Process(target=os.getpid)
@@ -38,3 +40,9 @@ def test_a_long_tmpdir_moves_the_server_socket_to_a_short_folder(tmp_path):
 def test_negative_control_without_the_fit_the_server_cannot_start(tmp_path):
     proc = _start(tmp_path, "plain")
     assert proc.returncode != 0 and "AF_UNIX path too long" in proc.stderr, proc.stderr
+
+
+def test_a_folder_made_too_long_before_the_run_is_named_not_a_bare_oserror(tmp_path):
+    proc = _start(tmp_path, "made")
+    assert proc.returncode != 0 and "AF_UNIX" not in proc.stderr, proc.stderr
+    assert "made before this run" in proc.stderr and "set TMPDIR to a shorter folder" in proc.stderr, proc.stderr

@@ -30,3 +30,10 @@ def test_a_report_off_the_schema_reads_as_absent_fields(data):
 def test_the_run_fields_come_first_and_unknown_ones_are_left_out():
     meta = RunMeta(paracheck="1", backend="gloo", nproc=4, versions={"torch": "2.13"}, worlds=2).with_extra(shard="1/3")
     assert list(meta.to_json()) == ["paracheck", "backend", "nproc", "versions", "worlds", "shard"]
+
+
+def test_an_extra_named_as_a_field_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="nproc"):
+        RunMeta(nproc=2).with_extra(nproc=4)

@@ -193,3 +193,16 @@ def test_torchs_own_fsdp_storage_is_still_unresizable_so_the_stand_in_is_still_n
     runpy.run_path(str(pathlib.Path(__file__).parents[2] / "docs/upstream/localtensor_fsdp_storage.py"))
     out = capsys.readouterr().out
     assert "forward 1 raised RuntimeError: Attempted to call resize_() on an invalid python storage" in out, out
+
+
+def test_per_rank_inputs_join_each_ranks_tensors_and_refuse_a_non_tensor_that_differs(world):
+    from torch.distributed._local_tensor import LocalTensor
+
+    from paracheck.world.localworld import per_rank_tensors
+
+    with world.mode:
+        joined = per_rank_tensors(lambda rank: {"ids": torch.full((2,), rank), "rows": 2})
+        assert isinstance(joined["ids"], LocalTensor) and joined["rows"] == 2
+        assert [joined["ids"]._local_tensors[r][0].item() for r in world.ranks] == [0, 1, 2, 3]
+        with pytest.raises(RankDependent, match=r"ranks \[1, 2, 3\]"):
+            per_rank_tensors(lambda rank: {"ids": torch.zeros(2), "rows": rank})

@@ -68,14 +68,17 @@ def share(batch: dict, index: int, dp: int) -> dict:
     """Data-parallel rank `index`'s rows of `batch` (contiguous, in rank order). A tensor whose dim 0 packs an
     equal block per row (every row's image patches in one sequence, each image the same size) gives the same
     rows' blocks."""
-    rows = next(iter(batch.values())).shape[0]
+    rows = (batch["input_ids"] if "input_ids" in batch else next(iter(batch.values()))).shape[0]
     per = rows // dp
 
-    def mine(tensor):
+    def mine(name, tensor):
         block = tensor.shape[0] // rows  # 1 for a tensor of one entry per row
+        if block == 0 or tensor.shape[0] % rows:  # a rank would get another row's entries, or none, silently
+            raise ValueError(f"cannot share {name!r} by rows: its dim 0 ({tensor.shape[0]}) is no whole multiple of "
+                             f"the batch's {rows} rows")
         return tensor[index * per * block:(index + 1) * per * block]
 
-    return {k: mine(v) for k, v in batch.items()}
+    return {k: mine(k, v) for k, v in batch.items()}
 
 
 def with_embeds(batch: dict, embed) -> dict:

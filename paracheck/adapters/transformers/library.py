@@ -1,5 +1,6 @@
-"""The one place that reaches into transformers' private attributes: handing `from_pretrained` the world's meshes, and
-building a `Trainer` for a tensor-parallel model on a CPU world.
+"""The one place that reaches into transformers' private attributes: handing `from_pretrained` the world's meshes,
+building a `Trainer` for a tensor-parallel model on a CPU world, and the functions a local world runs once per rank
+(`PER_RANK`, `per_rank_regions`; weights loaded in the calling thread, `SYNC_LOAD`).
 
 `from_pretrained(distributed_config=...)` takes no mesh: its `device_mesh` argument is overwritten when a
 `DistributedConfig` is given, and `initialize_distributed_mesh` (called from

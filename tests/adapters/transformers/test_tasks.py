@@ -193,6 +193,16 @@ def test_a_share_of_packed_patches_holds_its_rows_images(per, dp, patches):
         assert mine["pixel_values"][:, 0].long().unique().tolist() == mine["input_ids"][:, 0].tolist()
 
 
+def test_a_tensor_that_is_no_whole_block_per_row_is_refused_by_name():
+    """Rows come from `input_ids`; a tensor whose dim 0 is not a whole multiple of them (unequal images, a
+    (3, rows, seq) M-RoPE table) would hand a rank another row's entries or none: it raises, naming the tensor."""
+    batch = {"input_ids": torch.zeros(4, 3, dtype=torch.long), "pixel_values": torch.zeros(6, 2)}
+    with pytest.raises(ValueError, match="'pixel_values'.*6.*4 rows"):
+        inputs.share(batch, 1, 2)
+    with pytest.raises(ValueError, match="'position_ids'"):
+        inputs.share({"position_ids": torch.zeros(3, 4, 2), "input_ids": torch.zeros(4, 2)}, 0, 2)
+
+
 def test_every_multimodal_lm_class_with_a_plan_is_a_tasks_class_or_refused_by_name():
     """The multimodal-LM mapping's classes run under the task whose mapping names the same class; the rest are
     refused with a reason, and the refusals name no class a task already runs (nor a model type gone)."""
