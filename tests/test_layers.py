@@ -123,8 +123,10 @@ def test_nothing_but_the_entry_point_imports_the_command_line():
 def test_the_layer_contract_holds():
     """import-linter (in the test extra) checks the contracts of pyproject.toml against this checkout."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    lint = pathlib.Path(sys.executable).with_name("lint-imports")
-    command = [str(lint)] if lint.exists() else [sys.executable, "-m", "importlinter.cli"]
+    # The installed CLI's own function, run by this interpreter: `python -m importlinter.cli` runs nothing (the module
+    # has no __main__), and a `lint-imports` beside the interpreter is absent in a venv over another site-packages.
+    command = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
+               "sys.exit(lint_imports_command())"]
     proc = subprocess.run(command + ["--config", str(ROOT / "pyproject.toml"), "--no-cache"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -480,14 +480,25 @@ def test_bf16_clean_cases_pass_and_controls_are_still_detected(tmp_path):
     assert tripped and all(max(d["ratio"] for d in c["data"]["per_rank"].values()) > 1 for c in tripped)
 
 
+def _planned_in_installed_diffusers(models) -> set:
+    import diffusers
+
+    from paracheck.adapters.diffusers.fixtures_index import FIXTURE_CLASSES, FIXTURES
+
+    classes = dict(zip(FIXTURES, FIXTURE_CLASSES))
+    return {m for m in models if any(getattr(getattr(diffusers, classes[m]), attr, None)
+                                     for attr in ("_tp_plan", "_cp_plan"))}
+
+
 def test_the_other_fixtures_pass_every_layout_they_take(tmp_path):
     models = ["qwenimage21", "chronoedit", "helios", "ltx2", "minimax_h3"]
     run = run_paracheck(["--variants", "base", "--models", ",".join(models)], tmp_path)
     assert run.code == 0, run.out
     ran = [c for c in run.report["cases"] if c["status"] != "skip"]
-    assert {c["model"] for c in ran} == set(models)
+    planned = _planned_in_installed_diffusers(models)  # 0.41.0's QwenImage21 carries no plan: every case skips
+    assert {c["model"] for c in ran} == planned
     assert all(c["status"] in ("pass", "xfail") for c in ran), [(c["id"], c["status"]) for c in ran]
-    assert run.case("qwenimage21", "tp4")["status"] == "pass"
+    assert run.case("qwenimage21", "tp4")["status"] == ("pass" if "qwenimage21" in planned else "skip")
     for case in ran:  # skipped only where the forward raised (a declared upstream error)
         colls = next(c for c in case["checks"] if c["id"] == "structure.collectives")
         assert colls["status"] in ("pass", "skip"), (case["id"], colls["detail"])

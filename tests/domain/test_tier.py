@@ -129,7 +129,11 @@ def test_the_fixture_plans_are_the_classes_own():
 
     from paracheck.adapters.diffusers.fixtures_index import FIXTURE_CLASSES, FIXTURE_PLANS, FIXTURES
 
+    from packaging.version import Version
+
+    # The index is the newest tested release's; 0.41.0's QwenImage21 carries no plan (its cases skip at the run).
+    older = {"qwenimage21": ()} if Version(diffusers.__version__) < Version("0.42.0") else {}
     for model, name in zip(FIXTURES, FIXTURE_CLASSES):
         cls = getattr(diffusers, name)
         have = tuple(p for p, attr in (("tp", "_tp_plan"), ("cp", "_cp_plan")) if getattr(cls, attr, None))
-        assert FIXTURE_PLANS[model] == have, (model, have)
+        assert older.get(model, FIXTURE_PLANS[model]) == have, (model, have)

@@ -53,8 +53,12 @@ def _models_with_a_plan():
 
 
 def test_every_model_with_a_plan_has_a_fixture():
+    import diffusers
+    from packaging.version import Version
+
     planned = _models_with_a_plan()
-    assert len(planned) >= 10  # diffusers 0.42.1 has ten; fewer means the search above went blind
+    # 0.42 has ten (0.41.0 nine: its QwenImage21 carries no plan); fewer means the search above went blind
+    assert len(planned) >= (9 if Version(diffusers.__version__) < Version("0.42.0") else 10)
     missing = sorted(planned - _fixture_classes())
     assert not missing, f"diffusers models with a _tp_plan or _cp_plan but no fixture in fixtures/: {missing}"
 

@@ -5,6 +5,7 @@ inputs and loss count (hypothesis over variants, data-parallel degrees and seeds
 import functools
 
 import pytest
+from packaging.version import Version
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,6 +73,11 @@ def test_each_builders_inputs_run_the_tiny_model_and_split_by_rows(model_type):
 
     from paracheck.adapters.transformers import fitting, sweep
 
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} registers no {model_type}")
+    if model_type == "llama4" and Version(transformers.__version__) < Version("5.25.0"):
+        pytest.skip("transformers 5.24's Llama4ForConditionalGeneration.forward reads `image_outputs` from its "
+                    "language model's output, which has none (AttributeError on one process; 5.25.0 reads it no more)")
     config = tasks.prepared(fitting.tiny(CONFIG_MAPPING[model_type]), tasks.IMAGE_TEXT)
     torch.manual_seed(0)
     model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
