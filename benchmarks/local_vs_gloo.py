@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
-from paracheck.domain.records import LOCAL_WORLD_SKIP as ONE_PROCESS  # torch-free: the words of a local-world skip
+from paracheck.domain.records import LOCAL_WORLD_SKIP  # torch-free: the words a local-world skip begins with
 
 LATER = {"parity.steps", "checkpoint.roundtrip", "parity.generate"}
 
@@ -34,7 +34,7 @@ def compare(local: dict, gloo: dict, limits: list | None = None) -> tuple[list[s
         if theirs is None or "local world (--local-world) takes no" in ours.get("reason", ""):
             left_out += 1
             continue
-        if ours["status"] == "skip" and ours.get("reason", "").startswith(ONE_PROCESS):
+        if ours["status"] == "skip" and ours.get("reason", "").startswith(LOCAL_WORLD_SKIP):
             if limits is not None:
                 limits.append(f"{case_id}: {theirs['status']} on gloo; here {ours['reason'][:140]}")
             continue

@@ -7,8 +7,8 @@ The launcher starts one process instead of N; it runs each case of its todo thro
 It writes one `RankResult` per rank and case, as N ranks would, so merging, `failed_ranks`, known failures and the
 report work unchanged.
 
-What a local world cannot run is a skip, in its words (`ONE_PROCESS`): Python whose value differs between ranks
-outside a per-rank region, an operation `LocalTensorMode` has no rule for. Localization's reruns and the optional
+What a local world cannot run is a skip, in its words (`records.LOCAL_WORLD_SKIP`): Python whose value differs
+between ranks outside a per-rank region, an operation `LocalTensorMode` has no rule for. Localization's reruns and the optional
 passes (generate, steps, checkpoint) are not taken here; their checks say so.
 """
 
@@ -24,8 +24,6 @@ from paracheck.launch.protocol import Phase, RankExit, RankProgress, RunDir, wri
 from paracheck.rank.skeleton import run_passes, settle
 from paracheck.world.site import CaseSite
 
-#: The words of a case a local world cannot run, before the reason.
-ONE_PROCESS = LOCAL_WORLD_SKIP
 LATER_OFF = "a local world (--local-world) takes no localization rerun, generation, steps or checkpoint"
 
 
@@ -69,7 +67,7 @@ def run_local_case(index: int, case, backend, world, refs_dir: str, workdir: str
         limits.append((result.reason, result.failure))
     if limits:
         why, typed = limits[0]
-        reason = f"{ONE_PROCESS}: {why}"
+        reason = f"{LOCAL_WORLD_SKIP}: {why}"
         failure = Failure(FailureKind.SKIP, typed.check, typed.exception, typed.site)
         for mine in results:
             mine.status, mine.reason, mine.failure, mine.checks = RankStatus.SKIP, reason, failure, []
