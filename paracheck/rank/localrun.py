@@ -8,8 +8,8 @@ It writes one `RankResult` per rank and case, as N ranks would, so merging, `fai
 report work unchanged.
 
 What a local world cannot run is a skip, in its words (`records.LOCAL_WORLD_SKIP`): Python whose value differs
-between ranks outside a per-rank region, an operation `LocalTensorMode` has no rule for. Localization's reruns and the optional
-passes (generate, steps, checkpoint) are not taken here; their checks say so.
+between ranks outside a per-rank region, an operation `LocalTensorMode` has no rule for. Localization's reruns and
+the optional passes (generate, steps, checkpoint) are not taken here; their checks say so.
 """
 
 from __future__ import annotations
