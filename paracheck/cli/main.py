@@ -293,7 +293,8 @@ def _swept(args, backend, entries, adapter) -> int:
 
     _check_options(args, backend)
     request = SweepRequest(args.models.partition(":")[2], args.layouts, args.nproc, args.controls, args.only_control,
-                           args.all, args.shard, args.resume)
+                           args.all, args.shard, args.resume, steps=getattr(args, "steps", 0),
+                           checkpoint=not getattr(args, "no_checkpoint", True))
     for path, option in ((args.report_json, "--report-json"), (args.junit, "--junit"), (args.html, "--html")):
         check_writable(path, option)
     try:

@@ -90,6 +90,10 @@ class SweepRequest:
     everything: bool = False
     shard: str | None = None
     resume: str | None = None
+    #: parity.steps' optimizer steps (0: none) and checkpoint.roundtrip, turned on per family as the default tier
+    #: turns them on (`domain.tier.with_training`): one layout of each kind, every one with `everything`.
+    steps: int = 0
+    checkpoint: bool = False
 
 
 @dataclass(frozen=True)

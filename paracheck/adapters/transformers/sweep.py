@@ -146,7 +146,8 @@ def plan(request) -> tuple[list[Case], dict[int, str], list[Family]]:
                     refused[len(cases)] = why
                 cases.append(Case(family.name, FACTORY, **dict(fields, control=control)))
     logging.disable(logging.NOTSET)
-    cases, refused = _generating(request, cases, refused)
+    cases, refused = _turned_on(cases, refused, lambda mine, runs: _training(request, mine, runs))
+    cases, refused = _turned_on(cases, refused, lambda mine, runs: _generating(request, mine, runs))
     keep = list(range(len(cases)))
     if request.shard:
         keep = shard(keep, *parse_shard(request.shard), group=lambda i: cases[i].model)
@@ -157,25 +158,42 @@ def plan(request) -> tuple[list[Case], dict[int, str], list[Family]]:
             [by_family[name] for name in sorted(needed)])
 
 
-def _generating(request, cases: list[Case], refused: dict[int, str]) -> tuple[list[Case], dict[int, str]]:
-    """parity.generate turned on as the default tier turns it on (one layout of each kind per family, every one
-    with --all; `domain.tier.with_generate`), a control that only generation shows following it; the refusals
-    re-indexed to the cases kept."""
+def _turned_on(cases: list[Case], refused: dict[int, str], turn) -> tuple[list[Case], dict[int, str]]:
+    """A later pass turned on family by family, as the default tier turns it on (`turn(family's cases, runs)`: them,
+    some with the pass on; `runs(case)`: not refused before launch), the refusals re-indexed to the cases kept (a
+    case matched whatever passes it has on)."""
     from dataclasses import replace
 
-    from paracheck.domain.tier import needs_generate, with_generate
+    def bare(case):
+        return replace(case, generate=False, steps=0, checkpoint=False)
 
-    why = {replace(c, generate=False): refused[i] for i, c in enumerate(cases) if i in refused}
+    why = {bare(c): refused[i] for i, c in enumerate(cases) if i in refused}
     chosen = []
     for family in dict.fromkeys(c.model for c in cases):  # the kinds are covered per family
-        mine = [c for c in cases if c.model == family]
-        if not tasks.by_suffix(family)[1].generates:
-            chosen += mine
-            continue
-        chosen += with_generate(mine, request.everything, needs=needs_generate,
-                                runs=lambda c: replace(c, generate=False) not in why)
-    return chosen, {i: why[replace(c, generate=False)] for i, c in enumerate(chosen)
-                    if replace(c, generate=False) in why}
+        chosen += turn([c for c in cases if c.model == family], lambda c: bare(c) not in why)
+    return chosen, {i: why[bare(c)] for i, c in enumerate(chosen) if bare(c) in why}
+
+
+def _generating(request, mine: list[Case], runs) -> list[Case]:
+    """parity.generate where the family's task generates: one layout of each kind, every one with --all
+    (`domain.tier.with_generate`), a control that only generation shows following it."""
+    from paracheck.domain.tier import needs_generate, with_generate
+
+    if not tasks.by_suffix(mine[0].model)[1].generates:
+        return mine
+    return with_generate(mine, request.everything, needs=needs_generate, runs=runs)
+
+
+def _training(request, mine: list[Case], runs) -> list[Case]:
+    """parity.steps (`request.steps` optimizer steps) and checkpoint.roundtrip, every task's: one layout of each
+    kind, every one with --all (`domain.tier.with_training`), a control that only training shows following it; a
+    class that cannot train or save says so on its ranks, by name."""
+    from paracheck.domain.tier import needs_training, with_training
+
+    if not request.steps and not request.checkpoint:
+        return mine
+    return with_training(mine, request.steps, request.checkpoint, request.everything, needs=needs_training,
+                         runs=runs)
 
 
 def _names(request, layout) -> list:

@@ -53,6 +53,16 @@ def test_families_without_an_image_builder_are_refused_with_one_reason(whole):
     assert not any(tasks.by_suffix(family)[0] in images.BUILDERS for family in unbuilt)
 
 
+def test_steps_and_checkpoints_are_turned_on_per_family_one_layout_of_each_kind():
+    """`--steps`/checkpoints reach the sweep's families of every task as the default tier turns them on: per family,
+    the simplest layout of each kind (every one with --all); none when the request asks for neither."""
+    request = dict(layouts="tp4,fsdp4,dpr4,pp4,tp2xfsdp2,dpr2xfsdp2")
+    cases, refused, _ = sweep.plan(_args("llama-seq-cls", steps=3, checkpoint=True, **request))
+    trained = {c.layout.name for c in cases if c.steps == 3 and c.checkpoint}
+    assert trained == {c.layout.name for i, c in enumerate(cases) if i not in refused} & {"tp4", "fsdp4", "dpr4", "pp4"}
+    assert trained and not any(c.steps or c.checkpoint for c in sweep.plan(_args("llama-seq-cls", **request))[0])
+
+
 def test_shards_partition_the_sweep_and_keep_each_family_whole():
     cases, _, _ = sweep.plan(_args("all-token-cls"))  # one task's families: the rule is the same for every task
     parts = [sweep.plan(_args("all-token-cls", shard=f"{i}/3"))[0] for i in (1, 2, 3)]
@@ -115,8 +125,8 @@ SWEEP_PLANTED = [
 @pytest.mark.slow
 @pytest.mark.parametrize("family, layouts, controls", SWEEP_PLANTED)
 def test_a_family_runs_on_real_ranks_through_the_sweep(tmp_path, family, layouts, controls):
-    run = run_paracheck(["--models", f"transformers:{family}", "--nproc", "2", "--layouts", layouts, "--controls"],
-                        tmp_path)
+    run = run_paracheck(["--models", f"transformers:{family}", "--nproc", "2", "--layouts", layouts, "--controls",
+                         "--steps", "0", "--no-checkpoint"], tmp_path)  # the plan shapes' forward and gradients
     plain = [c for c in run.report["cases"] if c["control"] is None]
     assert plain and all(c["status"] in ("pass", "xfail") for c in plain), run.out
     assert run.code == 0, run.out
@@ -164,7 +174,7 @@ def test_a_classification_head_and_a_vision_language_model_run_on_real_ranks(tmp
     embedding planned replicate, structure's controls). Llava's FSDP generate is
     transformers' declared bug (docs/upstream/transformers_fsdp_vlm_generate.md)."""
     run = run_paracheck(["--models", "transformers:llama-seq-cls,llava-image-text", "--nproc", "2", "--layouts",
-                         "tp2,fsdp2", "--controls"], tmp_path)
+                         "tp2,fsdp2", "--controls", "--steps", "0", "--no-checkpoint"], tmp_path)
     by = {(c["model"], c["layout"], c["control"]): c for c in run.report["cases"]}
     assert run.code == 0, run.out
     assert {k[:2]: c["status"] for k, c in by.items() if k[2] is None} == {
