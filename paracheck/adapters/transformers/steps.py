@@ -270,7 +270,8 @@ def run(body) -> list[CheckResult]:
         return skip(reason)
     result = check(actual, expected, body.tol.atol, body.tol.rtol)
     if result.status == Status.FAIL:
-        result.failure = Failure(FailureKind.CHECK, CheckId.STEPS, site=_planned_as(result, body.ref, layout))
+        site = _planned_as(result, body.ref, layout) or _loss_times_dp(result, layout, body.tol.atol, body.tol.rtol)
+        result.failure = Failure(FailureKind.CHECK, CheckId.STEPS, site=site)
     if stand_in is not None:
         result.data["stood_in"] = stand_in.describe()
     return [result]
@@ -333,6 +334,24 @@ def _planned_as(result: CheckResult, ref, layout) -> str:
     plan = dict(getattr(ref, "tp_plan", None) or {})
     styles = {style_of(name, plan, True) for name in failing}
     return PLANNED.format(style=styles.pop()) if len(styles) == 1 and None not in styles else ""
+
+
+#: A failing step's site where the first step's logged loss and gradient norm are both `dp` times the reference's
+#: while nothing has moved yet: the Trainer scaled a loss that is each shard's mean as if it summed over
+#: `num_items_in_batch` (docs/upstream/transformers_trainer_mean_loss_scaled.md).
+LOSS_TIMES_DP = "trainer:mean_loss_times_dp"
+
+
+def _loss_times_dp(result: CheckResult, layout, atol: float, rtol: float) -> str:
+    """`LOSS_TIMES_DP` where the steps part at step 1 with its loss and gradient norm each `dp` times the reference's
+    (within the case's tolerance of the scaled figure), else "": a typed origin, as `_planned_as`'s. Step 1 alone:
+    its figures come before any update, so a factor there is the scaling's, not a drift's."""
+    first = (result.data.get("steps") or [{}])[0]
+    figures = [(first.get(k), first.get(f"reference_{k}")) for k in ("loss", "grad_norm")]
+    if layout.dp == 1 or result.data.get("first_step") != 1 or any(a is None or b is None for a, b in figures):
+        return ""
+    scaled = all(abs(a - layout.dp * b) <= atol + rtol * abs(layout.dp * b) for a, b in figures)
+    return LOSS_TIMES_DP if scaled else ""
 
 
 def _sizes(layout) -> str:

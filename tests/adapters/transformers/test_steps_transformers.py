@@ -62,6 +62,24 @@ def test_the_gradient_norm_is_reported_and_named_where_the_parameters_part():
     assert "worst w" in result.detail
 
 
+def test_a_first_step_whose_loss_and_norm_are_dp_times_the_references_is_typed_as_the_trainers_scaling():
+    """The site of transformers' Trainer scaling a shard-mean loss by dp (declared upstream by it): step 1's loss
+    and gradient norm both `dp` times the reference's; a loss alone, another factor or no data parallelism are not
+    it."""
+    import torch
+
+    def typed(loss, norm, layout="fsdp2", ref=(2.334, 10.84)):
+        mine = [StepRecord(torch.tensor(loss), {"w": torch.ones(2)}, grad_norm=norm)]
+        result = compare_steps(mine, [StepRecord(torch.tensor(ref[0]), {"w": torch.ones(2)}, grad_norm=ref[1])],
+                               1e-5, 1e-5)
+        return steps._loss_times_dp(result, TfLayout.parse(layout), 1e-5, 1e-5)
+
+    assert typed(4.668, 21.68) == typed(4.668, 21.68, "tp2xfsdp2") == steps.LOSS_TIMES_DP
+    assert typed(4.668 * 2, 21.68 * 2, "dpr2xfsdp2") == steps.LOSS_TIMES_DP
+    assert typed(4.668, 10.84) == typed(2.334 * 1.5, 10.84 * 1.5) == typed(4.668, 21.68, "tp2", (2.334, 10.84)) == ""
+    assert typed(4.6681, 21.68) == ""  # past the tolerance of the scaled loss
+
+
 def test_each_new_control_names_where_it_cannot_apply():
     assert CONTROLS["tf-clip-local-norm"].applies(TfLayout(dpr=4)) is not None
     assert CONTROLS["tf-clip-local-norm"].applies(TfLayout(fsdp=4)) is None
