@@ -41,6 +41,21 @@ def test_classification_labels_one_per_row_or_per_unpadded_token():
     assert tasks.loss_kwargs(tasks.CAUSAL_LM, batch["labels"]) == {"num_items_in_batch": 22}
 
 
+def test_a_prepared_config_drops_nothing_so_train_mode_steps_can_match():
+    """parity.steps trains in train mode: a token classifier's head dropout (0.1 by default where its config names
+    none) would draw other masks on every process. Every task's prepared config has every dropout 0."""
+    from transformers import LlamaConfig, LlamaForTokenClassification, T5GemmaConfig
+
+    from paracheck.adapters.transformers import fitting
+
+    config = tasks.prepared(fitting.tiny(LlamaConfig), tasks.TOKEN_CLASSIFICATION)
+    assert LlamaForTokenClassification(config).dropout.p == 0.0
+    seq2seq = fitting.tiny(T5GemmaConfig)
+    seq2seq.encoder.dropout_rate = seq2seq.decoder.attention_dropout = 0.1
+    seq2seq = tasks.prepared(seq2seq, tasks.SEQ2SEQ)
+    assert seq2seq.encoder.dropout_rate == seq2seq.decoder.attention_dropout == 0.0
+
+
 def _llava():
     from transformers import LlavaConfig
 
