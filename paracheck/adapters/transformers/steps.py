@@ -101,16 +101,29 @@ def arguments(folder: str, rows: int, steps: int, use_cpu: bool):
 
 
 class Rows(torch.utils.data.Dataset):
-    """Micro-batches of rows laid end to end, one row an item (the sequential sampler reads them in order)."""
+    """Micro-batches of rows laid end to end, one row an item (the sequential sampler reads them in order). A tensor
+    whose dim 0 packs an equal block per row (every row's image patches in one sequence, as `inputs.share` cuts
+    them) gives each row its block, and `collate` lays the blocks end to end again where it stacks the rest."""
 
     def __init__(self, batches: list[dict]):
-        self.rows = [{k: v[r] for k, v in b.items()} for b in batches for r in range(next(iter(b.values())).shape[0])]
+        self.rows, self.packed = [], set()
+        for b in batches:
+            count = (b["input_ids"] if "input_ids" in b else next(iter(b.values()))).shape[0]
+            blocks = {k: v.shape[0] // count for k, v in b.items()}
+            self.packed |= {k for k in b if b[k].shape[0] != count}
+            self.rows += [{k: v[r * blocks[k]:(r + 1) * blocks[k]] if k in self.packed else v[r] for k, v in b.items()}
+                          for r in range(count)]
 
     def __len__(self):
         return len(self.rows)
 
     def __getitem__(self, index):
         return self.rows[index]
+
+    def collate(self, rows: list[dict]) -> dict:
+        """The Trainer's collator: `rows` as one batch, each packed tensor's blocks concatenated, the rest stacked."""
+        return {k: torch.cat([r[k] for r in rows]) if k in self.packed else torch.stack([r[k] for r in rows])
+                for k in rows[0]}
 
 
 def batches(draw, steps: int) -> list[dict]:
@@ -125,7 +138,7 @@ def train(model, data: list[dict], rows: int, steps: int, use_cpu: bool, workdir
     (as users train: the state a first forward leaves behind meets the optimizer); the step records. With a
     `stand_in`, the Trainer's Accelerator is built without the `ParallelismConfig` accelerate refuses, and the data
     is laid out so that its loader gives each rank its data-parallel share (`StandIn`)."""
-    from transformers import Trainer, default_data_collator
+    from transformers import Trainer
 
     recorder = Recorder()
     threads = torch.get_num_threads()  # accelerate sets its own count on a CPU world; the rank keeps its own
@@ -134,10 +147,10 @@ def train(model, data: list[dict], rows: int, steps: int, use_cpu: bool, workdir
         try:
             # Trainer builds its Accelerator here, which checks the model's parallelism against the world.
             with stand_in.building(model) if stand_in else contextlib.nullcontext():
+                train_rows, eval_rows = Rows(rows_of(data[MICRO:])), Rows(rows_of(data[:MICRO]))
                 trainer = (trainer_class or Trainer)(model=model, args=arguments(folder, rows, steps, use_cpu),
-                                                     train_dataset=Rows(rows_of(data[MICRO:])),
-                                                     eval_dataset=Rows(rows_of(data[:MICRO])),
-                                                     data_collator=default_data_collator, callbacks=[recorder.callback])
+                                                     train_dataset=train_rows, eval_dataset=eval_rows,
+                                                     data_collator=train_rows.collate, callbacks=[recorder.callback])
         except (ValueError, NotImplementedError) as exc:
             torch.set_num_threads(threads)
             raise TrainerRefused(f"{type(exc).__name__}: {exc}") from exc

@@ -38,6 +38,21 @@ def test_the_rows_are_the_micro_batches_end_to_end_and_fresh_each():
     assert not (data[0]["input_ids"] == data[1]["input_ids"]).all()
 
 
+def test_packed_image_patches_reach_each_device_batch_as_inputs_share_cuts_them():
+    """A tensor packing every row's patches along dim 0 (hunyuan_vl's, paddleocr_vl's) is cut per row by `Rows`
+    and laid end to end again by its collator, so each device batch of the Trainer is that data-parallel share of
+    the global batch (the default collator stacked one patch per row: a shape error in the vision tower)."""
+    import torch
+
+    batch = {"input_ids": torch.arange(8).view(4, 2), "pixel_values": torch.arange(24.0).view(12, 2),
+             "image_grid_thw": torch.tensor([[1, 1, 3]] * 4)}
+    rows = steps.Rows([batch])
+    for index in range(2):
+        device = rows.collate([rows[2 * index], rows[2 * index + 1]])
+        expected = inputs.share(batch, index, 2)
+        assert device.keys() == expected.keys() and all(torch.equal(device[k], expected[k]) for k in device)
+
+
 def test_the_single_process_switch_hides_the_world_and_gives_it_back(monkeypatch):
     from accelerate.state import PartialState
 
