@@ -182,6 +182,18 @@ def _qwen_vl(config) -> None:
         text.rope_parameters = _mrope(text, rope)
 
 
+def _hunyuan_vl(config) -> None:
+    """HunYuan-VL's M-RoPE (Qwen-VL's sections: width, height and the image's ordinal as its three axes), and its
+    patch merger's output the fitted text width (`text_hidden_size`, which the tiny rule does not know)."""
+    _qwen_vl(config)
+    config.vision_config.text_hidden_size = text_config(config).hidden_size
+
+
+def _begin_end_rows(config, side: int) -> int:
+    """HunYuan-VL's image: a begin and an end feature around its `side` rows, each row ending with a newline."""
+    return side + 2
+
+
 def _ernie(config) -> None:
     """Ernie 4.5 VL's M-RoPE stacks its height and width sections pairwise, so they must be equal: of the fitted
     rotary half-width, equal height and width sections and the rest temporal, as its real [22, 22, 20]."""
@@ -320,6 +332,10 @@ BUILDERS = {
     "video_llama_3": Builder(merge=2, configure=_qwen_vl, pixels=_merged_patches),
     "paddleocr_vl": Builder(merge=2, configure=_qwen_vl, pixels=_packed_images,
                             token_types=("mm_token_type_ids", "image")),
+    # One merged placeholder, its row's end, the image's begin and end: 4 placeholders. Its M-RoPE counts images
+    # over the whole batch, not per row: declared upstream (docs/upstream/transformers_hunyuan_vl_batch_image_index.md).
+    "hunyuan_vl": Builder(merge=2, side=1, more=_begin_end_rows, configure=_hunyuan_vl, pixels=_packed,
+                          token_types=("mm_token_type_ids", "image")),
     "ernie4_5_vl_moe": Builder(merge=2, configure=_ernie, pixels=_packed, token_types=("mm_token_type_ids", "image")),
     "inkling2": Builder(merge=2, pixels=_merged_pixels),
     "inkling2_loop": Builder(merge=2, pixels=_merged_pixels),
@@ -339,10 +355,6 @@ REFUSED = {
     "aria": "its projector holds queries only for its real images' patch counts (35 or 70 a side), so no tiny image",
     "deepseek_vl_hybrid": "each image is also a second, high-resolution tensor (high_res_pixel_values) of its own "
                           "tower",
-    # (rows x patches, channels x patch x patch), which `inputs.share` cuts at images: built, but on one process a
-    # share's logits are 1.2e-4 from the whole batch's rows (every other builder's: under 1e-6); not yet explained.
-    "hunyuan_vl": "a data-parallel share of its images does not give that share's rows of the whole batch's logits "
-                  "on one process (1.2e-4 apart)",
     "kimi_k25": "its projector's layer norm keeps the real tower's width (1152), which the tiny rule does not reach",
     "minicpmv4_6": _PACKED,  # (1, channels, patch, patches x patch)
     "emu3": "its images are a VQ tokenizer's codes in the text, not a vision tower's features",

@@ -109,6 +109,42 @@ def test_each_builders_inputs_run_the_tiny_model_and_split_by_rows(model_type):
     assert (other - out.logits).abs().max() > 1e-3  # the image reaches the text (GotOcr2's 1e-10 weights did not)
 
 
+def test_hunyuan_vl_splits_by_rows_but_for_its_image_ordinal_counted_over_the_batch():
+    """hunyuan_vl's declared upstream bug, pinned to its cause: its M-RoPE's last axis numbers each image over the
+    whole batch (`get_rope_index`), so a data-parallel share's second row gets ordinal 0 where the whole batch's had
+    1, and its logits differ; given the whole batch's positions with each row's ordinals counted from 0, the batch
+    gives the shares' logits exactly. When transformers counts per row, the first assertion fails: the known-failures
+    entries for hunyuan_vl go then (docs/upstream/transformers_hunyuan_vl_batch_image_index.md)."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from paracheck.adapters.transformers import fitting, sweep
+
+    if "hunyuan_vl" not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} registers no hunyuan_vl")
+    config = tasks.prepared(fitting.tiny(CONFIG_MAPPING["hunyuan_vl"]), tasks.IMAGE_TEXT)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
+    sweep._nonzero_biases(model, zero_weights=True)
+    batch = tasks.with_labels(tasks.IMAGE_TEXT, inputs.global_batch("left_pad", 2, config.get_text_config().vocab_size),
+                              config, seed=1)
+    batch.pop("labels")
+    shares = [inputs.share(batch, i, 2) for i in range(2)]
+
+    def positions(b):
+        return model.model.get_rope_index(b["input_ids"], b["mm_token_type_ids"], b["image_grid_thw"],
+                                          b["attention_mask"])[0]
+
+    per_row = positions(batch).clone()
+    per_row[-1] = torch.cat([positions(share)[-1] for share in shares])  # each row's image ordinal as it alone has it
+    with torch.no_grad():
+        split = torch.cat([model(**share, use_cache=False).logits for share in shares])
+        whole = model(**batch, use_cache=False).logits
+        counted_per_row = model(**batch, position_ids=per_row, use_cache=False).logits
+    assert (split - whole).abs().max() > 1e-5  # the bug: the second row's image is ordinal 1 in the whole batch
+    torch.testing.assert_close(counted_per_row, split, atol=0, rtol=0)
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 6), st.booleans()), min_size=1, max_size=4))
 def test_placeholders_sit_on_each_rows_first_tokens_and_the_loss_skips_them(rows):
