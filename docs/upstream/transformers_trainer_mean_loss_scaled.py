@@ -39,7 +39,8 @@ class Rows(torch.utils.data.Dataset):
 
 def step(folder: str, rows: int, micro: int, accepts: bool | None = None) -> tuple[float, float]:
     """One Trainer step (`rows` a device batch, `micro` micro-batches): its logged loss and gradient norm."""
-    from transformers import AutoModelForSequenceClassification, PrinterCallback, Trainer, TrainingArguments
+    from transformers import (AutoModelForSequenceClassification, PrinterCallback, Trainer, TrainerCallback,
+                              TrainingArguments)
     from transformers.utils import logging
 
     logging.set_verbosity_error()
@@ -52,9 +53,13 @@ def step(folder: str, rows: int, micro: int, accepts: bool | None = None) -> tup
                              logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
                              train_sampling_strategy="sequential")
     logged = []
-    trainer = Trainer(model=model, args=args, train_dataset=Rows())
-    trainer.add_callback(type("Log", (__import__("transformers").TrainerCallback,), {
-        "on_log": lambda self, args, state, control, logs=None, **kw: logged.append(logs) if "loss" in logs else None}))
+
+    class Log(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if "loss" in logs:
+                logged.append(logs)
+
+    trainer = Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[Log()])
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     return logged[0]["loss"], logged[0]["grad_norm"]
