@@ -5,6 +5,7 @@ parity.steps alone, the pipeline's abort is declared and TP on CPU trains into t
 import os
 
 import pytest
+from packaging.version import Version
 
 transformers = pytest.importorskip("transformers")
 
@@ -19,6 +20,12 @@ from tests.support import run_paracheck  # noqa: E402
 STEPS_PLANTED = [("tf-clip-local-norm", "fsdp2"), ("tf-decay-twice", "dpr2"), ("tf-untied-embeddings", "fsdp2"),
                  ("tf-untied-embeddings", "dpr2")]
 NEW = {c for c, _ in STEPS_PLANTED}
+#: Before 5.24 the Trainer's optimizer takes the parameters an evaluation left gathered, so no data-parallel layout
+#: trains right (declared; docs/upstream/transformers_trainer_evaluate_unsharded.md): what these tests hold
+#: (a plain pass, a control detected against it) cannot show there.
+DP_TRAINS = Version(transformers.__version__) >= Version("5.24.0")
+DP_SKIP = ("transformers < 5.24.0 trains no data-parallel layout right after an evaluation (a declared upstream bug: "
+           "docs/upstream/transformers_trainer_evaluate_unsharded.md)")
 
 
 def test_the_trainer_is_set_up_as_the_issue_asks(tmp_path):
@@ -88,6 +95,7 @@ def _steps(case):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["fsdp2", "dpr2"])
+@pytest.mark.skipif(not DP_TRAINS, reason=DP_SKIP)
 def test_the_plain_cases_steps_agree_and_every_step_clips(steps_run, layout):
     case = _cases(steps_run)[layout]
     assert case["status"] == "pass", steps_run.out
@@ -100,6 +108,7 @@ def test_the_plain_cases_steps_agree_and_every_step_clips(steps_run, layout):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("control,layout", STEPS_PLANTED)
+@pytest.mark.skipif(not DP_TRAINS, reason=DP_SKIP)
 def test_each_new_control_is_detected_by_the_steps_alone(steps_run, control, layout):
     case = _cases(steps_run, control)[layout]
     assert case["status"] == "detected", (case["reason"], steps_run.out)
