@@ -124,7 +124,7 @@ def test_the_pipeline_abort_is_declared_and_tp_trains_into_the_declared_accumula
     typed by that plan style, which the shipped entry declares (`--known-failures none` leaves it failing)."""
     from paracheck.results import known
 
-    assert steps_run.code == 0, steps_run.out
+    assert steps_run.code == 0 or not DP_TRAINS, steps_run.out  # before 5.24 the dp controls are inconclusive
     pp = _cases(steps_run)["pp2"]
     assert pp["status"] == "xfail" and "_sync_replicated_trainable_parameters" in _steps(pp)["detail"]
     case = _cases(steps_run)["tp2"]
