@@ -60,9 +60,10 @@ def _quick(args, cases: list) -> list:
 
 def _alone(entry, entries: list, cases: list, meets):
     """Where the matrix has one, a case the report would declare under `entry`: of the entries naming one check
-    that a case meets, the file's last is the one named (`known.apply`), so no later entry on that check may
-    meet it; else any case meeting `entry`."""
-    rivals = [e for e in entries[entries.index(entry) + 1:] if e.check == entry.check]
+    that a case meets, the file's last is the one named (`known.apply`), so no later entry sharing a check with
+    it may meet it; else any case meeting `entry`."""
+    rivals = [e for e in entries[entries.index(entry) + 1:]
+              if e.check == entry.check or set(e.check_ids) & set(entry.check_ids)]
 
     def alone(case) -> bool:
         return meets(entry, case) and not any(meets(e, case) for e in rivals)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from paracheck.domain.records import CheckId, Status
 from paracheck.results import localization
-from paracheck.results.known import KnownFailure
+from paracheck.results.known import KnownFailure, from_data
 
 #: The entries this rank's run declared (`use`), as the launcher wrote them into run.json.
 _entries: list[KnownFailure] = []
@@ -30,7 +30,7 @@ _entries: list[KnownFailure] = []
 
 def use(entries: list[dict]) -> None:
     """The run's declared entries, each as `dataclasses.asdict` wrote it."""
-    _entries[:] = [KnownFailure(**dict(e, inputs=tuple(e.get("inputs", ())))) for e in entries]
+    _entries[:] = [from_data(e) for e in entries]
 
 
 def reruns_declared() -> bool:
@@ -55,10 +55,11 @@ def explained(case, result, checks: list) -> str | None:
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     failing = {i for i, f in zip(ids, flags[:len(ids)].tolist()) if f > 0}
     matched = [e for e, out in zip(candidates, flags[len(ids):].tolist()) if out == 0]
-    by_check = {e.check: e for e in matched}
-    if not failing or not all(i.value in by_check or "*" in by_check for i in failing):
+    whole = next((e for e in reversed(matched) if e.check == "*"), None)
+    by_check = {c: e for e in matched for c in e.check_ids}
+    if not failing or not all(i in by_check or whole for i in failing):
         return None
-    reasons = dict.fromkeys(by_check.get(i.value, by_check.get("*")).reason for i in ids if i in failing)
+    reasons = dict.fromkeys(by_check.get(i, whole).reason for i in ids if i in failing)
     return "; ".join(reasons)
 
 

@@ -3,7 +3,7 @@
     [[known]]
     model = "flux"              # fixture, spec or test-class name, or the diffusers class; glob patterns
     layout = "r4"               # glob over layout names
-    check = "parity.grads"      # a check id, or "error" for a case that raises outside the checks
+    check = "parity.grads"      # a check id, a list of them, or "error" for a case that raises outside the checks
     reason = "ring backward rotates gradient accumulators the wrong way for ring degree > 2"
     upstream = "diffusers 0.42.1 attention_dispatch.TemplatedRingAttention.backward"
 
@@ -14,7 +14,7 @@ masks something out), so a bug in mask handling matches a user's own inputs what
 and `message`, a glob the failure's text (the error, or the failing check's detail) must match, for a bug
 that shares its check with others; `site`, a glob the named check's typed failure site must match (its
 `Failure.site`: where it raised, or the origin a check typed, e.g. "tp_plan:replicated_with_grad_allreduce"),
-the typed way to the same end; `fixed_in` ("DISTRIBUTION 1.2.0"), the release that fixed the bug: where it or a
+the typed way to the same end (with a list of checks, each failing check's own text and site are matched); `fixed_in` ("DISTRIBUTION 1.2.0"), the release that fixed the bug: where it or a
 later one is installed the entry is left out, so the case passes plainly and a return of the bug fails. A plain case that fails the named check becomes `xfail`; one that
 matches an entry and passes becomes `xpass`, so the entry can go.
 Torch-free.
@@ -49,7 +49,8 @@ class KnownFailure:
     reason: str
     model: str = "*"
     layout: str = "*"
-    check: str = "*"
+    #: "*", "error", a check id, or a tuple of check ids: what the entry declares failing.
+    check: str | tuple[str, ...] = "*"
     variant: str = "*"
     dtype: str = "*"
     route: str = "*"
@@ -73,15 +74,13 @@ class KnownFailure:
             return _version(version(name)) < fixed
         except PackageNotFoundError:
             return True
-        from importlib.metadata import PackageNotFoundError, version
 
-        from packaging.version import Version
-
-        name, fixed = self.fixed_in.split()
-        try:
-            return Version(version(name)) < Version(fixed)
-        except PackageNotFoundError:
-            return True
+    @property
+    def check_ids(self) -> tuple[CheckId, ...]:
+        """The checks the entry declares failing, one by one; none for "*" and "error"."""
+        if self.check in ("*", "error"):
+            return ()
+        return (CheckId(self.check),) if isinstance(self.check, str) else tuple(CheckId(c) for c in self.check)
 
     def matches(self, verdict) -> bool:
         """Whether the entry names this verdict's case (model or class, layout, variant, dtype, route, options)."""
@@ -105,10 +104,10 @@ class KnownFailure:
         return set(self.inputs) <= carried and \
             all(any(fnmatch.fnmatchcase(v, getattr(self, key)) for v in values[key]) for key in _MATCHED)
 
-    def message_matches(self, verdict) -> bool:
-        """Whether `message` matches the case's reason or the named check's detail, and `site` the named check's
-        failure site ("*" matches anything)."""
-        failing = verdict.check(CheckId(self.check)) if self.check not in ("*", "error") else None
+    def message_matches(self, verdict, check: CheckId | None = None) -> bool:
+        """Whether `message` matches the case's reason or `check`'s detail, and `site` `check`'s failure site (the
+        case's, where no check is named); "*" matches anything."""
+        failing = verdict.check(check) if check is not None else None
         if self.site != "*":
             held = failing.failure if failing is not None else verdict.failure
             if held is None or not fnmatch.fnmatchcase(held.site, self.site):
@@ -119,15 +118,15 @@ class KnownFailure:
         return any(fnmatch.fnmatchcase(t, self.message) for t in texts if t)
 
     def passes_in(self, verdict) -> bool:
-        """The failure this entry declares did not happen: its check ran on every rank and passed. An entry
-        that names a `message` or a `site` declares one failure of several its check may show, so a pass says
-        nothing about it."""
+        """The failure this entry declares did not happen: the case passed, and of its checks, at least one ran on
+        every rank and every one that ran passed. An entry that names a `message` or a `site` declares one failure
+        of several its checks may show, so a pass says nothing about it."""
         if self.message != "*" or self.site != "*":
             return False
         if self.check in ("*", "error"):
             return verdict.status == CaseStatus.PASS
-        merged = verdict.check(CheckId(self.check))
-        return verdict.status == CaseStatus.PASS and merged is not None and merged.status == Status.PASS
+        ran = [m for m in (verdict.check(c) for c in self.check_ids) if m is not None]
+        return verdict.status == CaseStatus.PASS and bool(ran) and all(m.status == Status.PASS for m in ran)
 
     @property
     def text(self) -> str:
@@ -151,7 +150,15 @@ def load(path: str | None) -> list[KnownFailure]:
 
 def as_data(entries: list[KnownFailure]) -> list[dict]:
     """The entries as run.json carries them to the ranks (`rank.declared`)."""
-    return [dict(asdict(e), inputs=list(e.inputs)) for e in entries]
+    return [dict(asdict(e), inputs=list(e.inputs), check=e.check if isinstance(e.check, str) else list(e.check))
+            for e in entries]
+
+
+def from_data(data: dict) -> KnownFailure:
+    """An entry back from `as_data`'s form."""
+    check = data.get("check", "*")
+    return KnownFailure(**dict(data, inputs=tuple(data.get("inputs", ())),
+                               check=check if isinstance(check, str) else tuple(check)))
 
 
 def _entry(path: str, i: int, raw: dict) -> KnownFailure:
@@ -162,9 +169,7 @@ def _entry(path: str, i: int, raw: dict) -> KnownFailure:
         raise KnownFailuresError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
     if not raw.get("reason"):
         raise KnownFailuresError(f"{where}: needs a 'reason' naming the upstream bug")
-    check = raw.get("check", "*")
-    if check not in ("*", "error") and check not in {c.value for c in CheckId}:
-        raise KnownFailuresError(f"{where}: check {check!r} is not a check id, 'error' or '*'")
+    check = _checks(where, raw.get("check", "*"))
     inputs = raw.get("inputs", [])
     if not isinstance(inputs, list) or not set(inputs) <= set(INPUT_TRAITS):
         raise KnownFailuresError(f"{where}: inputs {inputs!r} must be a list of {', '.join(INPUT_TRAITS)}")
@@ -172,7 +177,21 @@ def _entry(path: str, i: int, raw: dict) -> KnownFailure:
     if fixed and (not isinstance(fixed, str) or _release(fixed) is None):
         raise KnownFailuresError(f"{where}: fixed_in {fixed!r} must be a distribution and a version, "
                                  "e.g. 'DISTRIBUTION 1.2.0'")
-    return KnownFailure(**dict(raw, inputs=tuple(inputs)))
+    return KnownFailure(**dict(raw, inputs=tuple(inputs), check=check))
+
+
+def _checks(where: str, check) -> str | tuple[str, ...]:
+    """`check` as the entry keeps it: "*", "error", one check id, or a tuple of distinct check ids."""
+    ids = {c.value for c in CheckId}
+    if isinstance(check, str) and (check in ("*", "error") or check in ids):
+        return check
+    named = [check] if isinstance(check, str) else check
+    if not isinstance(named, list) or not named or not all(isinstance(c, str) and c in ids for c in named):
+        raise KnownFailuresError(f"{where}: check {check!r} must be a check id, a non-empty list of check ids, "
+                                 f"'error' or '*'; check ids: {', '.join(sorted(ids))}")
+    if len(set(named)) != len(named):
+        raise KnownFailuresError(f"{where}: check {check!r} names a check twice")
+    return tuple(named)
 
 
 def _release(text: str):
@@ -217,15 +236,16 @@ def explaining(verdict, entries: list[KnownFailure]) -> list[KnownFailure]:
 
 
 def _explaining(verdict, matching: list[KnownFailure]) -> list[KnownFailure]:
-    """The entries that together explain every failing check (or the raise); empty when one is unexplained."""
-    matching = [e for e in matching if e.message_matches(verdict)]
-    whole = [e for e in matching if e.check == "*" or (e.check == "error" and verdict.status == CaseStatus.ERROR)]
+    """The entries that together explain every failing check (or the raise); empty when one is unexplained.
+    Of several entries declaring one check, the file's last is named."""
+    whole = [e for e in matching if (e.check == "*" or (e.check == "error" and verdict.status == CaseStatus.ERROR))
+             and e.message_matches(verdict)]
     if whole:
         return whole[:1]
     if verdict.failure is not None and verdict.failure.kind == FailureKind.EXIT:
         return []  # a rank that died or exited without a result is no declared wrong number, whatever else failed
-    by_check = {CheckId(e.check): e for e in matching if e.check not in ("*", "error")}
+    by_check = {c: e for e in matching for c in e.check_ids if e.message_matches(verdict, c)}
     failing = verdict.failing_checks
     if not failing or not failing <= set(by_check):
         return []
-    return [by_check[c] for c in CheckId if c in failing]
+    return list(dict.fromkeys(by_check[c] for c in CheckId if c in failing))

@@ -46,6 +46,14 @@ def test_a_failure_its_entry_declares_is_not_rerun(world):
     assert declared.explained(_case(), _result(), _checks(CheckId.GRADS)) == RING.reason
 
 
+def test_an_entry_listing_checks_covers_each_of_them(world):
+    listed = KnownFailure(reason="per-shard conversion", model="flux", layout="r4",
+                          check=("parity.forward", "parity.grads"))
+    declared.use(known.as_data([listed]))
+    assert declared.explained(_case(), _result(), _checks(CheckId.GRADS, CheckId.FORWARD)) == listed.reason
+    assert declared.explained(_case(), _result(), _checks(CheckId.GRADS, CheckId.INFERENCE)) is None
+
+
 def test_an_undeclared_check_failing_beside_it_is_rerun(world):
     declared.use(known.as_data([RING]))
     assert declared.explained(_case(), _result(), _checks(CheckId.GRADS, CheckId.FORWARD)) is None

@@ -132,6 +132,31 @@ def test_known_failure_that_passes_is_xpass():
     assert v.status == CaseStatus.XPASS and "remove the entry" in v.reason
 
 
+LISTED = known.KnownFailure(reason="per-shard conversion", model="flux", layout="r*",
+                            check=("parity.forward", "parity.grads"))
+
+
+def test_an_entry_listing_checks_declares_each_and_no_other(tmp_path):
+    """One entry naming a list of checks explains any of them failing, alone or together, as one entry each
+    naming one would; a check outside the list still fails the case; a pass of the listed checks is xpass."""
+    path = tmp_path / "k.toml"
+    path.write_text('[[known]]\nmodel = "flux"\nlayout = "r*"\ncheck = ["parity.forward", "parity.grads"]\n'
+                    'reason = "per-shard conversion"\n')
+    assert known.load(str(path)) == [LISTED]
+    r4 = DiffusersLayout.parse("r4")
+    for failing in ({CheckId.FORWARD: [0]}, {CheckId.GRADS: [1]}, {CheckId.FORWARD: [0], CheckId.GRADS: [0, 1]}):
+        v = merge(_case(layout=r4), _ranks({CheckId.FORWARD: [], CheckId.GRADS: [], **failing}))
+        known.apply([v], [LISTED])
+        assert v.status == CaseStatus.XFAIL and v.known == "per-shard conversion", failing
+    other = merge(_case(layout=r4), _ranks({CheckId.FORWARD: [0], CheckId.INFERENCE: [0]}))
+    known.apply([other], [LISTED])
+    assert other.status == CaseStatus.FAIL
+    passed = merge(_case(layout=r4), _ranks({CheckId.GRADS: []}))  # forward did not run: grads' pass says enough
+    known.apply([passed], [LISTED])
+    assert passed.status == CaseStatus.XPASS
+    assert known.from_data(known.as_data([LISTED])[0]) == LISTED
+
+
 def test_known_failure_does_not_cover_another_check_or_layout():
     other_check = merge(_case(layout=DiffusersLayout.parse("r4")), _ranks({CheckId.FORWARD: [0], CheckId.GRADS: []}))
     other_layout = merge(_case(), _ranks({CheckId.GRADS: [0]}))
@@ -154,8 +179,13 @@ def test_known_failure_keyed_on_what_the_inputs_carry(required, carried):
 def test_known_failures_file_errors_name_the_entry(tmp_path):
     bad = tmp_path / "k.toml"
     bad.write_text('[[known]]\nmodel = "flux"\ncheck = "parity.nope"\nreason = "x"\n')
-    with pytest.raises(known.KnownFailuresError, match="entry 1: check 'parity.nope' is not a check id"):
+    with pytest.raises(known.KnownFailuresError, match="entry 1: check 'parity.nope' must be a check id, a non"):
         known.load(str(bad))
+    for listed, rule in (('[]', "non-empty list"), ('["parity.grads", "*"]', "non-empty list of check ids"),
+                         ('["parity.grads", "parity.grads"]', "names a check twice")):
+        bad.write_text(f'[[known]]\nmodel = "flux"\ncheck = {listed}\nreason = "x"\n')
+        with pytest.raises(known.KnownFailuresError, match=f"entry 1: check .* {rule}"):
+            known.load(str(bad))
     bad.write_text('[[known]]\ninputs = ["masked"]\nreason = "x"\n')
     with pytest.raises(known.KnownFailuresError, match="entry 1: inputs \\['masked'\\] must be a list of mask, padded"):
         known.load(str(bad))

@@ -5,6 +5,7 @@ parity.steps alone, the pipeline's abort is declared and TP on CPU trains into t
 import os
 
 import pytest
+from packaging.version import Version
 
 transformers = pytest.importorskip("transformers")
 
@@ -19,6 +20,12 @@ from tests.support import run_paracheck  # noqa: E402
 STEPS_PLANTED = [("tf-clip-local-norm", "fsdp2"), ("tf-decay-twice", "dpr2"), ("tf-untied-embeddings", "fsdp2"),
                  ("tf-untied-embeddings", "dpr2")]
 NEW = {c for c, _ in STEPS_PLANTED}
+#: Before 5.24 the Trainer's optimizer takes the parameters an evaluation left gathered, so no data-parallel layout
+#: trains right (declared; docs/upstream/transformers_trainer_evaluate_unsharded.md): what these tests hold
+#: (a plain pass, a control detected against it) cannot show there.
+DP_TRAINS = Version(transformers.__version__) >= Version("5.24.0")
+DP_SKIP = ("transformers < 5.24.0 trains no data-parallel layout right after an evaluation (a declared upstream bug: "
+           "docs/upstream/transformers_trainer_evaluate_unsharded.md)")
 
 
 def test_the_trainer_is_set_up_as_the_issue_asks(tmp_path):
@@ -121,6 +128,7 @@ def _steps(case):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["fsdp2", "dpr2"])
+@pytest.mark.skipif(not DP_TRAINS, reason=DP_SKIP)
 def test_the_plain_cases_steps_agree_and_every_step_clips(steps_run, layout):
     case = _cases(steps_run)[layout]
     assert case["status"] == "pass", steps_run.out
@@ -133,6 +141,7 @@ def test_the_plain_cases_steps_agree_and_every_step_clips(steps_run, layout):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("control,layout", STEPS_PLANTED)
+@pytest.mark.skipif(not DP_TRAINS, reason=DP_SKIP)
 def test_each_new_control_is_detected_by_the_steps_alone(steps_run, control, layout):
     case = _cases(steps_run, control)[layout]
     assert case["status"] == "detected", (case["reason"], steps_run.out)
@@ -148,7 +157,7 @@ def test_the_pipeline_abort_is_declared_and_tp_trains_into_the_declared_accumula
     typed by that plan style, which the shipped entry declares (`--known-failures none` leaves it failing)."""
     from paracheck.results import known
 
-    assert steps_run.code == 0, steps_run.out
+    assert steps_run.code == 0 or not DP_TRAINS, steps_run.out  # before 5.24 the dp controls are inconclusive
     pp = _cases(steps_run)["pp2"]
     assert pp["status"] == "xfail" and "_sync_replicated_trainable_parameters" in _steps(pp)["detail"]
     case = _cases(steps_run)["tp2"]

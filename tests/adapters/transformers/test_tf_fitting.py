@@ -3,6 +3,7 @@ are built, never models."""
 
 
 import pytest
+from packaging.version import Version
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 transformers = pytest.importorskip("transformers")
@@ -120,6 +121,8 @@ def test_a_tiny_config_fills_the_sizes_its_defaults_leave_unset_keeps_derived_on
 
     from paracheck.adapters.transformers import sweep
 
+    if name == "hunyuan_v1_dense" and Version(transformers.__version__) < Version("5.24.0"):
+        pytest.skip(f"transformers {transformers.__version__} gives hunyuan_v1_dense no TP plan (5.24.0 does)")
     [family] = sweep.families([name])
     config = sweep.fitted(family, 4).config
     torch.manual_seed(0)
