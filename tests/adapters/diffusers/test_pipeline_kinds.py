@@ -170,8 +170,8 @@ def test_a_cache_diffusers_keeps_off_on_one_device_is_named_not_compared():
         calls, reused = pipe.transformer._sea_reuses
         if off:
             assert calls == len(rec.calls) and reused == 0
-            with pytest.raises(caches.Inert, match="FluxPipeline runs sea-cache off on one device .it reused on none of "
-                                                   "8 calls.: .*fail-open"):
+            said = "FluxPipeline runs sea-cache off on one device .it reused on none of 8 calls.: .*fail-open"
+            with pytest.raises(caches.Inert, match=said):
                 caches.inert(pipe, "sea-cache")
             continue
         assert 0 < reused < calls == len(rec.calls)
