@@ -122,6 +122,7 @@ PIPELINE_KINDS: dict[str, tuple[str, str]] = {
     "qwenimage-controlnet-inpaint-pipeline": ("qwenimage", "QwenImageControlNetInpaint"),
     "ltx2-in-context-pipeline": ("ltx2", "LTX2InContext"), "ltx2-hdr-pipeline": ("ltx2", "LTX2HDR"),
     "ltx2-dfr-pipeline": ("ltx2", "LTX2DFR"), "qwenimage-layered-pipeline": ("qwenimage", "QwenImageLayered"),
+    "ltx2-dfr-temporal-refine-pipeline": ("ltx2", "LTX2DFRTemporalRefine"),
 }
 #: diffusers' pipelines on a planned transformer that no fixture bundles: class name -> the blocker, measured or read
 #: in the pipeline's code (a test holds bundled and these to every such pipeline of the installed release).
@@ -135,10 +136,6 @@ PIPELINE_NOT_BUNDLED: dict[str, str] = {
     "QwenImageEditInpaintPipeline": "it denoises at a 1024x1024 area whatever `height` and `width` say: at a 32x VAE "
                                     "512 tokens and a 1024x1024 VAE encode and decode, 74 s a run on one device here "
                                     "(load 20), and a case runs it on the reference and on every rank",
-    "LTX2DFRTemporalRefinePipeline": "its inputs are a previous DFR pass's outputs (latents, generated keyframe slots "
-                                     "and their positions, audio latents), which need a transformer with "
-                                     "`use_keyframes_abs_pos_embedding` (LTX-2.5) and a temporal latent upsampler: "
-                                     "not built here",
 }
 PIPELINE_FIXTURES.update({name: f"paracheck.fixtures.pipeline_kinds:{cls}PipelineCase"
                           for name, (_, cls) in PIPELINE_KINDS.items()})

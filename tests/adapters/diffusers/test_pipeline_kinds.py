@@ -34,6 +34,8 @@ KIND_INPUTS = {
     "qwenimage-controlnet-inpaint-pipeline": {"control_image", "control_mask"},
     "ltx2-in-context-pipeline": {"reference_conditions"}, "ltx2-hdr-pipeline": {"reference_conditions"},
     "ltx2-dfr-pipeline": {"sigmas"}, "qwenimage-layered-pipeline": {"image", "layers", "resolution", "prompt"},
+    "ltx2-dfr-temporal-refine-pipeline": {"latents", "keyframes_latents", "keyframe_positions", "audio_latents",
+                                          "sigmas"},
 }
 
 
@@ -97,7 +99,9 @@ def test_a_pipeline_that_counts_its_steps_per_stage_has_a_variants_steps_spread_
 def test_faster_cache_reads_the_loops_first_timestep_as_the_schedules_top():
     """An img2img pipeline at strength 0.75 starts near timestep 800, inside FasterCache's skip range (-1, 901): its
     first step would skip into an empty cache (a TypeError on one device, QwenImage img2img's before). The first
-    timestep reads as 1000 (computed), every later one as itself; a pipeline that keeps none still reads None."""
+    step's calls (both guidance branches) read 1000 (computed); once the timestep moved, every call reads its own
+    value, a later one equal to the first too (a second stage from the top: the kit forces the loop's first step
+    only); a pipeline that keeps none still reads None."""
     from types import SimpleNamespace
 
     from paracheck.adapters.diffusers.pipelines.caches import _first_at_top
@@ -106,10 +110,10 @@ def test_faster_cache_reads_the_loops_first_timestep_as_the_schedules_top():
     current = _first_at_top(pipe)
     assert current() is None
     read = []
-    for t in (750.0, 750.0, 500.0, 250.0):
+    for t in (750.0, 750.0, 500.0, 750.0, 250.0):
         pipe.current_timestep = t
         read.append(current())
-    assert read == [1000, 1000, 500.0, 250.0]
+    assert read == [1000, 1000, 500.0, 750.0, 250.0]
     assert not -1 < read[0] < 901 and all(-1 < t < 901 for t in read[2:])
 
 
@@ -120,7 +124,7 @@ def _bundled_classes() -> set:
 def test_every_pipeline_on_a_planned_transformer_is_bundled_or_its_blocker_named():
     """diffusers 0.42.1's 46 (`test_the_installed_release_has_no_other` reads them from the release): each either a
     fixture or a named blocker, never both."""
-    assert len(_bundled_classes()) == len(PIPELINE_FIXTURES) == 41 and len(PIPELINE_NOT_BUNDLED) == 5
+    assert len(_bundled_classes()) == len(PIPELINE_FIXTURES) == 42 and len(PIPELINE_NOT_BUNDLED) == 4
     assert not _bundled_classes() & set(PIPELINE_NOT_BUNDLED)
     assert all(len(reason) > 40 for reason in PIPELINE_NOT_BUNDLED.values())
 
@@ -152,16 +156,29 @@ def test_the_installed_release_has_no_other_pipeline_on_a_planned_transformer():
 def test_a_cache_diffusers_keeps_off_on_one_device_is_named_not_compared():
     """SeaCache needs the step, sigma and step count in each `cache_context`; Flux's pipeline gives none, so diffusers
     runs it fail-open (every call in full) and a parallel case would compare two uncached runs. Wan's text pipeline
-    gives them: the same check passes there (the negative control)."""
+    gives them: the same check passes there (the negative control), and still passes once one call has fallen back
+    (a call outside any context: diffusers' fail-open warning for that call alone) where the others reused."""
+    import torch
+
     from paracheck.adapters.diffusers.pipelines import caches, loop
 
     for name, off in (("flux-pipeline", True), ("wan-pipeline", False)):
         source = spec.from_tester(load_object(PIPELINE_FIXTURES[name]), name)
         pipe = pipeline_of(source, source.components())
-        caches.enable(pipe, "sea-cache", 2, source.guidance, {})
-        loop.run(pipe, dict(source.inputs(0), **source.step_inputs(2)))
+        caches.enable(pipe, "sea-cache", 4, source.guidance, {})
+        rec = loop.run(pipe, dict(source.inputs(0), **source.step_inputs(4)), record_calls=True)
+        calls, reused = pipe.transformer._sea_reuses
         if off:
-            with pytest.raises(caches.Inert, match="FluxPipeline runs sea-cache off on one device: .*fail-open"):
+            assert calls == len(rec.calls) and reused == 0
+            said = "FluxPipeline runs sea-cache off on one device .it reused on none of 8 calls.: .*fail-open"
+            with pytest.raises(caches.Inert, match=said):
                 caches.inert(pipe, "sea-cache")
-        else:
-            caches.inert(pipe, "sea-cache")
+            continue
+        assert 0 < reused < calls == len(rec.calls)
+        caches.inert(pipe, "sea-cache")
+        _, args, kwargs, _ = rec.calls[-1]
+        with torch.no_grad():
+            pipe.transformer(*args, **kwargs)  # outside any cache context: runs full, warns once
+        warned = pipe.transformer._diffusers_hook.get_hook("sea_cache_root").shared_state._warned_messages
+        assert any("fail-open" in m for m in warned)
+        caches.inert(pipe, "sea-cache")

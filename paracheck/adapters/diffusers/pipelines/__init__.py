@@ -6,5 +6,6 @@ diffusers' pipeline-tester convention, or a `DiffusersPipelineParallelTesterMixi
 `spec` (what a pipeline case is built from), `cases` (its expansion, torch-free), `plan` (what every rank decides
 first), `loop` (one run of a pipeline, recorded step by step), `reference` (the single-device run, shared through
 the run directory), `caches` (diffusers' cache hooks by name), `controls` (the bugs planted where pipelines meet
-parallelism), `check` (the check and its localization), `images` (what the report shows), `body` (the case's passes).
+parallelism), `agree` (the first-block cache's per-rank decision held to one answer across the CP ranks), `check`
+(the check and its localization), `images` (what the report shows), `body` (the case's passes).
 """

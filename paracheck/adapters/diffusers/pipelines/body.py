@@ -12,9 +12,9 @@ import contextlib
 import torch
 
 from paracheck.adapters.diffusers import attention, library
-from paracheck.adapters.diffusers.checks import STRUCTURE, CheckContext, run_checks
+from paracheck.adapters.diffusers.checks import STRUCTURE, CheckContext, cp_process_group, run_checks
 from paracheck.adapters.diffusers.fitting import Unfittable
-from paracheck.adapters.diffusers.pipelines import caches, check, reference
+from paracheck.adapters.diffusers.pipelines import agree, caches, check, reference
 from paracheck.adapters.diffusers.pipelines.controls import PIPELINE_CONTROLS, plant_cache
 from paracheck.adapters.diffusers.pipelines.plan import Sources, plan
 from paracheck.adapters.diffusers.reference import torch_dtype
@@ -74,6 +74,8 @@ class PipelineBody:
         self.pipe = p.pipeline(components)
         if p.cache:
             caches.enable(self.pipe, p.cache, p.steps, p.source.guidance, p.source.caches.get(p.cache, {}))
+            if p.cache == "first-block-cache":
+                agree.guard(self.pipe, cp_process_group(applied))
             ctx.result.planted_in = plant_cache(self.pipe, applied, self.case.control)
         empty = torch.empty(0)
         self.checks = CheckContext(model, ref.transformer, applied, empty, empty, ctx.tolerance.atol,

@@ -12,7 +12,8 @@ testers' do (a skip on the first step finds its cache empty: `TypeError: 'NoneTy
 and the first step a pipeline takes is read as the schedule's top, so one that starts below it (img2img at a
 strength) computes its first step too. A cache that ran and reused nothing because diffusers turned it off (SeaCache
 runs "fail-open" where the pipeline's `cache_context` gives no step, sigma and step count: every pipeline of 0.42.1
-but Wan's text-to-video and Cosmos 3's) is as good as refused (`inert`): its case would compare two uncached runs.
+but Wan's text-to-video and Cosmos 3's) is as good as refused (`inert`: a fail-open warning and no call reused): its
+case would compare two uncached runs.
 """
 
 from __future__ import annotations
@@ -35,19 +36,24 @@ def _faster(pipe, steps: int, guidance: str, options: dict):
 
 
 def _first_at_top(pipe):
-    """`pipe.current_timestep`, but 1000 (above the skip ranges) while it is the loop's first timestep: a pipeline
-    that starts lower (img2img at strength 0.75 starts near 800) would otherwise skip its first step into an empty
-    cache and raise on one device, testing nothing. A pipeline that keeps no timestep (None: Helios Pyramid's) is
-    left to raise as it does without the kit."""
-    first = []
+    """`pipe.current_timestep`, but 1000 (above the skip ranges) on the loop's first step, each call at the first
+    timestep until the timestep first moves: a pipeline that starts lower (img2img at strength 0.75 starts near 800)
+    would otherwise skip its first step into an empty cache and raise on one device, testing nothing. A call after
+    the timestep moved reads its own value, even where it equals the first (a schedule that comes back to it, a second
+    stage from the top): only the loop's first step is the kit's to force. A pipeline that keeps no timestep (None:
+    Helios Pyramid's) is left to raise as it does without the kit."""
+    first = {"t": None, "moved": False}
 
     def current():
         t = pipe.current_timestep
-        if t is None:
+        if t is None or first["moved"]:
             return t
-        if not first:
-            first.append(t)
-        return 1000 if bool(t == first[0]) else t
+        if first["t"] is None:
+            first["t"] = t
+        if bool(t == first["t"]):
+            return 1000
+        first["moved"] = True
+        return t
     return current
 
 
@@ -109,6 +115,28 @@ def enable(pipe, name: str, steps: int, guidance: str, options: dict) -> None:
     except Exception as exc:
         raise Refused(f"diffusers refuses {name} on {type(pipe.transformer).__name__}: {type(exc).__name__}: {exc}") \
             from exc
+    if name == "sea-cache":
+        _count_reuses(pipe.transformer)
+
+
+def _count_reuses(transformer) -> None:
+    """Tally SeaCache's calls and the calls it reused (`_sea_reuses` on the transformer: [calls, reused]), read off its
+    leader block: the leader hook marks a reuse (`skip_remaining`) in the call's state, which the root hook clears
+    only once the call is done, so a forward hook on the leader block reads it. No leader (Cosmos 3's stack
+    boundary): no tally, and `inert` reads the warnings alone."""
+    leader = next((m for m in transformer.modules()
+                   if getattr(m, "_diffusers_hook", None) is not None
+                   and m._diffusers_hook.get_hook("sea_cache_leader_block") is not None), None)
+    if leader is None:
+        return
+    hook = leader._diffusers_hook.get_hook("sea_cache_leader_block")
+    tally = transformer._sea_reuses = [0, 0]
+
+    def read(module, args, output):
+        if hook.state_manager._context is not None:
+            tally[0] += 1
+            tally[1] += bool(hook.state_manager.get_state().skip_remaining)
+    leader.register_forward_hook(read)
 
 
 class Inert(Exception):
@@ -116,11 +144,14 @@ class Inert(Exception):
 
 
 def inert(pipe, name: str) -> None:
-    """`Inert` where diffusers ran this cache fail-open on the pipeline's last run (SeaCache's root hook keeps the
-    warnings it gave; a fail-open one means every call ran in full)."""
+    """`Inert` where diffusers ran this cache fail-open on the pipeline's last run and it reused on no call: SeaCache's
+    root hook keeps the warnings it gave, once each, and some cover one call only (a step out of order, a hit without
+    history, a call outside any context), so a warning alone does not say the cache was off; the reuse tally does."""
     registry = getattr(pipe.transformer, "_diffusers_hook", None)
     root = registry.get_hook("sea_cache_root") if registry is not None and name == "sea-cache" else None
     shared = getattr(root, "shared_state", None)
     said = sorted(m for m in getattr(shared, "_warned_messages", ()) if "fail-open" in m or "running full" in m)
-    if said:
-        raise Inert(f"diffusers' {type(pipe).__name__} runs {name} off on one device: {said[0]}")
+    calls, reused = getattr(pipe.transformer, "_sea_reuses", (None, 0))
+    if said and not reused:
+        on = "" if calls is None else f" (it reused on none of {calls} calls)"
+        raise Inert(f"diffusers' {type(pipe).__name__} runs {name} off on one device{on}: {said[0]}")
