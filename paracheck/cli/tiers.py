@@ -60,13 +60,14 @@ def _quick(args, cases: list) -> list:
 
 def _alone(entry, entries: list, cases: list, meets):
     """Where the matrix has one, a case the report would declare under `entry`: of the entries naming one check
-    that a case meets, the file's last is the one named (`known.apply`), so no later entry sharing a check with
-    it may meet it; else any case meeting `entry`."""
-    rivals = [e for e in entries[entries.index(entry) + 1:]
-              if e.check == entry.check or set(e.check_ids) & set(entry.check_ids)]
+    that a case meets, the file's last is the one named (`known.apply`), so for one of `entry`'s checks no later
+    entry naming it may meet the case; else any case meeting `entry`."""
+    later = entries[entries.index(entry) + 1:]
+    named = entry.check_ids or (entry.check,)
+    rivals = [[e for e in later if c in (e.check_ids or (e.check,))] for c in named]
 
     def alone(case) -> bool:
-        return meets(entry, case) and not any(meets(e, case) for e in rivals)
+        return meets(entry, case) and any(not any(meets(e, case) for e in each) for each in rivals)
 
     return alone if any(alone(c) for c in cases if c.control is None) else (lambda case: meets(entry, case))
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from paracheck.domain.records import CheckId, Status
 from paracheck.results import localization
-from paracheck.results.known import KnownFailure, from_data
+from paracheck.results.known import KnownFailure
 
 #: The entries this rank's run declared (`use`), as the launcher wrote them into run.json.
 _entries: list[KnownFailure] = []
@@ -30,7 +30,7 @@ _entries: list[KnownFailure] = []
 
 def use(entries: list[dict]) -> None:
     """The run's declared entries, each as `dataclasses.asdict` wrote it."""
-    _entries[:] = [from_data(e) for e in entries]
+    _entries[:] = [KnownFailure(**e) for e in entries]
 
 
 def reruns_declared() -> bool:

@@ -63,6 +63,13 @@ class KnownFailure:
     #: "<distribution> <version>": the release that fixed it; the entry holds only where an older one is installed.
     fixed_in: str = ""
 
+    def __post_init__(self):
+        # A list (TOML's, JSON's) kept as a tuple: entries are hashed and compared, and a list is neither.
+        if isinstance(self.check, list):
+            object.__setattr__(self, "check", tuple(self.check))
+        if isinstance(self.inputs, list):
+            object.__setattr__(self, "inputs", tuple(self.inputs))
+
     def holds_here(self) -> bool:
         """Whether the installed release still has the bug: no `fixed_in`, an older release, or none installed."""
         if not self.fixed_in:
@@ -117,15 +124,22 @@ class KnownFailure:
         texts = [verdict.reason] + ([failing.detail] if failing is not None else [])
         return any(fnmatch.fnmatchcase(t, self.message) for t in texts if t)
 
+    def declares(self, verdict) -> bool:
+        """Whether `message` and `site` match the way the entry says `verdict` failed: one of its named checks'
+        detail and site, or the case's reason and failure for "*" and "error"."""
+        if not self.check_ids:
+            return self.message_matches(verdict)
+        return any(self.message_matches(verdict, c) for c in self.check_ids)
+
     def passes_in(self, verdict) -> bool:
         """The failure this entry declares did not happen: the case passed, and of its checks, at least one ran on
-        every rank and every one that ran passed. An entry that names a `message` or a `site` declares one failure
+        every rank and every one that ran passed (a check the run skipped did not run). An entry that names a `message` or a `site` declares one failure
         of several its checks may show, so a pass says nothing about it."""
         if self.message != "*" or self.site != "*":
             return False
         if self.check in ("*", "error"):
             return verdict.status == CaseStatus.PASS
-        ran = [m for m in (verdict.check(c) for c in self.check_ids) if m is not None]
+        ran = [m for m in (verdict.check(c) for c in self.check_ids) if m is not None and m.status != Status.SKIP]
         return verdict.status == CaseStatus.PASS and bool(ran) and all(m.status == Status.PASS for m in ran)
 
     @property
@@ -149,16 +163,8 @@ def load(path: str | None) -> list[KnownFailure]:
 
 
 def as_data(entries: list[KnownFailure]) -> list[dict]:
-    """The entries as run.json carries them to the ranks (`rank.declared`)."""
-    return [dict(asdict(e), inputs=list(e.inputs), check=e.check if isinstance(e.check, str) else list(e.check))
-            for e in entries]
-
-
-def from_data(data: dict) -> KnownFailure:
-    """An entry back from `as_data`'s form."""
-    check = data.get("check", "*")
-    return KnownFailure(**dict(data, inputs=tuple(data.get("inputs", ())),
-                               check=check if isinstance(check, str) else tuple(check)))
+    """The entries as run.json carries them to the ranks (`rank.declared`); `KnownFailure(**data)` reads one back."""
+    return [asdict(e) for e in entries]
 
 
 def _entry(path: str, i: int, raw: dict) -> KnownFailure:
@@ -177,7 +183,7 @@ def _entry(path: str, i: int, raw: dict) -> KnownFailure:
     if fixed and (not isinstance(fixed, str) or _release(fixed) is None):
         raise KnownFailuresError(f"{where}: fixed_in {fixed!r} must be a distribution and a version, "
                                  "e.g. 'DISTRIBUTION 1.2.0'")
-    return KnownFailure(**dict(raw, inputs=tuple(inputs), check=check))
+    return KnownFailure(**dict(raw, check=check))
 
 
 def _checks(where: str, check) -> str | tuple[str, ...]:
@@ -189,8 +195,9 @@ def _checks(where: str, check) -> str | tuple[str, ...]:
     if not isinstance(named, list) or not named or not all(isinstance(c, str) and c in ids for c in named):
         raise KnownFailuresError(f"{where}: check {check!r} must be a check id, a non-empty list of check ids, "
                                  f"'error' or '*'; check ids: {', '.join(sorted(ids))}")
-    if len(set(named)) != len(named):
-        raise KnownFailuresError(f"{where}: check {check!r} names a check twice")
+    twice = sorted({c for c in named if named.count(c) > 1})
+    if twice:
+        raise KnownFailuresError(f"{where}: check {check!r} names {', '.join(twice)} twice; each check once")
     return tuple(named)
 
 

@@ -360,7 +360,7 @@ def judge_declared_raises(verdicts: list[Verdict], plain: dict, entries) -> None
             continue
         explaining = known.explaining(v, entries)
         # the plain case's own entries: a broad one ("error", any message) must not excuse a plant that raised
-        declared = {e for e in entries if e.matches(base) and e.message_matches(base)}
+        declared = {e for e in entries if e.matches(base) and e.declares(base)}
         if not explaining or not set(explaining) <= declared:
             continue
         v.known = "; ".join(e.text for e in explaining)
@@ -381,6 +381,8 @@ def judge_controls(verdicts: list[Verdict], plain: dict | None = None) -> None:
     for v in verdicts:
         if not v.case.control or v.status == CaseStatus.SKIP:
             continue
+        if v.failure is not None and v.failure.kind == FailureKind.EXIT:
+            continue  # a rank died or exited without its result: that is the case's verdict, whatever its plain case
         base = plain.get(v.case.plain)
         control = get_control(v.case.control)
         if base is None or not inconclusive_rule(base, control.must_trip):

@@ -154,7 +154,13 @@ def test_an_entry_listing_checks_declares_each_and_no_other(tmp_path):
     passed = merge(_case(layout=r4), _ranks({CheckId.GRADS: []}))  # forward did not run: grads' pass says enough
     known.apply([passed], [LISTED])
     assert passed.status == CaseStatus.XPASS
-    assert known.from_data(known.as_data([LISTED])[0]) == LISTED
+    ranks = _ranks({CheckId.FORWARD: [], CheckId.GRADS: []})
+    for r in ranks:  # grads skipped on every rank (--no-grads): forward's pass says enough
+        r.checks = [CheckResult(c.id, Status.SKIP) if c.id == CheckId.GRADS else c for c in r.checks]
+    skipped = merge(_case(layout=r4), ranks)
+    known.apply([skipped], [LISTED])
+    assert skipped.status == CaseStatus.XPASS, skipped.reason
+    assert known.KnownFailure(**json.loads(json.dumps(known.as_data([LISTED])))[0]) == LISTED  # run.json's way
 
 
 def test_known_failure_does_not_cover_another_check_or_layout():
@@ -182,7 +188,7 @@ def test_known_failures_file_errors_name_the_entry(tmp_path):
     with pytest.raises(known.KnownFailuresError, match="entry 1: check 'parity.nope' must be a check id, a non"):
         known.load(str(bad))
     for listed, rule in (('[]', "non-empty list"), ('["parity.grads", "*"]', "non-empty list of check ids"),
-                         ('["parity.grads", "parity.grads"]', "names a check twice")):
+                         ('["parity.grads", "parity.grads"]', "names parity.grads twice")):
         bad.write_text(f'[[known]]\nmodel = "flux"\ncheck = {listed}\nreason = "x"\n')
         with pytest.raises(known.KnownFailuresError, match=f"entry 1: check .* {rule}"):
             known.load(str(bad))
@@ -391,6 +397,43 @@ def test_a_control_raising_its_plain_cases_declared_failure_is_judged_on_its_che
     assert control.status == expected, control.reason
     if expected != CaseStatus.ERROR:
         assert "declared upstream failure (rank 0: RuntimeError: boom upstream" in control.reason
+
+
+def test_a_check_entry_worded_on_its_checks_detail_declares_the_plain_case_a_control_raised_in():
+    """The plain case fails forward with a detail a worded `parity.forward` entry declares; its control fails what
+    it must trip, then raises that declared failure: the entry is matched on its check's detail, not the case's
+    reason, so the control is judged on its checks (it was an error when the entry was matched on the reason)."""
+    worded = known.KnownFailure(reason="forward bug", model="flux", layout="u*", check="parity.forward",
+                                message="*upstream forward bug*")
+    hooks = known.KnownFailure(reason="hooks", model="flux", layout="u*", check=("structure.cp_hooks",
+                                                                               "structure.processor_config"))
+
+    def ranks(failing: dict, raised: str = "") -> list:
+        out = _ranks(failing, status=RankStatus.ERROR if raised else RankStatus.OK)
+        for r in out:
+            r.checks = [CheckResult(c.id, c.status, "upstream forward bug" if c.status == Status.FAIL else "",
+                                    max_abs=c.max_abs) if c.id == CheckId.FORWARD else c for c in r.checks]
+            r.reason = raised or r.reason
+        return out
+
+    plain = ranks({CheckId.CP_HOOKS: [], CheckId.PROCESSOR_CONFIG: [], CheckId.FORWARD: [0]})
+    control = ranks({CheckId.CP_HOOKS: [0], CheckId.PROCESSOR_CONFIG: [1], CheckId.FORWARD: [0]}, "RuntimeError: x")
+    plain, control = judge([_case(), _case("skip-cp-hooks")], [plain, control], [worded, hooks])
+    assert plain.status == CaseStatus.XFAIL and control.status == CaseStatus.DETECTED, control.reason
+
+
+def test_a_control_whose_ranks_died_stays_an_error_beside_a_failing_plain_case():
+    """Seen on transformers 5.23 (gemma3 dpr2 tf-decay-twice): both ranks died by SIGSEGV, and the control read
+    `inconclusive` because its plain case was xfail. A death is the case's verdict, whatever its plain case."""
+    from paracheck.domain.records import Failure, FailureKind
+
+    plain = _ranks({CheckId.CP_HOOKS: [], CheckId.PROCESSOR_CONFIG: [0]})
+    died = [RankResult(1, r, RankStatus.ERROR, reason=f"rank {r} died by signal SIGSEGV",
+                       failure=Failure(FailureKind.EXIT, exception="SIGSEGV")) for r in range(4)]
+    entry = known.KnownFailure(reason="procs", model="flux", check="structure.processor_config")
+    plain, control = judge([_case(), _case("skip-cp-hooks")], [plain, died], [entry])
+    assert plain.status == CaseStatus.XFAIL and control.status == CaseStatus.ERROR, control.reason
+    assert "SIGSEGV" in control.reason
 
 
 def test_a_control_raising_what_only_another_entry_declares_stays_an_error():

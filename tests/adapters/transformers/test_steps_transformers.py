@@ -157,7 +157,14 @@ def test_the_pipeline_abort_is_declared_and_tp_trains_into_the_declared_accumula
     typed by that plan style, which the shipped entry declares (`--known-failures none` leaves it failing)."""
     from paracheck.results import known
 
-    assert steps_run.code == 0 or not DP_TRAINS, steps_run.out  # before 5.24 the dp controls are inconclusive
+    if DP_TRAINS:
+        assert steps_run.code == 0, steps_run.out
+    else:  # the declared Trainer bug: the plain dp cases are xfail by it; what fails beside them is on dp layouts
+        for layout in ("fsdp2", "dpr2"):
+            assert "transformers_trainer_evaluate_unsharded" in (_cases(steps_run)[layout].get("known_failure") or "")
+        odd = {(c["layout"], c["control"], c["status"]) for c in steps_run.report["cases"]
+               if c["status"] not in ("pass", "xfail", "skip", "detected", "inconclusive")}
+        assert all(layout in ("fsdp2", "dpr2") for layout, _, _ in odd), odd  # 5.23: dpr2 tf-decay-twice dies
     pp = _cases(steps_run)["pp2"]
     assert pp["status"] == "xfail" and "_sync_replicated_trainable_parameters" in _steps(pp)["detail"]
     case = _cases(steps_run)["tp2"]
