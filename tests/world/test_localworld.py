@@ -127,6 +127,18 @@ def test_a_region_whose_ranks_get_different_shapes_is_a_named_limit(world):
         uneven(x)
 
 
+def test_a_region_that_gives_some_ranks_a_tensor_and_others_none_is_a_named_limit(world):
+    """transformers' expert-parallel load: `shard_tensor` gives each rank its own expert and `None` for the others'
+    (was an AttributeError on `None.shape`, an error where a local world's limit is meant)."""
+    from torch.distributed._local_tensor import LocalTensor
+
+    mine = per_rank(lambda x: x if dist.get_rank() == 0 else None)
+    x = LocalTensor({r: torch.arange(4.0) for r in world.ranks})
+    with world.mode, pytest.raises(RankDependent, match=r"ranks \[1, 2, 3\] another structure .*\[tensor\] "
+                                                        r"against \[NoneType\]"):
+        mine(x)
+
+
 def test_ranks_that_diverge_in_a_region_end_it_naming_them(world):
     def body(rank):
         if rank == 3:
