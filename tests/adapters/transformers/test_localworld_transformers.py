@@ -41,3 +41,30 @@ def test_llama_on_tp2_fsdp2_and_dpr2_in_one_process_passes_every_check_on_both_r
             for check in (CheckId.MESH, CheckId.FORWARD, CheckId.INFERENCE, CheckId.LOSS, CheckId.GRADS):
                 assert checks[check].status == Status.PASS, (name, result.rank, checks[check])
             assert checks[CheckId.FORWARD].max_abs < 1e-6  # fp32 on CPU, as on gloo (2.4e-7 measured on tp2)
+
+
+def test_expert_parallelism_is_a_named_local_world_limit_before_anything_is_built(tmp_path):
+    """qwen3_moe with EP in one process: `fsdp4xep4` raised inside the load (each rank's experts, `None` for the
+    others'), `tp4xep4` at a rank-0-only warning; under gradients `AllToAllEP`'s ranks receive routing-dependent
+    token counts. So the adapter says so before the case builds (no reference, no load): every rank a skip in a
+    local world's words, counted by the share as a one-process limit; a dense layout of the same model is not."""
+    from paracheck.adapters.transformers import cases as tf_cases
+    from paracheck.adapters.transformers.layout import TfLayout
+    from paracheck.domain import registry
+    from paracheck.domain.backends import get_backend
+    from paracheck.domain.case import Case
+    from paracheck.domain.records import LOCAL_WORLD_SKIP, RankStatus
+    from paracheck.rank.localrun import run_local_case
+    from paracheck.world.localworld import limit
+
+    factory = tf_cases.factory_of("qwen3_moe")
+    adapter = registry.adapter("transformers")
+    assert adapter.local_limit(Case("qwen3_moe", factory, TfLayout(tp=4), library="transformers")) is None
+    case = Case("qwen3_moe", factory, TfLayout(fsdp=4, ep=4), library="transformers")
+    world = type("World", (), {"ranks": [0, 1, 2, 3]})()  # nothing of the world is reached before the limit
+    results = run_local_case(0, case, get_backend("gloo"), world, str(tmp_path), str(tmp_path / "case"))
+    assert [r.rank for r in results] == [0, 1, 2, 3]
+    for result in results:
+        assert result.status == RankStatus.SKIP and result.reason.startswith(LOCAL_WORLD_SKIP)
+        assert "expert_parallel.py:225" in result.reason and limit(result.failure.exception)
+    assert not os.listdir(tmp_path)  # nothing built: no case folder, no reference
