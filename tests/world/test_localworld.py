@@ -44,7 +44,8 @@ def test_the_share_counts_a_local_worlds_limits_apart_from_other_skips_and_names
         8, 6, 2, 2, 2)
     assert share["limits"] == {"NoLocalRule at regions._same_shapes": 2}
     assert [s["report"] for s in share["stood_in"]] == ["docs/upstream/localtensor_all_gather.md",
-                                                        "docs/upstream/localtensor_fsdp_storage.md"]
+                                                        "docs/upstream/localtensor_fsdp_storage.md",
+                                                        "docs/upstream/localtensor_generator.md"]
     line = local_line(share)
     assert "2 of 6 cases ran; 2 could not run" in line and "localtensor_all_gather.md" in line
 
@@ -87,6 +88,33 @@ def test_torchs_own_all_gather_rule_is_still_wrong_so_the_stand_in_is_still_need
     runpy.run_path(str(pathlib.Path(__file__).parents[2] / "docs/upstream/localtensor_all_gather.py"))
     out = capsys.readouterr().out
     assert "rank 0: all_gather [2.0, 3.0], all_gather_into_tensor [0.0, 1.0]" in out, out
+
+
+def test_a_draw_from_a_generator_gives_every_rank_what_one_process_draws_and_moves_it_once(world):
+    """The stood-in rule (docs/upstream/localtensor_generator.md), factory and in-place draws alike; the generator
+    then stands where one process's would, so the next draw matches too."""
+    from torch.distributed._local_tensor import LocalTensor
+
+    alone = torch.Generator().manual_seed(0)
+    first, second, third = (torch.randn(3, generator=alone) for _ in range(3))
+    shared = torch.Generator().manual_seed(0)
+    with world.mode:
+        x = torch.randn(3, generator=shared)
+        y = torch.randn(3, generator=shared)
+        z = LocalTensor({r: torch.zeros(3) for r in world.ranks}).normal_(generator=shared)
+    for r in world.ranks:
+        assert [torch.equal(t._local_tensors[r], e) for t, e in ((x, first), (y, second), (z, third))] == [True] * 3
+
+
+def test_torchs_own_generator_rule_still_draws_on_from_rank_to_rank_so_the_stand_in_is_still_needed(capsys):
+    """The upstream reproduction, run as is (no local world): when torch fixes its rule this fails, and the
+    stand-in and its `LOCAL_WORLD_STOOD_IN` entry go."""
+    import pathlib
+    import runpy
+
+    runpy.run_path(str(pathlib.Path(__file__).parents[2] / "docs/upstream/localtensor_generator.py"))
+    out = capsys.readouterr().out
+    assert "rank 1: [-2.1788, 0.5684]" in out and "expected, every rank: [1.541, -0.2934]" in out, out
 
 
 def _chunk_mine(x, group):
