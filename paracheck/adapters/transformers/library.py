@@ -86,6 +86,9 @@ def trainer_without_tp(model):
 PER_RANK = (
     ("transformers.distributed.sharding_utils", "DtensorShardOperation.shard_tensor", "function",
      "slices a checkpoint tensor by this rank's coordinate on each sharded mesh dimension (sub_mesh.get_local_rank())"),
+    ("transformers.distributed.mixin", "DistributedMixin._validate_parallel_plan", "function",
+     "warns of plan rules that match nothing on rank 0 only (`_get_torch_distributed_rank() == 0`, mixin.py:206): "
+     "qwen3_moe's tp4 plan names its experts' rules, so every qwen3_moe case raised RankDependent there"),
 )
 
 

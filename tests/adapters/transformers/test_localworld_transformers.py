@@ -68,3 +68,23 @@ def test_expert_parallelism_is_a_named_local_world_limit_before_anything_is_buil
         assert result.status == RankStatus.SKIP and result.reason.startswith(LOCAL_WORLD_SKIP)
         assert "expert_parallel.py:225" in result.reason and limit(result.failure.exception)
     assert not os.listdir(tmp_path)  # nothing built: no case folder, no reference
+
+
+def test_a_plan_rule_that_matches_nothing_is_warned_of_per_rank_not_a_rank_dependent_skip():
+    """transformers warns of unused plan rules on rank 0 only (`mixin.py:206`), which in one process is a comparison
+    that differs between ranks: qwen3_moe tp4 (its plan names rules for experts it does not have there) was a skip.
+    Run per rank (`library.PER_RANK`) it passes; outside the regions it still raises (the control)."""
+    from transformers.distributed.mixin import DistributedMixin
+    from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
+
+    from paracheck.adapters.transformers.library import per_rank_regions
+    from paracheck.world.localworld import LocalWorld, RankDependent
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    plan = {"layers.*.mlp.experts": "colwise"}
+    with LocalWorld(4) as world:
+        with world.mode, pytest.raises(RankDependent, match="mixin.py"):
+            DistributedMixin._validate_parallel_plan(object(), plan, ALL_PARALLEL_STYLES, "tp_plan", {"lm_head"})
+        with per_rank_regions(), world.mode:
+            DistributedMixin._validate_parallel_plan(object(), plan, ALL_PARALLEL_STYLES, "tp_plan", {"lm_head"})
