@@ -226,16 +226,22 @@ def each_rank(fn, ranks: list[int], carry_modes: bool = True) -> dict:
     return results
 
 
-def once_per_rank(fn) -> None:
+def once_per_rank(fn):
     """`fn()` once per rank of the enabled `LocalTensorMode`'s world, each acting as its rank (`each_rank`);
-    outside a local world, `fn()` once: rank-dependent code of the kit's own, run as each rank would."""
+    outside a local world, `fn()` once: rank-dependent code of the kit's own, run as each rank would. Returns its
+    value, which must be the same on every rank (`RankDependent` where it is not)."""
     from torch.distributed._local_tensor import enabled_local_tensor_mode
 
     mode = enabled_local_tensor_mode()
     if mode is None:
-        fn()
-    else:
-        each_rank(lambda rank: fn(), sorted(mode.ranks), carry_modes=False)
+        return fn()
+    values = each_rank(lambda rank: fn(), sorted(mode.ranks), carry_modes=False)
+    first = values[min(values)]
+    if any(value != first for value in values.values()):
+        from paracheck.world.localworld import RankDependent
+
+        raise RankDependent(f"{getattr(fn, '__qualname__', fn)} returned another value on some ranks: {values}")
+    return first
 
 
 class _nothing:

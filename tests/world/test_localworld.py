@@ -117,6 +117,17 @@ def test_torchs_own_generator_rule_still_draws_on_from_rank_to_rank_so_the_stand
     assert "rank 1: [-2.1788, 0.5684]" in out and "expected, every rank: [1.541, -0.2934]" in out, out
 
 
+def test_kit_code_run_once_per_rank_returns_its_one_value_and_refuses_a_value_that_differs(world):
+    """`once_per_rank` (a control's planter that picks by its rank: the torch adapter's `torch-shard-swap`) hands
+    back what every rank returned, and never rank 0's for all where they differ."""
+    from paracheck.world.regions import once_per_rank
+
+    with world.mode:
+        assert once_per_rank(lambda: f"planted as {dist.get_world_size()}") == "planted as 4"
+        with pytest.raises(RankDependent, match="another value on some ranks"):
+            once_per_rank(lambda: dist.get_rank())
+
+
 def _chunk_mine(x, group):
     """A library's "my chunk" code: the rank's index in the group picks it."""
     return x.chunk(dist.get_world_size(group))[dist.get_rank(group)]
