@@ -88,3 +88,34 @@ def test_a_plan_rule_that_matches_nothing_is_warned_of_per_rank_not_a_rank_depen
             DistributedMixin._validate_parallel_plan(object(), plan, ALL_PARALLEL_STYLES, "tp_plan", {"lm_head"})
         with per_rank_regions(), world.mode:
             DistributedMixin._validate_parallel_plan(object(), plan, ALL_PARALLEL_STYLES, "tp_plan", {"lm_head"})
+
+
+def test_the_router_control_pushes_each_ranks_own_expert_share_in_one_process():
+    """`tf-router-topk-on-shard` picks this rank's share of the experts by its rank: a Python index raised
+    RankDependent at its mask in a local world (qwen3_moe tp4: a skip where gloo detects it). Each rank's mask is
+    now its own tensor (`per_rank_tensors`): on tp4 rank r's top-1 is expert r; unplanted, every rank's is the same."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from paracheck.adapters.transformers.controls import _topk_on_shard
+    from paracheck.adapters.transformers.layout import TfLayout
+    from paracheck.world.localworld import LocalWorld
+
+    class Router(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.eye(4) * torch.tensor([4.0, 3.0, 2.0, 1.0]))
+
+        def forward(self, x):
+            return torch.topk(torch.nn.functional.linear(x, self.weight), 1).indices
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    plain, planted = torch.nn.Sequential(Router()), torch.nn.Sequential(Router())
+    planted.config = SimpleNamespace(num_experts=4)
+    _topk_on_shard(planted, TfLayout(tp=4))
+    with LocalWorld(4) as world, world.mode:
+        ours, theirs = planted(torch.ones(1, 4)), plain(torch.ones(1, 4))
+    assert [int(ours._local_tensors[r]) for r in world.ranks] == [0, 1, 2, 3]
+    assert [int(theirs._local_tensors[r]) for r in world.ranks] == [0, 0, 0, 0]
