@@ -279,6 +279,9 @@ ADAPTER = Spec("adapter", declared(Adapter, (
     #: () -> a `with` block: in a local world (`--local-world`), the library's rank-dependent functions run per
     #: rank inside it (`world.regions`); the default changes nothing.
     optional("local_scope", (), lambda who: _Nothing()),
+    #: (case) -> (exception, site, why) | None: a case one process cannot run as every rank, known before it runs
+    #: (`rank.localrun`): skipped as that local-world limit (`records.LOCAL_WORLD_LIMITS`) without building it.
+    optional("local_limit", ("case",), lambda who, case: None),
 )))
 
 #: Every member a case body may provide: `CaseBody`'s, required, then the optional passes.

@@ -127,6 +127,10 @@ LOCAL_WORLD_STOOD_IN = (
      "FSDP2 resizes an unsharded parameter's storage, which a LocalTensor has none of (\"Attempted to call "
      "resize_() on an invalid python storage\", torch 2.13); resized per rank instead",
      "docs/upstream/localtensor_fsdp_storage.md"),
+    ("torch.distributed._local_tensor._for_each_rank_run_func",
+     "an op drawing from an explicit torch.Generator hands rank r the (r+1)-th draw of the one shared generator "
+     "(torch 2.13); each rank draws from the generator's state before the op instead",
+     "docs/upstream/localtensor_generator.md"),
 )
 
 

@@ -52,8 +52,13 @@ def run_local_case(index: int, case, backend, world, refs_dir: str, workdir: str
     if untaken:
         return [RankResult(index, rank, RankStatus.SKIP, reason=untaken, failure=Failure(FailureKind.SKIP))
                 for rank in world.ranks]
-    os.makedirs(workdir, exist_ok=True)
     adapter = registry.adapter(case.library)
+    known = adapter.local_limit(case)
+    if known:  # the adapter knows before any parallel code that one process cannot run it as every rank
+        exception, where, why = known
+        return [RankResult(index, rank, RankStatus.SKIP, reason=f"{LOCAL_WORLD_SKIP}: {why}",
+                           failure=Failure(FailureKind.SKIP, None, exception, where)) for rank in world.ranks]
+    os.makedirs(workdir, exist_ok=True)
     site = CaseSite(index, workdir, refs_dir, lambda key: True)
     with adapter.local_scope():
         result, checks, raised = run_passes(case, backend, site, InLocalWorld(world))

@@ -13,10 +13,11 @@ silently compute rank 0's everywhere. This module makes such code loud or exact:
   `RankDependent` where Python needs one value of it (an index, a branch), naming the line. What raises there is
   run per rank (`regions`) or reported as a skip; nothing takes rank 0's value for every rank.
 
-Two of torch's own are stood in for: `dist.all_gather` (the list form) over a subgroup, whose torch 2.13 rule
-hands every rank the last group's tensors (`_all_gather_list`, docs/upstream/localtensor_all_gather.md), and
+Three of torch's own are stood in for: `dist.all_gather` (the list form) over a subgroup, whose torch 2.13 rule
+hands every rank the last group's tensors (`_all_gather_list`, docs/upstream/localtensor_all_gather.md),
 FSDP2's storage resizing, which a `LocalTensor` has no storage for (`_each_rank_storage`,
-docs/upstream/localtensor_fsdp_storage.md).
+docs/upstream/localtensor_fsdp_storage.md), and a draw from an explicit `torch.Generator`, which torch hands each
+rank from where the rank before left it (`_same_draw_each_rank`, docs/upstream/localtensor_generator.md).
 
 The patches are installed for the life of a `LocalWorld` and removed on exit, also on error.
 """
@@ -185,6 +186,36 @@ def _each_rank_storage(resize):
     return each
 
 
+def _same_draw_each_rank(run_each):
+    """torch's `_for_each_rank_run_func` (`run_each`), where an op draws from an explicit `torch.Generator`: every
+    rank draws from the generator as it stood before the op, as N processes each draw from their own generator,
+    seeded alike, and the generator ends where one rank's draw leaves it. torch's own (2.13) runs the op rank after
+    rank on the one shared generator, so rank r gets the (r+1)-th draw: a pipeline's initial noise (`randn_tensor`
+    with `generator=`) differed on every rank (docs/upstream/localtensor_generator.md)."""
+    from torch.distributed._local_tensor import _combine_rank_results, _is_inplace_op, _map_to_rank_local_val
+
+    @functools.wraps(run_each)
+    def run(func, ranks, args, kwargs, **options):
+        generators = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Generator)]
+        if not generators:
+            return run_each(func, ranks, args, kwargs, **options)
+        before = [g.get_state() for g in generators]
+        outs, after = {}, {}
+        for rank in sorted(ranks):  # one rank at a time, each from the same state
+            for generator, state in zip(generators, before):
+                generator.set_state(state)
+            outs[rank] = run_each(func, frozenset({rank}), args, kwargs, **options)
+            after[rank] = [g.get_state() for g in generators]
+        if any(any(not torch.equal(a, b) for a, b in zip(s, after[min(ranks)])) for s in after.values()):
+            raise RankDependent(f"{func}: ranks drew different amounts from one torch.Generator at {_caller()}: "
+                                "one generator cannot stand for each rank's")
+        if _is_inplace_op(func):
+            return outs[min(ranks)]  # the LocalTensor written, every rank's part by its own call
+        return _combine_rank_results({r: torch.utils._pytree.tree_map(lambda v: _map_to_rank_local_val(v, r),
+                                                                      outs[r]) for r in ranks}, None)
+    return run
+
+
 def _install_fsdp_storage(patches: "_Patches") -> None:
     """FSDP2 frees and allocates its unsharded parameters' storage around each use; stood in for by rank
     (`_each_rank_storage`), in both modules that hold the functions by name."""
@@ -281,6 +312,9 @@ def _install(patches: _Patches) -> None:
     from torch.distributed._local_tensor import _c10d
 
     patches.set(_c10d, "_local_all_gather_", _all_gather_list)
+    import torch.distributed._local_tensor as local_tensor
+
+    patches.set(local_tensor, "_for_each_rank_run_func", _same_draw_each_rank(local_tensor._for_each_rank_run_func))
     _install_fsdp_storage(patches)
     _install_fsdp_rank(patches)
 

@@ -226,16 +226,22 @@ def each_rank(fn, ranks: list[int], carry_modes: bool = True) -> dict:
     return results
 
 
-def once_per_rank(fn) -> None:
+def once_per_rank(fn):
     """`fn()` once per rank of the enabled `LocalTensorMode`'s world, each acting as its rank (`each_rank`);
-    outside a local world, `fn()` once: rank-dependent code of the kit's own, run as each rank would."""
+    outside a local world, `fn()` once: rank-dependent code of the kit's own, run as each rank would. Returns its
+    value, which must be the same on every rank (`RankDependent` where it is not)."""
     from torch.distributed._local_tensor import enabled_local_tensor_mode
 
     mode = enabled_local_tensor_mode()
     if mode is None:
-        fn()
-    else:
-        each_rank(lambda rank: fn(), sorted(mode.ranks), carry_modes=False)
+        return fn()
+    values = each_rank(lambda rank: fn(), sorted(mode.ranks), carry_modes=False)
+    first = values[min(values)]
+    if any(value != first for value in values.values()):
+        from paracheck.world.localworld import RankDependent
+
+        raise RankDependent(f"{getattr(fn, '__qualname__', fn)} returned another value on some ranks: {values}")
+    return first
 
 
 class _nothing:
@@ -410,7 +416,9 @@ def _same_shapes(fn, ranks: list[int], results: dict) -> None:
     fail on far from here, each in its own words."""
     from paracheck.world.localworld import NoLocalRule
 
-    leaves = {r: pytree.tree_flatten(results[r])[0] for r in ranks}
+    flat = {r: pytree.tree_flatten(results[r]) for r in ranks}
+    leaves = {r: leaf for r, (leaf, _) in flat.items()}
+    _same_structure(fn, ranks, flat)
     for i, leaf in enumerate(leaves[ranks[0]]):
         if not isinstance(leaf, torch.Tensor):
             continue
@@ -419,6 +427,26 @@ def _same_shapes(fn, ranks: list[int], results: dict) -> None:
             raise NoLocalRule(f"{fn.__qualname__} gives ranks tensors of different shapes ({_by_shape(shapes)}): "
                               "LocalTensorMode holds uneven shards as per-rank symbolic sizes, which torch's ops "
                               "and the library cannot compute with")
+
+
+def _same_structure(fn, ranks: list[int], flat: dict) -> None:
+    """Refuse, as a local world's limit, outputs that are a tensor on some ranks and not on others (or of another
+    structure): rank 0's would otherwise stand for every rank's, or fail far from here. transformers' expert
+    parallel load is one: `shard_tensor` gives each rank its own experts and `None` for the others'."""
+    from paracheck.world.localworld import RankDependent
+
+    leaves, spec = flat[ranks[0]]
+    kinds = [isinstance(leaf, torch.Tensor) for leaf in leaves]
+    differ = [r for r in ranks if flat[r][1] != spec
+              or [isinstance(leaf, torch.Tensor) for leaf in flat[r][0]] != kinds]
+    if differ:
+        raise RankDependent(f"{fn.__qualname__} gives ranks {differ} another structure than rank {ranks[0]} "
+                            f"({_kinds(flat[ranks[0]][0])} against {_kinds(flat[differ[0]][0])}): one "
+                            "process holds one structure for every rank")
+
+
+def _kinds(leaves: list) -> str:
+    return "[" + ", ".join("tensor" if isinstance(x, torch.Tensor) else type(x).__name__ for x in leaves) + "]"
 
 
 def _by_shape(shapes: dict) -> str:

@@ -44,7 +44,8 @@ def test_the_share_counts_a_local_worlds_limits_apart_from_other_skips_and_names
         8, 6, 2, 2, 2)
     assert share["limits"] == {"NoLocalRule at regions._same_shapes": 2}
     assert [s["report"] for s in share["stood_in"]] == ["docs/upstream/localtensor_all_gather.md",
-                                                        "docs/upstream/localtensor_fsdp_storage.md"]
+                                                        "docs/upstream/localtensor_fsdp_storage.md",
+                                                        "docs/upstream/localtensor_generator.md"]
     line = local_line(share)
     assert "2 of 6 cases ran; 2 could not run" in line and "localtensor_all_gather.md" in line
 
@@ -89,6 +90,44 @@ def test_torchs_own_all_gather_rule_is_still_wrong_so_the_stand_in_is_still_need
     assert "rank 0: all_gather [2.0, 3.0], all_gather_into_tensor [0.0, 1.0]" in out, out
 
 
+def test_a_draw_from_a_generator_gives_every_rank_what_one_process_draws_and_moves_it_once(world):
+    """The stood-in rule (docs/upstream/localtensor_generator.md), factory and in-place draws alike; the generator
+    then stands where one process's would, so the next draw matches too."""
+    from torch.distributed._local_tensor import LocalTensor
+
+    alone = torch.Generator().manual_seed(0)
+    first, second, third = (torch.randn(3, generator=alone) for _ in range(3))
+    shared = torch.Generator().manual_seed(0)
+    with world.mode:
+        x = torch.randn(3, generator=shared)
+        y = torch.randn(3, generator=shared)
+        z = LocalTensor({r: torch.zeros(3) for r in world.ranks}).normal_(generator=shared)
+    for r in world.ranks:
+        assert [torch.equal(t._local_tensors[r], e) for t, e in ((x, first), (y, second), (z, third))] == [True] * 3
+
+
+def test_torchs_own_generator_rule_still_draws_on_from_rank_to_rank_so_the_stand_in_is_still_needed(capsys):
+    """The upstream reproduction, run as is (no local world): when torch fixes its rule this fails, and the
+    stand-in and its `LOCAL_WORLD_STOOD_IN` entry go."""
+    import pathlib
+    import runpy
+
+    runpy.run_path(str(pathlib.Path(__file__).parents[2] / "docs/upstream/localtensor_generator.py"))
+    out = capsys.readouterr().out
+    assert "rank 1: [-2.1788, 0.5684]" in out and "expected, every rank: [1.541, -0.2934]" in out, out
+
+
+def test_kit_code_run_once_per_rank_returns_its_one_value_and_refuses_a_value_that_differs(world):
+    """`once_per_rank` (a control's planter that picks by its rank: the torch adapter's `torch-shard-swap`) hands
+    back what every rank returned, and never rank 0's for all where they differ."""
+    from paracheck.world.regions import once_per_rank
+
+    with world.mode:
+        assert once_per_rank(lambda: f"planted as {dist.get_world_size()}") == "planted as 4"
+        with pytest.raises(RankDependent, match="another value on some ranks"):
+            once_per_rank(lambda: dist.get_rank())
+
+
 def _chunk_mine(x, group):
     """A library's "my chunk" code: the rank's index in the group picks it."""
     return x.chunk(dist.get_world_size(group))[dist.get_rank(group)]
@@ -125,6 +164,18 @@ def test_a_region_whose_ranks_get_different_shapes_is_a_named_limit(world):
     x = LocalTensor({r: torch.arange(7.0) for r in world.ranks})
     with world.mode, pytest.raises(NoLocalRule, match=r"ranks \[0, 1, 2\]: \[2\]; ranks \[3\]: \[1\]"):
         uneven(x)
+
+
+def test_a_region_that_gives_some_ranks_a_tensor_and_others_none_is_a_named_limit(world):
+    """transformers' expert-parallel load: `shard_tensor` gives each rank its own expert and `None` for the others'
+    (was an AttributeError on `None.shape`, an error where a local world's limit is meant)."""
+    from torch.distributed._local_tensor import LocalTensor
+
+    mine = per_rank(lambda x: x if dist.get_rank() == 0 else None)
+    x = LocalTensor({r: torch.arange(4.0) for r in world.ranks})
+    with world.mode, pytest.raises(RankDependent, match=r"ranks \[1, 2, 3\] another structure .*\[tensor\] "
+                                                        r"against \[NoneType\]"):
+        mine(x)
 
 
 def test_ranks_that_diverge_in_a_region_end_it_naming_them(world):

@@ -61,6 +61,25 @@ def test_a_control_in_one_process_fails_the_same_checks_on_the_same_ranks_as_on_
     assert mine["structure.tp_shards"]["failed_ranks"] == [1, 2]
 
 
+@pytest.mark.slow
+def test_a_pipelines_drift_control_is_planted_on_its_one_rank_in_one_process_as_on_gloo(tmp_path):
+    """`drift-grows` scales one rank's attention output from the second step: a Python flag of this rank's was a
+    RankDependent skip in a local world (`pipelines/controls.py:100`), where gloo detects it. Now a per-rank factor:
+    detected, parity.pipeline failing on ranks 0-3 at the very max_abs gloo gives (5.348e-4, session 20); and the
+    pipeline's noise, drawn from a `torch.Generator`, is each rank's own first draw (the stand-in), or the plain
+    pass before it would not be exact."""
+    run = run_paracheck(["--local-world", "4", "--models", "flux-pipeline", "--layouts", "tp2xu2", "--variants",
+                         "base", "--controls", "--only-control", "drift-grows", "--quiet"], tmp_path)
+    assert run.code == 0, run.out
+    case = run.case("flux-pipeline", "tp2xu2", "drift-grows")
+    assert case["status"] == "detected", case
+    pipeline = next(c for c in case["checks"] if c["id"] == "parity.pipeline")
+    assert pipeline["failed_ranks"] == [0, 1, 2, 3]
+    assert abs(pipeline["max_abs"] - 5.348e-4) < 1e-6
+    steps = pipeline["data"]["per_rank"]["0"]["steps"]
+    assert steps[0]["over"] < 1  # step 1 exact: the drift starts at the second step
+
+
 @pytest.mark.slow  # no launch, but a 8-rank case's compute (about 30 s wall at load 11): kept out of the fast tier
 def test_the_collapsed_cp_index_control_is_detected_on_eight_ranks_and_names_ranks_2_to_5(tmp_path):
     """`cp-collapsed-shard-index` applies to no 4-rank layout (it is each rank's own shard there,

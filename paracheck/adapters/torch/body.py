@@ -115,7 +115,10 @@ class TorchBody:
             returned = self.spec.parallelize(self.copy, self.mesh, layout)
             self.model = returned if isinstance(returned, torch.nn.Module) else self.copy
         if self.case.control:
-            planted = PLANTS[self.case.control](self.pipe or self.model, self.mesh, layout, self.spec)
+            from paracheck.world.regions import once_per_rank
+
+            plant = lambda: PLANTS[self.case.control](self.pipe or self.model, self.mesh, layout, self.spec)  # noqa: E731
+            planted = once_per_rank(plant) if CONTROLS[self.case.control].per_rank else plant()
             self.ctx.result.findings.append(f"{self.case.control} planted in {planted}")
             self.ctx.result.planted_in = planted_in(self.case.control, planted)
 

@@ -136,7 +136,7 @@ def _decay_twice():
 _ENTRIES = (
     (Control("torch-shard-swap", "one tensor-parallel parameter's local shard taken from the next TP rank (the "
              "first parameter sharded on tp): every rank holds a shard, none the one its coordinate names",
-             (CheckId.TP_SHARDS, CheckId.FORWARD), _needs_tp, plants_in=PLANTED), _swap_tp_shard),
+             (CheckId.TP_SHARDS, CheckId.FORWARD), _needs_tp, plants_in=PLANTED, per_rank=True), _swap_tp_shard),
     (Control("torch-skip-dp-reduce", "data-parallel gradient reduction left off (HSDP: the replicas' all-reduce; "
              "FSDP: gradient sync, so no sharded gradient is written)", (CheckId.GRADS,), _needs_dp,
              plants_in="<root>"), _skip_dp_reduce),

@@ -99,6 +99,12 @@ class TransformersAdapter:
 
         return per_rank_regions()
 
+    def local_limit(self, case):
+        """In a local world: an expert-parallel layout is a limit known before it runs (`library.EP_LOCAL_LIMIT`)."""
+        from paracheck.adapters.transformers.library import EP_LOCAL_LIMIT
+
+        return EP_LOCAL_LIMIT if getattr(case.layout, "ep", 1) > 1 else None
+
     def preload(self) -> None:
         try:  # the fixtures' classes load lazily
             import transformers  # noqa: F401

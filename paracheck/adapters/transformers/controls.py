@@ -159,18 +159,17 @@ def _topk_on_shard(model, layout) -> None:
     from unittest import mock
 
     import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
 
+    from paracheck.world.localworld import per_rank_tensors
+
     shards, experts = max(layout.tp, layout.ep), _expert_count(model.config)
-    index = dist.get_rank() % shards
     linear, topk = F.linear, torch.topk
 
     def local(scores, dim=-1):
         count = scores.shape[dim]  # a pool the router picks from (routed experts and any others it scores alike)
-        lo, hi = index * count // shards, (index + 1) * count // shards
-        outside = torch.ones(count, dtype=torch.bool, device=scores.device)
-        outside[lo:hi] = False
+        # each rank's own share, by its rank: in a local world every rank's at once (a Python index would be one)
+        outside = per_rank_tensors(lambda rank: _outside_share(rank % shards, shards, count, scores.device))
         shape = [1] * scores.dim()
         shape[dim] = count
         return scores - 10.0 * outside.view(shape).to(scores.dtype)
@@ -195,6 +194,15 @@ def _topk_on_shard(model, layout) -> None:
                 return forward(*args, **kwargs)
 
         router.forward = bent
+
+
+def _outside_share(index: int, shards: int, count: int, device):
+    """True for the `count` experts outside share `index` of `shards` (the router control's mask)."""
+    import torch
+
+    outside = torch.ones(count, dtype=torch.bool, device=device)
+    outside[index * count // shards:(index + 1) * count // shards] = False
+    return outside
 
 
 #: The config keys of a routed expert pool's size and of how many experts each token goes to (`fitting`'s too).

@@ -86,7 +86,24 @@ def trainer_without_tp(model):
 PER_RANK = (
     ("transformers.distributed.sharding_utils", "DtensorShardOperation.shard_tensor", "function",
      "slices a checkpoint tensor by this rank's coordinate on each sharded mesh dimension (sub_mesh.get_local_rank())"),
+    ("transformers.distributed.mixin", "DistributedMixin._validate_parallel_plan", "function",
+     "warns of plan rules that match nothing on rank 0 only (`_get_torch_distributed_rank() == 0`, mixin.py:206): "
+     "qwen3_moe's tp4 plan names its experts' rules, so every qwen3_moe case raised RankDependent there"),
 )
+
+
+#: Why one process cannot run expert parallelism as every rank (`Adapter.local_limit`), measured on qwen3_moe at
+#: 4 ranks before this was a skip: each rank loads only its own experts (`shard_tensor` gives the others' `None`,
+#: filtered out in `WeightConverter.materialize_tensors`, core_model_loading.py:1144: a list whose length and
+#: members differ between ranks; `fsdp4xep4` raised there), and under gradients `AutoEP` runs `AllToAllEP`, whose
+#: ranks receive a routing-dependent number of tokens (the split sizes read back by `.tolist()`,
+#: expert_parallel.py:225), tensors of different shapes on each rank. (The mask at expert_parallel.py:290, by
+#: `ep_mesh.get_local_rank()`, is not the blocker: under the mode it is each rank's own coordinate.)
+EP_LOCAL_LIMIT = ("RankDependent", "expert_parallel.AllToAllEP._dispatch_tokens",
+                  "expert parallelism: each rank loads only its own experts (transformers' shard_tensor gives the "
+                  "others' None, core_model_loading.py:1144) and receives a routing-dependent number of tokens "
+                  "(split sizes read back at expert_parallel.py:225, AllToAllEP._dispatch_tokens): per-rank lists "
+                  "and shapes one process cannot hold as one value for every rank")
 
 
 #: transformers' switch that loads weights in the calling thread: its default pool of loader threads runs

@@ -207,3 +207,36 @@ def test_four_ranks_pass_tp_fsdp_hsdp_and_every_control_is_detected(tmp_path):
     assert not missed, missed
     swap = next(c for c in cases if c["control"] == "torch-shard-swap" and c["layout"] == "tp2xfsdp2")
     assert swap["localization"]["planted"]["named"] == "tok_embeddings" == swap["localization"]["planted"]["planted_in"]
+
+
+@pytest.mark.slow  # no launch: two cases of four ranks in this process (34 s wall at load 8)
+def test_in_one_process_tp4_passes_and_the_shard_swap_fails_every_rank_as_on_gloo(tmp_path):
+    """`torch-shard-swap` picks the next TP rank's shard by this rank's group rank: planted once for all ranks it
+    was a RankDependent skip in a local world; planted per rank (`Control.per_rank`) it fails structure.tp_shards and
+    every parity check on ranks 0-3, as on gloo (forward 2.70 there and here, session 20)."""
+    import os
+
+    import torch.distributed as dist
+
+    from paracheck.domain.backends import get_backend
+    from paracheck.domain.records import CheckId, RankStatus, Status
+    from paracheck.rank.localrun import run_local_case
+    from paracheck.world.localworld import LocalWorld
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    os.makedirs(tmp_path / "refs")
+    found = {}
+    with LocalWorld(4) as world:
+        for index, control in enumerate((None, "torch-shard-swap")):
+            case = Case("spec", EXAMPLE, TorchLayout(tp=4), library="torch", control=control)
+            found[control] = run_local_case(index, case, get_backend("gloo"), world, str(tmp_path / "refs"),
+                                            str(tmp_path / f"case{index}"))
+    for control, results in found.items():
+        assert [r.rank for r in results] == [0, 1, 2, 3]
+        for result in results:
+            assert result.status == RankStatus.OK, (control, result.rank, result.reason)
+            checks = {c.id: c.status for c in result.checks}
+            wanted = Status.FAIL if control else Status.PASS
+            for check in (CheckId.TP_SHARDS, CheckId.FORWARD, CheckId.GRADS, CheckId.LOSS):
+                assert checks[check] == wanted, (control, result.rank, check, checks[check])

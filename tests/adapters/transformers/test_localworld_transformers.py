@@ -41,3 +41,81 @@ def test_llama_on_tp2_fsdp2_and_dpr2_in_one_process_passes_every_check_on_both_r
             for check in (CheckId.MESH, CheckId.FORWARD, CheckId.INFERENCE, CheckId.LOSS, CheckId.GRADS):
                 assert checks[check].status == Status.PASS, (name, result.rank, checks[check])
             assert checks[CheckId.FORWARD].max_abs < 1e-6  # fp32 on CPU, as on gloo (2.4e-7 measured on tp2)
+
+
+def test_expert_parallelism_is_a_named_local_world_limit_before_anything_is_built(tmp_path):
+    """qwen3_moe with EP in one process: `fsdp4xep4` raised inside the load (each rank's experts, `None` for the
+    others'), `tp4xep4` at a rank-0-only warning; under gradients `AllToAllEP`'s ranks receive routing-dependent
+    token counts. So the adapter says so before the case builds (no reference, no load): every rank a skip in a
+    local world's words, counted by the share as a one-process limit; a dense layout of the same model is not."""
+    from paracheck.adapters.transformers import cases as tf_cases
+    from paracheck.adapters.transformers.layout import TfLayout
+    from paracheck.domain import registry
+    from paracheck.domain.backends import get_backend
+    from paracheck.domain.case import Case
+    from paracheck.domain.records import LOCAL_WORLD_SKIP, RankStatus
+    from paracheck.rank.localrun import run_local_case
+    from paracheck.world.localworld import limit
+
+    factory = tf_cases.factory_of("qwen3_moe")
+    adapter = registry.adapter("transformers")
+    assert adapter.local_limit(Case("qwen3_moe", factory, TfLayout(tp=4), library="transformers")) is None
+    case = Case("qwen3_moe", factory, TfLayout(fsdp=4, ep=4), library="transformers")
+    world = type("World", (), {"ranks": [0, 1, 2, 3]})()  # nothing of the world is reached before the limit
+    results = run_local_case(0, case, get_backend("gloo"), world, str(tmp_path), str(tmp_path / "case"))
+    assert [r.rank for r in results] == [0, 1, 2, 3]
+    for result in results:
+        assert result.status == RankStatus.SKIP and result.reason.startswith(LOCAL_WORLD_SKIP)
+        assert "expert_parallel.py:225" in result.reason and limit(result.failure.exception)
+    assert not os.listdir(tmp_path)  # nothing built: no case folder, no reference
+
+
+def test_a_plan_rule_that_matches_nothing_is_warned_of_per_rank_not_a_rank_dependent_skip():
+    """transformers warns of unused plan rules on rank 0 only (`mixin.py:206`), which in one process is a comparison
+    that differs between ranks: qwen3_moe tp4 (its plan names rules for experts it does not have there) was a skip.
+    Run per rank (`library.PER_RANK`) it passes; outside the regions it still raises (the control)."""
+    from transformers.distributed.mixin import DistributedMixin
+    from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
+
+    from paracheck.adapters.transformers.library import per_rank_regions
+    from paracheck.world.localworld import LocalWorld, RankDependent
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    plan = {"layers.*.mlp.experts": "colwise"}
+    with LocalWorld(4) as world:
+        with world.mode, pytest.raises(RankDependent, match="mixin.py"):
+            DistributedMixin._validate_parallel_plan(object(), plan, ALL_PARALLEL_STYLES, "tp_plan", {"lm_head"})
+        with per_rank_regions(), world.mode:
+            DistributedMixin._validate_parallel_plan(object(), plan, ALL_PARALLEL_STYLES, "tp_plan", {"lm_head"})
+
+
+def test_the_router_control_pushes_each_ranks_own_expert_share_in_one_process():
+    """`tf-router-topk-on-shard` picks this rank's share of the experts by its rank: a Python index raised
+    RankDependent at its mask in a local world (qwen3_moe tp4: a skip where gloo detects it). Each rank's mask is
+    now its own tensor (`per_rank_tensors`): on tp4 rank r's top-1 is expert r; unplanted, every rank's is the same."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from paracheck.adapters.transformers.controls import _topk_on_shard
+    from paracheck.adapters.transformers.layout import TfLayout
+    from paracheck.world.localworld import LocalWorld
+
+    class Router(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.eye(4) * torch.tensor([4.0, 3.0, 2.0, 1.0]))
+
+        def forward(self, x):
+            return torch.topk(torch.nn.functional.linear(x, self.weight), 1).indices
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    plain, planted = torch.nn.Sequential(Router()), torch.nn.Sequential(Router())
+    planted.config = SimpleNamespace(num_experts=4)
+    _topk_on_shard(planted, TfLayout(tp=4))
+    with LocalWorld(4) as world, world.mode:
+        ours, theirs = planted(torch.ones(1, 4)), plain(torch.ones(1, 4))
+    assert [int(ours._local_tensors[r]) for r in world.ranks] == [0, 1, 2, 3]
+    assert [int(theirs._local_tensors[r]) for r in world.ranks] == [0, 0, 0, 0]

@@ -91,17 +91,22 @@ def _tensors_mapped(value, fn):
 
 
 def _drift_grows(model, applied, _):
-    import torch.distributed as dist
+    import torch
 
     from paracheck.adapters.diffusers.checks import cp_process_group
+    from paracheck.world.localworld import per_rank_tensors
+    from paracheck.world.regions import once_per_rank
 
     later = _step_watch(model)
     _, attention = first_attention(model)
-    drifting = dist.get_rank() == _drifting_rank(cp_process_group(applied))
+    target = once_per_rank(lambda: _drifting_rank(cp_process_group(applied)))
+    # the drifting rank's factor as a tensor, 1 on the others (exact): in a local world each rank's at once,
+    # where a Python flag of this rank's would be one for all of them
+    factor = per_rank_tensors(lambda rank: torch.tensor(1 + DRIFT if rank == target else 1.0))
 
     def scale(module, args, output):
-        if drifting and later():
-            return _tensors_mapped(output, lambda t: t * (1 + DRIFT))
+        if later():
+            return _tensors_mapped(output, lambda t: t * factor.to(t))
         return output
 
     attention.register_forward_hook(scale)
