@@ -597,6 +597,12 @@ def entry_point(name: str, route: str):
 
 
 
+def fbc_change_ratio(residual, previous):
+    """The first-block cache's change ratio as diffusers computes it from the head block's residual and the one
+    before (mean absolute change over mean absolute value): a 0-d tensor, on this rank's shard under CP."""
+    return (residual - previous).abs().mean() / previous.abs().mean()
+
+
 def first_block_cache_hooks(transformer) -> tuple:
     """The first-block cache's hooks on `transformer` (diffusers' private hook registry): (the head block's hook,
     the tail block, the tail block's hook). ValueError where the cache is not on."""

@@ -74,9 +74,8 @@ class _Body:
         # The factory is part of the key: a spec may bend the single-process model too.
         key = (case.factory, self.path, case.variant, json.dumps(shape.to_json(), sort_keys=True) if shape else None,
                layout.dp)
-        named = lambda ref: setattr(result, "model_class", type(ref).__name__)  # noqa: E731
         ref, self.batch, self.expected = _REFERENCES.get(key, lambda: _single_process(self.path, case, shape, layout,
-                                                                                      named))
+                                                                                      result))
         self.ref, self.task = ref, tasks.of_case(case.model, ref)
         result.model_class = type(ref).__name__
         result.inputs = input_traits(self.batch)
@@ -166,11 +165,11 @@ class _Body:
                               self.tol.rtol)
 
 
-def _single_process(path: str, case, shape, layout, named) -> tuple:
-    """(the checkpoint loaded on this rank alone, the global batch, the reference run's results). `named` is told
-    the loaded model first, so a reference run that raises still names its class (known failures match on it)."""
+def _single_process(path: str, case, shape, layout, result) -> tuple:
+    """(the checkpoint loaded on this rank alone, the global batch, the reference run's results). `result` takes
+    the model's class first, so a reference run that raises still names it (known failures match on it)."""
     ref, variant = tasks.load(path, dtype=torch.float32), case.variant
-    named(ref)
+    result.model_class = type(ref).__name__
     task = tasks.of_case(case.model, ref)
     if variant not in task.variants:
         raise Refused(f"variant {variant}: a {task.name} model takes {', '.join(task.variants)}")

@@ -106,3 +106,4 @@ def test_a_first_block_cache_whose_ranks_decide_apart_ends_named_and_declared_no
     # The two sides by their form, not this machine's digits: each rank once, with its ratio above or below 0.26.
     sides = re.search(r"threshold 0\.26, ranks 0 \((0\.\d+)\) compute .* ranks 1 \((0\.\d+)\) reuse", case["reason"])
     assert sides and float(sides[1]) > 0.26 > float(sides[2]), case["reason"]
+    assert "the kit stood in for a check around its decision" in run.out  # the report says the kit wraps diffusers

@@ -19,20 +19,28 @@ import math
 DIVERGED = "the first-block cache decided per rank"
 
 
+#: What the report says of the guard (`results.report`'s stand-in lines): the kit wraps a library component here.
+REPORTED = {"why": "diffusers' first-block cache decides per rank from its own shard under context parallelism, and "
+                   "ranks that decide apart hang in the next all-to-all (docs/upstream/fbc_local_decision.md)",
+            "kit": ["a check around its decision: each call's decision gathered across the CP group (one all-gather "
+                    "a call), the case ended, named, where the ranks differ"],
+            "library": ["the first-block cache's hooks and its own decision, used unchanged where the ranks agree"]}
+
+
 class Diverged(RuntimeError):
     """The CP ranks' first-block cache decisions differ at a call: diffusers would hang in the next collective."""
 
 
-def guard(pipe, group) -> None:
+def guard(pipe, group) -> bool:
     """Hold the first-block cache's decision on `pipe`'s transformer to agreement across `group` (the CP process
-    group; None or one rank: nothing to agree)."""
+    group; None or one rank: nothing to agree, and False)."""
     import torch
     import torch.distributed as dist
 
     from paracheck.adapters.diffusers import library
 
     if group is None or dist.get_world_size(group) < 2:
-        return
+        return False
     head, _, _ = library.first_block_cache_hooks(pipe.transformer)
     own = head._should_compute_remaining_blocks
     ranks = dist.get_process_group_ranks(group)
@@ -42,7 +50,7 @@ def guard(pipe, group) -> None:
         previous = head.state_manager.get_state().head_block_residual
         decided = own(residual)
         calls[0] += 1
-        ratio = math.nan if previous is None else float((residual - previous).abs().mean() / previous.abs().mean())
+        ratio = math.nan if previous is None else float(library.fbc_change_ratio(residual, previous))
         mine = torch.tensor([float(decided), ratio], device=residual.device)
         every = [mine.clone() for _ in ranks]
         dist.all_gather(every, mine, group=group)
@@ -52,6 +60,7 @@ def guard(pipe, group) -> None:
         return decided
 
     head._should_compute_remaining_blocks = agreed
+    return True
 
 
 def _said(head, call: int, ranks: list, flags: list, ratios: list) -> str:

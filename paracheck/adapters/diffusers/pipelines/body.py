@@ -49,6 +49,7 @@ class PipelineBody:
         self.device = local_device(ctx.backend)
         self.dtype = torch_dtype(self.case.dtype)
         self.recording, self.raised = None, None
+        self.guarded = False  # the first-block cache's decisions gathered across CP ranks (`agree.guard`)
 
     def reference(self) -> None:
         ctx, result = self.ctx, self.ctx.result
@@ -75,7 +76,7 @@ class PipelineBody:
         if p.cache:
             caches.enable(self.pipe, p.cache, p.steps, p.source.guidance, p.source.caches.get(p.cache, {}))
             if p.cache == "first-block-cache":
-                agree.guard(self.pipe, cp_process_group(applied))
+                self.guarded = agree.guard(self.pipe, cp_process_group(applied))
             ctx.result.planted_in = plant_cache(self.pipe, applied, self.case.control)
         empty = torch.empty(0)
         self.checks = CheckContext(model, ref.transformer, applied, empty, empty, ctx.tolerance.atol,
@@ -93,7 +94,10 @@ class PipelineBody:
 
     def forward_checks(self) -> list:
         tol = self.ctx.tolerance
-        return [check.check(self.ref, self.recording, tol.atol, tol.rtol, self.raised)]
+        result = check.check(self.ref, self.recording, tol.atol, tol.rtol, self.raised)
+        if self.guarded:
+            result.data["stood_in"] = agree.REPORTED
+        return [result]
 
     def backward_skip(self) -> str | None:
         return "a pipeline case runs no backward"

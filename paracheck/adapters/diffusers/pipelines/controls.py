@@ -213,7 +213,7 @@ def plant_cache(pipe, applied, control: str | None) -> str | None:
         mine["reuse"], mine["tail"] = False, shared.tail_block_residuals
         if previous is None or shared.tail_block_residuals is None:
             return True
-        ratio = ((residual - previous).abs().mean() / previous.abs().mean()).reshape(1).float()
+        ratio = library.fbc_change_ratio(residual, previous).reshape(1).float()
         ratios = [torch.empty_like(ratio) for _ in range(dist.get_world_size(group))]
         dist.all_gather(ratios, ratio, group=group)
         low, high = float(min(ratios)), float(max(ratios))
@@ -233,6 +233,8 @@ def plant_cache(pipe, applied, control: str | None) -> str | None:
             out[meta.return_encoder_hidden_states_index] = head_output[1] + mine["tail"][1]
         return tuple(out)
 
+    # Replaces the guard `agree.guard` set on the parallel pipeline: this plant decides per rank on purpose, and
+    # `decide` always computes (the reuse is the tail hook's), so the ranks cannot part in a collective.
     head._should_compute_remaining_blocks = decide
     tail_block.register_forward_hook(reuse)
     return next(name for name, module in pipe.transformer.named_modules() if module is tail_block)
