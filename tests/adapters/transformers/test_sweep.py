@@ -163,7 +163,8 @@ def test_a_sweep_case_replays_by_its_family_name():
 #: (family, layout, control) each detected in the tasks' world below; the vision-language plan shapes live only here.
 TASKS_PLANTED = (("llama-seq-cls", "fsdp2", "tf-grad-divide"), ("llava-image-text", "tp2", "tf-cache-all-heads"),
                  ("llava-image-text", "fsdp2", "tf-skip-dp-reduce"), ("llava-image-text", "tp2", "tf-embed-replicate"),
-                 ("llava-image-text", "tp2", "tf-vlm-head-unplanned"), ("llava-image-text", "tp2", "tf-vlm-tower-partial"),
+                 ("llava-image-text", "tp2", "tf-vlm-head-unplanned"),
+                 ("llava-image-text", "tp2", "tf-vlm-tower-partial"),
                  ("llava-image-text", "tp2", "tf-vlm-placeholders-on-shard"))
 
 
@@ -173,8 +174,8 @@ def test_a_classification_head_and_a_vision_language_model_run_on_real_ranks(tmp
     mean per data shard: tf-grad-divide is its scaling's negative control) and Llava (pixels and placeholders built
     here; parity.generate with an image per prompt, tf-cache-all-heads its control; the wrapper's head and the nested
     embedding planned replicate, structure's controls; the tower's output left partial into the projector and the
-    placeholders marked on each rank's share of the row, the forward's, each localized where it plants). Llava's FSDP generate is
-    transformers' declared bug (docs/upstream/transformers_fsdp_vlm_generate.md)."""
+    placeholders marked on each rank's share of the row, the forward's, each localized where it plants). Llava's
+    FSDP generate is transformers' declared bug (docs/upstream/transformers_fsdp_vlm_generate.md)."""
     run = run_paracheck(["--models", "transformers:llama-seq-cls,llava-image-text", "--nproc", "2", "--layouts",
                          "tp2,fsdp2", "--controls", "--steps", "0", "--no-checkpoint"], tmp_path)
     by = {(c["model"], c["layout"], c["control"]): c for c in run.report["cases"]}
