@@ -587,6 +587,10 @@ def _tower_left_partial(model, layout) -> str:
     name, layer = _tower_read_layer(model)
     rank, size = _tp_coordinate(model)
     last = [m for m in layer.modules() if isinstance(m, torch.nn.Linear)][-1]
+    if "tp" in (getattr(getattr(last.weight, "device_mesh", None), "mesh_dim_names", None) or ()):
+        # a tower the model's own plan splits already: its reduction is transformers' to drop, not this plant's
+        raise Refused(f"tf-vlm-tower-partial: {name}'s last projection is planned by the model's own tp_plan, so the "
+                      "kit cannot leave a replicated one partial there")
 
     def partial(x, *args, module=last, **kwargs):
         rows = _share(module.in_features, rank, size)
@@ -619,11 +623,13 @@ def _placeholders_on_shard(model, layout) -> str:
     whole = owner.get_placeholder_mask
 
     def on_shard(*args, **kwargs):
-        mask = whole(*args, **kwargs)
+        masks = whole(*args, **kwargs)
+        # families that take videos or audio too return (image, video[, audio]) masks: the image's is first
+        mask = masks[0] if isinstance(masks, tuple) else masks
         kept = _share(mask.shape[1], rank, size)
         mine = mask.new_zeros(mask.shape)
         mine[:, kept] = mask[:, kept]
-        return mine
+        return (mine, *masks[1:]) if isinstance(masks, tuple) else mine
 
     owner.get_placeholder_mask = on_shard
     return next(name for name, m in model.named_modules() if m is owner) or "<root>"

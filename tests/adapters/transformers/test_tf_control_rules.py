@@ -295,3 +295,20 @@ def test_both_vision_language_controls_are_refused_by_name_on_a_causal_lm():
     llama = _meta_llama()
     assert "no vision tower feeding a multi_modal_projector" in controls._tower_feeds_projector(llama)
     assert "marks no image placeholder tokens" in controls._placeholders_shown(llama)
+
+
+def test_the_placeholder_control_bends_the_image_mask_of_a_family_returning_several(monkeypatch):
+    """Families that take videos (or audio) too return (image, video, ...) masks: the image's is bent, the others
+    are handed on as they were."""
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(_tiny_llava(1, -1))
+    owner, whole = model.model, model.model.get_placeholder_mask
+    monkeypatch.setattr(owner, "get_placeholder_mask", lambda *a, **k: (whole(*a, **k), None))
+    monkeypatch.setattr(controls, "_tp_coordinate", lambda m: (1, 2))
+    controls._placeholders_on_shard(model, None)
+    ids = torch.tensor([[63, 63, 1, 1, 63, 1]])
+    image, video = owner.get_placeholder_mask(ids, torch.zeros(1, 6, 16), torch.zeros(3, 16))
+    assert video is None and image[0, :, 0].tolist() == [False, False, False, False, True, False]
