@@ -535,6 +535,114 @@ def _next_token_from_first_stage(model, layout) -> str:
     return "<root>"
 
 
+def _tp_coordinate(model) -> tuple[int, int]:
+    """(this rank's tp coordinate, the tp degree), read from any parameter sharded on a `tp` mesh dimension."""
+    for param in model.parameters():
+        names = getattr(getattr(param, "device_mesh", None), "mesh_dim_names", None) or ()
+        if "tp" in names:
+            mesh = param.device_mesh["tp"]
+            return mesh.get_local_rank(), mesh.size()
+    raise RuntimeError("the model has no parameter sharded on a tp mesh dimension")
+
+
+def _share(length: int, rank: int, size: int) -> slice:
+    """Rank `rank`'s contiguous share of `length` (ceil-sized blocks, the last one shorter)."""
+    block = -(-length // size)
+    return slice(min(length, rank * block), min(length, (rank + 1) * block))
+
+
+def _tower_read_layer(model):
+    """(name, module) of the vision tower's layer whose output the projector reads (`vision_feature_layer` indexes
+    the tower's hidden states, so layer k's output is `hidden_states[k + 1]`; a negative index is the same layer), or
+    None where the model has no tower and projector of that shape (no `vision_tower`, `multi_modal_projector` or
+    int/list `vision_feature_layer`)."""
+    import torch
+
+    index = getattr(model.config, "vision_feature_layer", None)
+    index = index[-1] if isinstance(index, (list, tuple)) and index else index
+    names = {n.rsplit(".", 1)[-1]: n for n, _ in model.named_modules()}
+    if not isinstance(index, int) or "vision_tower" not in names or "multi_modal_projector" not in names:
+        return None
+    tower = model.get_submodule(names["vision_tower"])
+    layers = max((m for m in tower.modules() if isinstance(m, torch.nn.ModuleList)), key=len,
+                 default=None)
+    if not layers or index == 0 or not -len(layers) <= (index - 1 if index > 0 else index) < len(layers):
+        return None
+    layer = layers[index - 1 if index > 0 else index]
+    return next(f"{names['vision_tower']}.{n}" for n, m in tower.named_modules() if m is layer), layer
+
+
+def _tower_feeds_projector(ref) -> str | None:
+    """Why a tower's output left partial cannot be planted on this model, else None."""
+    import torch
+
+    found = _tower_read_layer(ref)
+    if found is None:
+        return ("the model has no vision tower feeding a multi_modal_projector through a vision_feature_layer "
+                "(no vision plan to leave unreduced)")
+    if not any(isinstance(m, torch.nn.Linear) for m in found[1].modules()):
+        return f"the tower's read layer {found[0]} has no linear projection to split by rows"
+    return None
+
+
+def _tower_left_partial(model, layout) -> str:
+    """The vision tower's read layer's last projection (CLIP's `mlp.fc2`) run row-parallel with its all-reduce left
+    off: each TP rank multiplies its share of the input features by its share of the weight's columns and adds the
+    bias, and that partial sum, not the whole, is what the layer returns and the projector (which expects the whole
+    feature) reads. Returns the planted layer's name."""
+    import torch
+
+    name, layer = _tower_read_layer(model)
+    rank, size = _tp_coordinate(model)
+    last = [m for m in layer.modules() if isinstance(m, torch.nn.Linear)][-1]
+    if "tp" in (getattr(getattr(last.weight, "device_mesh", None), "mesh_dim_names", None) or ()):
+        # a tower the model's own plan splits already: its reduction is transformers' to drop, not this plant's
+        raise Refused(f"tf-vlm-tower-partial: {name}'s last projection is planned by the model's own tp_plan, so the "
+                      "kit cannot leave a replicated one partial there")
+
+    def partial(x, *args, module=last, **kwargs):
+        rows = _share(module.in_features, rank, size)
+        bias = None if module.bias is None else _local(module.bias)
+        return torch.nn.functional.linear(x[..., rows], _local(module.weight)[:, rows], bias)
+
+    last.forward = partial
+    return name
+
+
+def _placeholder_owner(ref):
+    """The module whose `get_placeholder_mask` marks the image placeholders in the row (llava's `LlavaModel`)."""
+    return next((m for m in ref.modules() if hasattr(type(m), "get_placeholder_mask")), None)
+
+
+def _placeholders_shown(ref) -> str | None:
+    if _placeholder_owner(ref) is None or getattr(ref.config, "image_token_id", None) is None:
+        return "the model marks no image placeholder tokens in its input ids (no get_placeholder_mask)"
+    return None
+
+
+def _placeholders_on_shard(model, layout) -> str:
+    """Each TP rank computes the image placeholders' positions from its own share of the sequence (as a sequence-
+    parallel split over the tp ranks gives it) and scatters the image features there, while the rank runs the whole
+    row: a placeholder outside its share keeps the placeholder token's own embedding on that rank, and the first
+    features go to its share's first placeholders. Planted by bending `get_placeholder_mask` (its count check runs
+    on the whole mask first, so it raises nothing). Returns the owner's name: the forward that scatters them."""
+    owner = _placeholder_owner(model)
+    rank, size = _tp_coordinate(model)
+    whole = owner.get_placeholder_mask
+
+    def on_shard(*args, **kwargs):
+        masks = whole(*args, **kwargs)
+        # families that take videos or audio too return (image, video[, audio]) masks: the image's is first
+        mask = masks[0] if isinstance(masks, tuple) else masks
+        kept = _share(mask.shape[1], rank, size)
+        mine = mask.new_zeros(mask.shape)
+        mine[:, kept] = mask[:, kept]
+        return (mine, *masks[1:]) if isinstance(masks, tuple) else mine
+
+    owner.get_placeholder_mask = on_shard
+    return next(name for name, m in model.named_modules() if m is owner) or "<root>"
+
+
 _NORMS = ("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm")
 
 _ENTRIES = (
@@ -617,6 +725,17 @@ _ENTRIES += (
              "the first stage (its copy of the previous step's) instead of the last", (CheckId.GENERATE,), _needs_pp,
              plants_in=PLANTED + "*"),
      Plant(after_load=_next_token_from_first_stage)),
+)
+
+_ENTRIES += (
+    (Control("tf-vlm-tower-partial", "the vision tower's read layer's last projection run row-parallel with its "
+             "all-reduce left off: the projector, which expects the whole feature, reads each TP rank's partial sum",
+             (CheckId.INFERENCE, CheckId.FORWARD), _needs_tp, plants_in=PLANTED + "*"),
+     Plant(after_load=_tower_left_partial, needs_model=_tower_feeds_projector)),
+    (Control("tf-vlm-placeholders-on-shard", "the image placeholders' positions computed from each TP rank's share "
+             "of the sequence: a rank scatters the image features into its share's placeholders only",
+             (CheckId.INFERENCE, CheckId.FORWARD), _needs_tp, plants_in=PLANTED + "|*language_model.layers.0.*"),
+     Plant(after_load=_placeholders_on_shard, needs_model=_placeholders_shown)),
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}

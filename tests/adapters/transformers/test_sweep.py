@@ -163,7 +163,9 @@ def test_a_sweep_case_replays_by_its_family_name():
 #: (family, layout, control) each detected in the tasks' world below; the vision-language plan shapes live only here.
 TASKS_PLANTED = (("llama-seq-cls", "fsdp2", "tf-grad-divide"), ("llava-image-text", "tp2", "tf-cache-all-heads"),
                  ("llava-image-text", "fsdp2", "tf-skip-dp-reduce"), ("llava-image-text", "tp2", "tf-embed-replicate"),
-                 ("llava-image-text", "tp2", "tf-vlm-head-unplanned"))
+                 ("llava-image-text", "tp2", "tf-vlm-head-unplanned"),
+                 ("llava-image-text", "tp2", "tf-vlm-tower-partial"),
+                 ("llava-image-text", "tp2", "tf-vlm-placeholders-on-shard"))
 
 
 @pytest.mark.slow
@@ -171,8 +173,9 @@ def test_a_classification_head_and_a_vision_language_model_run_on_real_ranks(tmp
     """Tasks beyond the causal LM through the sweep on 2 gloo ranks: a sequence-classification head (its loss a
     mean per data shard: tf-grad-divide is its scaling's negative control) and Llava (pixels and placeholders built
     here; parity.generate with an image per prompt, tf-cache-all-heads its control; the wrapper's head and the nested
-    embedding planned replicate, structure's controls). Llava's FSDP generate is
-    transformers' declared bug (docs/upstream/transformers_fsdp_vlm_generate.md)."""
+    embedding planned replicate, structure's controls; the tower's output left partial into the projector and the
+    placeholders marked on each rank's share of the row, the forward's, each localized where it plants). Llava's
+    FSDP generate is transformers' declared bug (docs/upstream/transformers_fsdp_vlm_generate.md)."""
     run = run_paracheck(["--models", "transformers:llama-seq-cls,llava-image-text", "--nproc", "2", "--layouts",
                          "tp2,fsdp2", "--controls", "--steps", "0", "--no-checkpoint"], tmp_path)
     by = {(c["model"], c["layout"], c["control"]): c for c in run.report["cases"]}
@@ -185,4 +188,9 @@ def test_a_classification_head_and_a_vision_language_model_run_on_real_ranks(tmp
     for key in TASKS_PLANTED:
         assert by[key]["status"] == "detected", key
     assert by[("llama-seq-cls", "tp2", "tf-vlm-head-unplanned")]["status"] == "skip"  # no nested language model
+    assert "no vision tower feeding" in by[("llama-seq-cls", "tp2", "tf-vlm-tower-partial")]["reason"]
+    assert "marks no image placeholder" in by[("llama-seq-cls", "tp2", "tf-vlm-placeholders-on-shard")]["reason"]
+    planted = {k[2]: by[k]["localization"]["planted"] for k in TASKS_PLANTED[-2:]}
+    assert planted["tf-vlm-tower-partial"]["named"] == "model.vision_tower.encoder.layers.0.mlp.fc2"
+    assert all(p["localized"] for p in planted.values()), planted
     assert {c["status"] for k, c in by.items() if k[2]} <= {"detected", "skip", "inconclusive"}

@@ -196,3 +196,119 @@ def test_the_bias_control_is_refused_on_a_layout_that_splits_no_biased_module_by
     rowwise = torch.nn.Sequential(linear(0), linear(1))
     controls._bias_before_reduce(rowwise, Layout())
     assert [bool(m._forward_hooks) for m in rowwise] == [False, True]
+
+
+_LLAVAS: dict = {}
+
+
+def _tiny_llava(layers: int, feature_layer: int):
+    """A real tiny Llava (CLIP tower of `layers` layers, read at `feature_layer`), built once per tower depth."""
+    import torch
+
+    if layers not in _LLAVAS:
+        torch.manual_seed(0)
+        _LLAVAS[layers] = transformers.LlavaForConditionalGeneration(transformers.LlavaConfig(
+            vision_config=dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=24, image_size=8,
+                               patch_size=4, num_hidden_layers=layers, num_attention_heads=2),
+            text_config=dict(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=32,
+                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2),
+            image_token_id=63)).eval()
+    model = _LLAVAS[layers]
+    model.config.vision_feature_layer = feature_layer
+    return model
+
+
+def test_the_tower_control_plants_in_the_layer_whose_output_the_projector_reads():
+    """`vision_feature_layer` indexes the tower's hidden states: for every index of a 3-layer tower, the layer found
+    is the one whose output is that hidden state (read back from one real forward); index 0 is the embeddings, no
+    layer, so the control is refused there."""
+    import torch
+
+    model, layers = _tiny_llava(3, -1), 3
+    outputs = {}
+    hooks = [layer.register_forward_hook(lambda m, args, out, i=i: outputs.__setitem__(i, out[0] if isinstance(
+        out, tuple) else out)) for i, layer in enumerate(model.model.vision_tower.encoder.layers)]
+    with torch.no_grad():
+        states = model.model.vision_tower(torch.randn(1, 3, 8, 8), output_hidden_states=True).hidden_states
+    for hook in hooks:
+        hook.remove()
+    for index in range(-layers, layers + 1):
+        model.config.vision_feature_layer = index
+        found = controls._tower_read_layer(model)
+        if index == 0:
+            assert found is None and "no vision tower feeding" in controls._tower_feeds_projector(model)
+            continue
+        name, layer = found
+        position = index - 1 if index > 0 else layers + index
+        assert name == f"model.vision_tower.encoder.layers.{position}", (index, name)
+        assert torch.equal(outputs[position], states[index])
+        assert controls._tower_feeds_projector(model) is None
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+def test_the_tower_control_leaves_each_rank_a_partial_sum_of_the_whole(tp, monkeypatch):
+    """Planted, the read layer's last projection returns this rank's row-parallel partial sum: over the ranks the
+    partial sums add up to the whole output plus the bias counted tp - 1 more times, and no rank's is the whole."""
+    import copy
+
+    import torch
+
+    outputs, x = [], torch.randn(2, 5, 24)
+    for rank in range(tp):
+        model = copy.deepcopy(_tiny_llava(2, -2))
+        monkeypatch.setattr(controls, "_tp_coordinate", lambda m, rank=rank: (rank, tp))
+        assert controls._tower_left_partial(model, None) == "model.vision_tower.encoder.layers.0"
+        fc2 = model.model.vision_tower.encoder.layers[0].mlp.fc2
+        with torch.no_grad():
+            outputs.append(fc2(x))
+    whole = torch.nn.functional.linear(x, fc2.weight, fc2.bias).detach()
+    assert torch.allclose(sum(outputs), whole + (tp - 1) * fc2.bias.detach(), atol=1e-6)
+    assert not any(torch.allclose(o, whole) for o in outputs)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 4), st.lists(st.booleans(), min_size=4, max_size=13))
+def test_the_placeholder_control_keeps_each_rank_its_share_of_the_placeholders(tp, marks):
+    """Each rank's mask is the whole mask on its contiguous share of the row and nothing elsewhere: the shares
+    cover the row once, so over the ranks every placeholder is marked exactly once."""
+    import copy
+
+    import torch
+
+    ids = torch.tensor([[63 if m else 1 for m in marks]])
+    embeds, features = torch.zeros(1, len(marks), 16), torch.zeros(sum(marks), 16)
+    masks = []
+    for rank in range(tp):
+        model = copy.deepcopy(_tiny_llava(1, -1))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(controls, "_tp_coordinate", lambda m, rank=rank: (rank, tp))
+            assert controls._placeholders_on_shard(model, None) == "model"
+        mine = model.model.get_placeholder_mask(ids, embeds, features)[0, :, 0]
+        share = controls._share(len(marks), rank, tp)
+        assert not mine[:share.start].any() and not mine[share.stop:].any()
+        masks.append(mine.long())
+    assert torch.equal(sum(masks), ids[0].eq(63).long())
+    assert (controls._placeholders_shown(model) is None) and (controls._tower_feeds_projector(model) is None)
+
+
+def test_both_vision_language_controls_are_refused_by_name_on_a_causal_lm():
+    llama = _meta_llama()
+    assert "no vision tower feeding a multi_modal_projector" in controls._tower_feeds_projector(llama)
+    assert "marks no image placeholder tokens" in controls._placeholders_shown(llama)
+
+
+def test_the_placeholder_control_bends_the_image_mask_of_a_family_returning_several(monkeypatch):
+    """Families that take videos (or audio) too return (image, video, ...) masks: the image's is bent, the others
+    are handed on as they were."""
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(_tiny_llava(1, -1))
+    owner, whole = model.model, model.model.get_placeholder_mask
+    monkeypatch.setattr(owner, "get_placeholder_mask", lambda *a, **k: (whole(*a, **k), None))
+    monkeypatch.setattr(controls, "_tp_coordinate", lambda m: (1, 2))
+    controls._placeholders_on_shard(model, None)
+    ids = torch.tensor([[63, 63, 1, 1, 63, 1]])
+    image, video = owner.get_placeholder_mask(ids, torch.zeros(1, 6, 16), torch.zeros(3, 16))
+    assert video is None and image[0, :, 0].tolist() == [False, False, False, False, True, False]
