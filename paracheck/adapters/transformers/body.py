@@ -84,6 +84,8 @@ class _Body:
             raise Refused(f"{case.control}: {result.model_class}'s tp_plan has no rule for {', '.join(missing)}")
         if self.plant.needs_model and (why := self.plant.needs_model(ref)):
             raise Refused(f"{case.control}: {result.model_class}: {why}")
+        if self.plant.needs_inputs and (why := self.plant.needs_inputs(ref, self.batch)):
+            raise Refused(f"{case.control}: {result.model_class}: {why}")
         self.plant = self.plant.bound(ref)
 
     def parallelize(self) -> None:

@@ -31,6 +31,8 @@ class Plant:
     loss_factor: Callable[[int], float] = float
     #: single-process model -> why the bug cannot exist in it (the case is then skipped), else None.
     needs_model: Callable | None = None
+    #: (single-process model, the global batch) -> why the case's inputs cannot show the bug (skipped), else None.
+    needs_inputs: Callable | None = None
     #: single-process model -> more rules for `tp_plan`, read from its modules (for plans whose keys differ
     #: from family to family).
     tp_plan_from: Callable | None = None
@@ -620,6 +622,13 @@ def _placeholders_shown(ref) -> str | None:
     return None
 
 
+def _placeholders_given(ref, batch) -> str | None:
+    ids = batch.get("input_ids")
+    if ids is None or not bool((ids == ref.config.image_token_id).any()):
+        return "the inputs hold no image placeholder token, so no image reaches the text to be misplaced"
+    return None
+
+
 def _placeholders_on_shard(model, layout) -> str:
     """Each TP rank computes the image placeholders' positions from its own share of the sequence (as a sequence-
     parallel split over the tp ranks gives it) and scatters the image features there, while the rank runs the whole
@@ -735,7 +744,7 @@ _ENTRIES += (
     (Control("tf-vlm-placeholders-on-shard", "the image placeholders' positions computed from each TP rank's share "
              "of the sequence: a rank scatters the image features into its share's placeholders only",
              (CheckId.INFERENCE, CheckId.FORWARD), _needs_tp, plants_in=PLANTED + "|*language_model.layers.0.*"),
-     Plant(after_load=_placeholders_on_shard, needs_model=_placeholders_shown)),
+     Plant(after_load=_placeholders_on_shard, needs_model=_placeholders_shown, needs_inputs=_placeholders_given)),
 )
 
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}

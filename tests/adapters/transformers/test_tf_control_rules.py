@@ -297,6 +297,17 @@ def test_both_vision_language_controls_are_refused_by_name_on_a_causal_lm():
     assert "marks no image placeholder tokens" in controls._placeholders_shown(llama)
 
 
+def test_the_placeholder_control_is_refused_on_inputs_without_an_image():
+    """A user's batch with no image in any row (through a mixin) cannot show placeholders misplaced: refused by
+    name before the run, never reported missed; a batch with one placeholder is planted."""
+    import torch
+
+    model = _tiny_llava(1, -1)
+    plant = controls.PLANTS["tf-vlm-placeholders-on-shard"]
+    assert "no image placeholder token" in plant.needs_inputs(model, {"input_ids": torch.tensor([[1, 2, 3]])})
+    assert plant.needs_inputs(model, {"input_ids": torch.tensor([[1, 63, 3]])}) is None
+
+
 def test_the_placeholder_control_bends_the_image_mask_of_a_family_returning_several(monkeypatch):
     """Families that take videos (or audio) too return (image, video, ...) masks: the image's is bent, the others
     are handed on as they were."""
