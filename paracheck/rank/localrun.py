@@ -55,6 +55,9 @@ def run_local_case(index: int, case, backend, world, refs_dir: str, workdir: str
     adapter = registry.adapter(case.library)
     known = adapter.local_limit(case)
     if known:  # the adapter knows before any parallel code that one process cannot run it as every rank
+        if not (isinstance(known, tuple) and len(known) == 3 and all(isinstance(p, str) for p in known)):
+            raise TypeError(f"adapter {case.library!r}: local_limit(case) must return None or (exception, site, why), "
+                            f"three strings; it returned {known!r}")
         exception, where, why = known
         return [RankResult(index, rank, RankStatus.SKIP, reason=f"{LOCAL_WORLD_SKIP}: {why}",
                            failure=Failure(FailureKind.SKIP, None, exception, where)) for rank in world.ranks]

@@ -617,8 +617,10 @@ def _placeholder_owner(ref):
 
 
 def _placeholders_shown(ref) -> str | None:
-    if _placeholder_owner(ref) is None or getattr(ref.config, "image_token_id", None) is None:
+    if _placeholder_owner(ref) is None:
         return "the model marks no image placeholder tokens in its input ids (no get_placeholder_mask)"
+    if getattr(ref.config, "image_token_id", None) is None:
+        return "the model's config names no image placeholder token (no image_token_id)"
     return None
 
 

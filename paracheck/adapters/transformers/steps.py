@@ -283,7 +283,8 @@ def run(body) -> list[CheckResult]:
         return skip(reason)
     result = check(actual, expected, body.tol.atol, body.tol.rtol)
     if result.status == Status.FAIL:
-        site = _planned_as(result, body.ref, layout) or _loss_times_dp(result, layout, body.tol.atol, body.tol.rtol)
+        site = (_planned_as(result, body.ref, layout)
+                or _loss_times_dp(result, layout, body.ref, body.tol.atol, body.tol.rtol))
         result.failure = Failure(FailureKind.CHECK, CheckId.STEPS, site=site)
     if stand_in is not None:
         result.data["stood_in"] = stand_in.describe()
@@ -349,22 +350,37 @@ def _planned_as(result: CheckResult, ref, layout) -> str:
     return PLANNED.format(style=styles.pop()) if len(styles) == 1 and None not in styles else ""
 
 
-#: A failing step's site where the first step's logged loss and gradient norm are both `dp` times the reference's
-#: while nothing has moved yet: the Trainer scaled a loss that is each shard's mean as if it summed over
-#: `num_items_in_batch` (docs/upstream/transformers_trainer_mean_loss_scaled.md).
+#: A failing step's site where the model's loss is the generic classification heads' plain mean, which the Trainer
+#: takes for one summed over `num_items_in_batch` (its forward has **kwargs), and the first step's logged loss and
+#: gradient norm are both `dp` times the reference's: the Trainer scaled it
+#: (docs/upstream/transformers_trainer_mean_loss_scaled.md).
 LOSS_TIMES_DP = "trainer:mean_loss_times_dp"
 
 
-def _loss_times_dp(result: CheckResult, layout, atol: float, rtol: float) -> str:
-    """`LOSS_TIMES_DP` where the steps part at step 1 with its loss and gradient norm each `dp` times the reference's
-    (within the case's tolerance of the scaled figure), else "": a typed origin, as `_planned_as`'s. Step 1 alone:
-    its figures come before any update, so a factor there is the scaling's, not a drift's."""
+def _mean_loss_head(model) -> bool:
+    """Whether `model` computes its loss as transformers' generic sequence, token or span classification heads do (a
+    mean over the batch, no `num_items_in_batch`) while its forward takes **kwargs (what the Trainer reads as a loss
+    that sums): the cause `LOSS_TIMES_DP` names, read from the model, not from the figures."""
+    import inspect
+
+    from transformers import modeling_layers as layers
+
+    generic = tuple(getattr(layers, n) for n in ("GenericForSequenceClassification", "GenericForTokenClassification",
+                                                 "GenericForQuestionAnswering") if hasattr(layers, n))
+    takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in inspect.signature(type(model).forward).parameters.values())
+    return isinstance(model, generic) and takes_kwargs
+
+
+def _loss_times_dp(result: CheckResult, layout, model, atol: float, rtol: float) -> str:
+    """`LOSS_TIMES_DP` where `model` has the cause (`_mean_loss_head`) and the steps part at step 1 with its loss and
+    gradient norm each `dp` times the reference's (within the case's tolerance of the scaled figure), else "". Step 1
+    alone: its figures come before any update, so a factor there is the scaling's, not a drift's."""
     first = (result.data.get("steps") or [{}])[0]
     figures = [(first.get(k), first.get(f"reference_{k}")) for k in ("loss", "grad_norm")]
     if layout.dp == 1 or result.data.get("first_step") != 1 or any(a is None or b is None for a, b in figures):
         return ""
     scaled = all(abs(a - layout.dp * b) <= atol + rtol * abs(layout.dp * b) for a, b in figures)
-    return LOSS_TIMES_DP if scaled else ""
+    return LOSS_TIMES_DP if scaled and _mean_loss_head(model) else ""
 
 
 def _sizes(layout) -> str:

@@ -150,16 +150,27 @@ def prepared(config, task: Task):
     return config
 
 
+#: What a config's name for a random drop ends or holds: dropout probabilities, GPT-style `*_pdrop`, stochastic depth
+#: (`drop_path_rate`) and layer-drop (`encoder_layerdrop`), each drawn per process in train mode.
+_DROPS = ("dropout", "pdrop", "drop_path", "layerdrop")
+
+
 def _no_dropout(config) -> None:
-    """Every dropout probability of `config` and its sub-configs 0, a classifier head's too (`classifier_dropout`,
-    which `GenericForTokenClassification` takes as 0.1 where the config names none). parity.steps trains in train
-    mode, where a dropout draws its masks from each process's own random stream: no parallel step could equal the
-    single-process one (measured: llama-token-cls fsdp2 parted at step 1 by 1.99e-2 on `score.weight`)."""
-    configs = [config] + [getattr(config, key, None) for key in getattr(config, "sub_configs", {}) or {}]
-    for part in filter(None, configs):
-        for name, value in vars(part).items():
-            if ("dropout" in name or name.endswith("pdrop")) and isinstance(value, float):
+    """Every random drop of `config` and of its sub-configs at every depth 0 (`_DROPS`), a classifier head's too
+    (`classifier_dropout`, which `GenericForTokenClassification` takes as 0.1 where the config names none).
+    parity.steps trains in train mode, where a drop draws from each process's own random stream: no parallel step
+    could equal the single-process one (measured: llama-token-cls fsdp2 parted at step 1 by 1.99e-2 on
+    `score.weight`; qianfan_ocr's vision tower defaults `drop_path_rate` to 0.1)."""
+    seen, parts = set(), [config]
+    while parts:
+        part = parts.pop()
+        if part is None or id(part) in seen:
+            continue
+        seen.add(id(part))
+        for name, value in list(vars(part).items()):
+            if any(d in name for d in _DROPS) and isinstance(value, float):
                 setattr(part, name, 0.0)
+        parts += [getattr(part, key, None) for key in getattr(part, "sub_configs", {}) or {}]
     config.classifier_dropout = 0.0  # the head's, read from the config it is built with
 
 

@@ -85,21 +85,28 @@ def test_the_gradient_norm_is_reported_and_named_where_the_parameters_part():
 
 
 def test_a_first_step_whose_loss_and_norm_are_dp_times_the_references_is_typed_as_the_trainers_scaling():
-    """The site of transformers' Trainer scaling a shard-mean loss by dp (declared upstream by it): step 1's loss
-    and gradient norm both `dp` times the reference's; a loss alone, another factor or no data parallelism are not
-    it."""
+    """The site of transformers' Trainer scaling a shard-mean loss by dp (declared upstream by it): a generic
+    classification head (its forward takes **kwargs, its loss a plain mean) and step 1's loss and gradient norm both
+    `dp` times the reference's; a loss alone, another factor, no data parallelism, or a model whose loss is not that
+    head's (a user's, a causal LM's) are not it."""
     import torch
 
-    def typed(loss, norm, layout="fsdp2", ref=(2.334, 10.84)):
+    config = transformers.LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2, num_labels=2, pad_token_id=0)
+    head = transformers.LlamaForSequenceClassification(config)
+    causal = transformers.LlamaForCausalLM(config)
+
+    def typed(loss, norm, layout="fsdp2", ref=(2.334, 10.84), model=head):
         mine = [StepRecord(torch.tensor(loss), {"w": torch.ones(2)}, grad_norm=norm)]
         result = compare_steps(mine, [StepRecord(torch.tensor(ref[0]), {"w": torch.ones(2)}, grad_norm=ref[1])],
                                1e-5, 1e-5)
-        return steps._loss_times_dp(result, TfLayout.parse(layout), 1e-5, 1e-5)
+        return steps._loss_times_dp(result, TfLayout.parse(layout), model, 1e-5, 1e-5)
 
     assert typed(4.668, 21.68) == typed(4.668, 21.68, "tp2xfsdp2") == steps.LOSS_TIMES_DP
     assert typed(4.668 * 2, 21.68 * 2, "dpr2xfsdp2") == steps.LOSS_TIMES_DP
     assert typed(4.668, 10.84) == typed(2.334 * 1.5, 10.84 * 1.5) == typed(4.668, 21.68, "tp2", (2.334, 10.84)) == ""
     assert typed(4.6681, 21.68) == ""  # past the tolerance of the scaled loss
+    assert typed(4.668, 21.68, model=causal) == ""  # the same figures on a loss that is not the generic head's
 
 
 def test_each_new_control_names_where_it_cannot_apply():
@@ -164,7 +171,8 @@ def test_the_pipeline_abort_is_declared_and_tp_trains_into_the_declared_accumula
             assert "transformers_trainer_evaluate_unsharded" in (_cases(steps_run)[layout].get("known_failure") or "")
         odd = {(c["layout"], c["control"], c["status"]) for c in steps_run.report["cases"]
                if c["status"] not in ("pass", "xfail", "skip", "detected", "inconclusive")}
-        assert all(layout in ("fsdp2", "dpr2") for layout, _, _ in odd), odd  # 5.23: dpr2 tf-decay-twice dies
+        # 5.23: the planted decay writes through the freed storage and both ranks die (2 runs of 2), a named error
+        assert odd <= {("dpr2", "tf-decay-twice", "error")}, odd
     pp = _cases(steps_run)["pp2"]
     assert pp["status"] == "xfail" and "_sync_replicated_trainable_parameters" in _steps(pp)["detail"]
     case = _cases(steps_run)["tp2"]

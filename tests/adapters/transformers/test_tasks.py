@@ -54,6 +54,11 @@ def test_a_prepared_config_drops_nothing_so_train_mode_steps_can_match():
     seq2seq.encoder.dropout_rate = seq2seq.decoder.attention_dropout = 0.1
     seq2seq = tasks.prepared(seq2seq, tasks.SEQ2SEQ)
     assert seq2seq.encoder.dropout_rate == seq2seq.decoder.attention_dropout == 0.0
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if "qianfan_ocr" in CONFIG_MAPPING:  # stochastic depth in its vision tower, 0.1 by default
+        vlm = tasks.prepared(fitting.tiny(CONFIG_MAPPING["qianfan_ocr"]), tasks.IMAGE_TEXT)
+        assert vlm.vision_config.drop_path_rate == 0.0
 
 
 def _llava():

@@ -8,6 +8,7 @@ A pipeline runs no backward: the training, backward and gradient passes are empt
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import torch
 
@@ -96,7 +97,7 @@ class PipelineBody:
         tol = self.ctx.tolerance
         result = check.check(self.ref, self.recording, tol.atol, tol.rtol, self.raised)
         if self.guarded:
-            result.data["stood_in"] = agree.REPORTED
+            result.data["stood_in"] = copy.deepcopy(agree.REPORTED)  # each case's own: data is edited per case
         return [result]
 
     def backward_skip(self) -> str | None:
