@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -42,7 +43,7 @@ from paracheck.checks.steps import StepRecord, compare_steps
 from paracheck.checks.trainloop import clip, whole_params
 from paracheck.checks.wholes import wholes
 from paracheck.domain.adapter import Refused
-from paracheck.domain.records import CheckId, CheckResult, Failure, Status
+from paracheck.domain.records import CheckId, CheckResult, Failure, FailureKind, Status
 from paracheck.adapters.transformers import inputs, tasks
 from paracheck.adapters.transformers import fitting
 from paracheck.adapters.transformers.layout import cp_supported, reload_layout
@@ -75,6 +76,23 @@ def roundtrip(body, load) -> list[CheckResult]:
     """The pass on `body` (the case's `_Body`); `load(path, layout)`: the checkpoint at `path` loaded with
     `from_pretrained(distributed_config=...)` on `layout`, on this world's meshes."""
     return [_Roundtrip(body, load).run()]
+
+
+#: The typed site of a resumed optimizer load whose every missing key is the state of a parameter that never got a
+#: gradient before the save (transformers' `load_optimizer_distributed` asks for every parameter's state; declared
+#: upstream: docs/upstream/transformers_optimizer_load_unused_params.md).
+UNTRAINED_STATE_SITE = "checkpoint:optimizer_state_of_untrained_params"
+_MISSING_STATE = re.compile(r"optimizer\.state\.(\S+?)\.(?:exp_avg_sq|exp_avg|step)\b")
+
+
+class UntrainedStateMissing(RuntimeError):
+    """The optimizer load raised for the state of untrained parameters only (`UNTRAINED_STATE_SITE`)."""
+
+
+def _untrained_only(exc: BaseException, untrained: set) -> bool:
+    """Whether every optimizer-state key `exc` says is missing names a parameter in `untrained` (and one does)."""
+    named = set(_MISSING_STATE.findall(str(exc)))
+    return bool(named) and named <= untrained
 
 
 class _Roundtrip:
@@ -115,7 +133,9 @@ class _Roundtrip:
             part = Part("refused", str(exc))
         except RAISES as exc:  # a part's raise is its failure (a control's bug may raise; DCP's is a BaseException)
             part = Part("fail", f"raised {type(exc).__name__}: {exc}")
-            self.failure = self.failure or Failure.raised(exc, CheckId.CHECKPOINT)
+            typed = Failure(FailureKind.RAISE, CheckId.CHECKPOINT, type(exc.__cause__).__name__, UNTRAINED_STATE_SITE) \
+                if isinstance(exc, UntrainedStateMissing) else Failure.raised(exc, CheckId.CHECKPOINT)
+            self.failure = self.failure or typed
         part.seconds = round(time.perf_counter() - started, 3)
         self.parts[name] = part
         gc.collect()
@@ -191,14 +211,20 @@ class _Roundtrip:
             self.notes.append(_trainer_refusal(model, os.path.join(path, "trainer")))
             optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
             records = [_step(model, optimizer, self.body.batch, self.layout, self.body.task) for _ in range(BEFORE)]
+            untrained = {name for name, p in model.named_parameters() if not optimizer.state.get(p)}
             with _planted(self.plant.dcp_save_plant, model):
                 model.save_pretrained(os.path.join(path, "model"), distributed_checkpoint=True)
             save_optimizer_distributed(model, optimizer, os.path.join(path, "optimizer"))
             del model, optimizer
             model = self._load(os.path.join(path, "model"), self.other)
             optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-            with _planted(self.plant.optimizer_load_plant):
-                load_optimizer_distributed(model, optimizer, os.path.join(path, "optimizer"))
+            try:
+                with _planted(self.plant.optimizer_load_plant):
+                    load_optimizer_distributed(model, optimizer, os.path.join(path, "optimizer"))
+            except RAISES as exc:
+                if _untrained_only(exc, untrained):
+                    raise UntrainedStateMissing(str(exc)) from exc
+                raise
             records += [_step(model, optimizer, self.body.batch, self.other, self.body.task) for _ in range(AFTER)]
         steps = compare_steps(records, expected, self.tol.atol, self.tol.rtol)
         detail = f"{self.layout} -> {self.other}: {steps.detail}" if steps.detail else ""

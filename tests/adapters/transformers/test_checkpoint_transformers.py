@@ -168,3 +168,16 @@ def test_the_other_layout_is_one_the_models_sizes_take():
     assert unfitted.name == "fsdp4"
     fitted = reload_layout(TfLayout.parse("tp2xfsdp2"), 4, fits=lambda other: other.name != "fsdp4")
     assert fitted is not None and fitted.name not in ("fsdp4", "tp2xfsdp2")
+
+
+def test_an_optimizer_load_is_typed_as_untrained_state_only_where_every_missing_key_is_an_untrained_parameters():
+    """The declared upstream optimizer load (docs/upstream/transformers_optimizer_load_unused_params.md) is keyed by a
+    typed site, not the message: only where each missing state names a parameter that got no gradient."""
+    from paracheck.adapters.transformers.checkpoint import _untrained_only
+
+    said = ("Missing key in checkpoint state_dict: optimizer.state.model.post_layernorm.weight.exp_avg. "
+            "Missing key in checkpoint state_dict: optimizer.state.model.layers.1.fc.bias.step.")
+    untrained = {"model.post_layernorm.weight", "model.layers.1.fc.bias"}
+    assert _untrained_only(RuntimeError(said), untrained)
+    assert not _untrained_only(RuntimeError(said), {"model.post_layernorm.weight"})  # a trained one's state lost
+    assert not _untrained_only(RuntimeError("Missing key in checkpoint state_dict: model.x"), untrained)
