@@ -566,8 +566,10 @@ def _tower_read_layer(model):
     if not isinstance(index, int) or "vision_tower" not in names or "multi_modal_projector" not in names:
         return None
     tower = model.get_submodule(names["vision_tower"])
-    layers = max((m for m in tower.modules() if isinstance(m, torch.nn.ModuleList)), key=len,
-                 default=None)
+    # The tower's layer list: the one as long as its config's layers where it says (a tiny tower may hold another).
+    depth = getattr(getattr(model.config, "vision_config", None), "num_hidden_layers", None)
+    lists = [m for m in tower.modules() if isinstance(m, torch.nn.ModuleList)]
+    layers = next((m for m in lists if len(m) == depth), None) or max(lists, key=len, default=None)
     if not layers or index == 0 or not -len(layers) <= (index - 1 if index > 0 else index) < len(layers):
         return None
     layer = layers[index - 1 if index > 0 else index]
