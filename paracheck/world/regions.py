@@ -237,6 +237,9 @@ def once_per_rank(fn):
         return fn()
     values = each_rank(lambda rank: fn(), sorted(mode.ranks), carry_modes=False)
     first = values[min(values)]
+    if any(isinstance(value, torch.Tensor) for value in values.values()):
+        raise TypeError(f"once_per_rank({getattr(fn, '__qualname__', fn)}): returned a tensor; it must return a plain "
+                        "value each rank can be compared on (per_rank_tensors takes tensors)")
     if any(value != first for value in values.values()):
         from paracheck.world.localworld import RankDependent
 

@@ -126,6 +126,8 @@ def test_kit_code_run_once_per_rank_returns_its_one_value_and_refuses_a_value_th
         assert once_per_rank(lambda: f"planted as {dist.get_world_size()}") == "planted as 4"
         with pytest.raises(RankDependent, match="another value on some ranks"):
             once_per_rank(lambda: dist.get_rank())
+        with pytest.raises(TypeError, match="returned a tensor; it must return a plain value"):
+            once_per_rank(lambda: torch.zeros(2))
 
 
 def _chunk_mine(x, group):
