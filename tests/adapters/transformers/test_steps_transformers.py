@@ -171,7 +171,7 @@ def test_the_pipeline_abort_is_declared_and_tp_trains_into_the_declared_accumula
             assert "transformers_trainer_evaluate_unsharded" in (_cases(steps_run)[layout].get("known_failure") or "")
         odd = {(c["layout"], c["control"], c["status"]) for c in steps_run.report["cases"]
                if c["status"] not in ("pass", "xfail", "skip", "detected", "inconclusive")}
-        # 5.23: the planted decay writes through the freed storage and both ranks die (2 runs of 2), a named error
+        # 5.23: the planted decay writes through the freed storage and both ranks die (3 runs of 3), a named error
         assert odd <= {("dpr2", "tf-decay-twice", "error")}, odd
     pp = _cases(steps_run)["pp2"]
     assert pp["status"] == "xfail" and "_sync_replicated_trainable_parameters" in _steps(pp)["detail"]
