@@ -14,7 +14,8 @@ masks something out), so a bug in mask handling matches a user's own inputs what
 and `message`, a glob the failure's text (the error, or the failing check's detail) must match, for a bug
 that shares its check with others; `site`, a glob the named check's typed failure site must match (its
 `Failure.site`: where it raised, or the origin a check typed, e.g. "tp_plan:replicated_with_grad_allreduce"),
-the typed way to the same end (with a list of checks, each failing check's own text and site are matched); `fixed_in` ("DISTRIBUTION 1.2.0"), the release that fixed the bug: where it or a
+the typed way to the same end (with a list of checks, each failing check's own text and site are matched);
+`fixed_in` ("DISTRIBUTION 1.2.0"), the release that fixed the bug: where it or a
 later one is installed the entry is left out, so the case passes plainly and a return of the bug fails. A plain case that fails the named check becomes `xfail`; one that
 matches an entry and passes becomes `xpass`, so the entry can go.
 Torch-free.
@@ -133,8 +134,8 @@ class KnownFailure:
 
     def passes_in(self, verdict) -> bool:
         """The failure this entry declares did not happen: the case passed, and of its checks, at least one ran on
-        every rank and every one that ran passed (a check the run skipped did not run). An entry that names a `message` or a `site` declares one failure
-        of several its checks may show, so a pass says nothing about it."""
+        every rank and every one that ran passed (a check the run skipped did not run). An entry that names a
+        `message` or a `site` declares one failure of several its checks may show, so a pass says nothing about it."""
         if self.message != "*" or self.site != "*":
             return False
         if self.check in ("*", "error"):
