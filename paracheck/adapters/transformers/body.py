@@ -22,8 +22,8 @@ from paracheck.checks.compare import compare
 from paracheck.checks.shards import full
 from paracheck.checks.traits import input_traits
 from paracheck.domain.adapter import CaseContext, Refused
-from paracheck.domain.records import CheckId, CheckResult, Route, Status
-from paracheck.adapters.transformers import cases, fixtures, inputs, library, localize, structure, tasks
+from paracheck.domain.records import CheckId, CheckResult, Failure, FailureKind, Route, Status
+from paracheck.adapters.transformers import cases, coupling, fixtures, inputs, library, localize, structure, tasks
 from paracheck.adapters.transformers.layout import config_kwargs
 from paracheck.adapters.transformers.controls import CONTROLS, NO_PLANT, PLANTS
 from paracheck.world import meshes
@@ -125,7 +125,26 @@ class _Body:
         total = self.out.loss.detach().clone()
         dist.all_reduce(total)  # each data shard's loss counted once per rank holding it: world / dp times
         shards = layout.world // layout.dp * (layout.dp if self.task.shard_mean else 1)
-        return checks + [compare(CheckId.LOSS, total / shards, expected["loss"], tol.atol, tol.rtol, "loss")]
+        return self._typed(checks + [compare(CheckId.LOSS, total / shards, expected["loss"], tol.atol, tol.rtol,
+                                             "loss")])
+
+    def _typed(self, checks: list) -> list:
+        """`checks`, each failing comparison (no raise, no site typed yet) typed `coupling.ROWS_COUPLED` where the
+        single-process model's rows depend on the batch: measured once a case, at the first such failure, so a
+        passing case pays nothing. Any share's coupling types every rank's failure: gradients and steps are reduced
+        over the shares."""
+        open_ = [c for c in checks if c.status == Status.FAIL and (c.failure is None or (
+            c.failure.kind == FailureKind.CHECK and not c.failure.site))]
+        if self.layout.dp == 1 or not open_:
+            return checks
+        if "_apart" not in self.__dict__:  # one body for every rank of a local world: the figure is the batch's
+            self._apart = coupling.batch_apart(self.ref, self.batch, self.expected["infer"], self.layout.dp,
+                                               self.tol.atol, self.tol.rtol)
+        if self._apart is not None:
+            for check in open_:
+                check.failure = Failure(FailureKind.CHECK, check.id, site=coupling.ROWS_COUPLED)
+                check.detail += coupling.said(*self._apart)
+        return checks
 
     def backward_skip(self) -> str | None:
         if self.out.loss is None:
@@ -142,7 +161,8 @@ class _Body:
         skip = self.backward_skip()
         if skip:
             return [CheckResult(CheckId.GRADS, Status.SKIP, skip)]
-        return [localize.grads(self.model, self.expected["grads"], self.tol.atol, self.tol.rtol, self.layout)]
+        return self._typed([localize.grads(self.model, self.expected["grads"], self.tol.atol, self.tol.rtol,
+                                           self.layout)])
 
     def checkpoint(self) -> list:
         from paracheck.adapters.transformers.checkpoint import roundtrip
@@ -155,12 +175,12 @@ class _Body:
 
         if not self.task.generates:
             return [CheckResult(CheckId.GENERATE, Status.SKIP, f"a {self.task.name} model does not generate")]
-        return generate.run(self)
+        return self._typed(generate.run(self))
 
     def steps(self) -> list:
         from paracheck.adapters.transformers import steps
 
-        return steps.run(self)
+        return self._typed(steps.run(self))
 
     def localize(self, checks: list) -> None:
         localize.after_checks(self.model, self.ref, self.mine, self.layout, checks, self.ctx.result, self.tol.atol,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from paracheck.adapters.transformers import images, inputs, tasks  # noqa: E402
+from paracheck.adapters.transformers import coupling, images, inputs, tasks  # noqa: E402
 
 
 #: A model type each task's mapping holds (and no earlier task's, so its class names that task).
@@ -106,11 +106,9 @@ def test_each_builders_inputs_run_the_tiny_model_and_split_by_rows(model_type):
                               config, seed=1)
     with torch.no_grad():
         out = model(**batch, use_cache=False)
-        rows = [model(**{k: v for k, v in inputs.share(batch, i, 2).items() if k != "labels"}, use_cache=False).logits
-                for i in range(2)]
         other = model(**dict(batch, pixel_values=torch.randn_like(batch["pixel_values"])), use_cache=False).logits
     assert torch.isfinite(out.loss)
-    torch.testing.assert_close(torch.cat(rows), out.logits, atol=1e-5, rtol=1e-5)
+    assert coupling.batch_apart(model, batch, out.logits, 2, 1e-5, 1e-5) is None  # each share alone: its rows
     assert (other - out.logits).abs().max() > 1e-3  # the image reaches the text (GotOcr2's 1e-10 weights did not)
 
 
@@ -148,6 +146,10 @@ def test_hunyuan_vl_splits_by_rows_but_for_its_image_ordinal_counted_over_the_ba
         counted_per_row = model(**batch, position_ids=per_row, use_cache=False).logits
     assert (split - whole).abs().max() > 1e-5  # the bug: the second row's image is ordinal 1 in the whole batch
     torch.testing.assert_close(counted_per_row, split, atol=0, rtol=0)
+    # what the kit measures where a data-parallel check fails, and types it by (the known entry's site)
+    index, apart = coupling.batch_apart(model, batch, whole, 2, 1e-5, 1e-5)
+    assert index == 1 and apart == pytest.approx(float((split - whole)[1:].abs().max()))
+    assert coupling.batch_apart(model, batch, whole, 1, 1e-5, 1e-5) is None  # no data parallelism, nothing to part
 
 
 @settings(max_examples=30, deadline=None)
