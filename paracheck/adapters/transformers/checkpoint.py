@@ -53,11 +53,14 @@ PARTS = {"a": "gathered save_pretrained, read on one device", "b": "DCP save, re
          "c": "DCP load on the same layout", "d": "DCP load on another layout",
          "e": "resume on another layout from the library's distributed save of model and optimizer"}
 #: (e): steps before the save, after the load; AdamW's learning rate and the gradient clip every step takes.
-#: AdamW divides by the gradient's own size, so an element whose gradient is near rounding moves by up to ~1e-2 x lr
-#: between two runs whose gradients agree to 1e-7 (measured on llama tp4 at lr 1e-3: 1.03e-5 at step 2, before
-#: any save, past atol 1e-5). At 1e-4 that stays under the tolerance, while a resume that loses or misplaces the
-#: optimizer state still moves elements by ~lr (10x atol) and a wrong weight by its own size.
-BEFORE, AFTER, LR, MAX_NORM = 1, 1, 1e-4, 1.0
+#: AdamW divides by the gradient's own size (m / (sqrt(v) + eps)), so with torch's eps (1e-8) an element whose
+#: gradient is rounding noise around zero moves by up to ~lr with the noise's sign: two runs whose gradients agree to
+#: 1e-7 part by up to 2 x lr there (measured: llama tp4 at lr 1e-3, 1.03e-5 at step 2; olmo3 tp4 at 1e-4, an
+#: o_proj element 1.64e-5 at step 1, its gradient ~1e-9 on both sides, opposite signs). So eps is the root mean
+#: square of the reference's first clipped gradient (`_eps`, as parity.steps sets it): a gradient error d then moves
+#: an update by at most lr x d / eps, while a resume that loses or misplaces the optimizer state still moves the
+#: elements whose gradient is of the usual size by a good share of lr (several times atol).
+BEFORE, AFTER, LR, MAX_NORM = 1, 1, 1e-3, 1.0
 
 
 @dataclass
@@ -205,11 +208,11 @@ class _Roundtrip:
                           "(declared upstream: parity.loss on pp*)")
         if self.other is None:
             raise Refused(f"no other layout of {dist.get_world_size()} ranks to resume on")
-        expected = _reference_steps(self.body.path, self.body.batch, BEFORE + AFTER, self.body.task)
+        expected, eps = _reference_steps(self.body.path, self.body.batch, BEFORE + AFTER, self.body.task)
         model = self._load(self.body.path, self.layout, plant=False)
         with _folder(self.root, "resume") as path:
             self.notes.append(_trainer_refusal(model, os.path.join(path, "trainer")))
-            optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=eps)
             records = [_step(model, optimizer, self.body.batch, self.layout, self.body.task) for _ in range(BEFORE)]
             untrained = {name for name, p in model.named_parameters() if not optimizer.state.get(p)}
             with _planted(self.plant.dcp_save_plant, model):
@@ -217,7 +220,7 @@ class _Roundtrip:
             save_optimizer_distributed(model, optimizer, os.path.join(path, "optimizer"))
             del model, optimizer
             model = self._load(os.path.join(path, "model"), self.other)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=eps)
             try:
                 with _planted(self.plant.optimizer_load_plant):
                     load_optimizer_distributed(model, optimizer, os.path.join(path, "optimizer"))
@@ -275,8 +278,9 @@ def _verdict(parts: dict, notes: list, other, tol, failure) -> CheckResult:
 # -- steps (e) -----------------------------------------------------------------------------------------------
 
 
-def _reference_steps(path: str, batch: dict, count: int, task) -> list[StepRecord]:
-    """`count` steps of a fresh single-device load of the checkpoint (the shared reference is left alone)."""
+def _reference_steps(path: str, batch: dict, count: int, task) -> tuple[list[StepRecord], float]:
+    """`count` steps of a fresh single-device load of the checkpoint (the shared reference is left alone), and the
+    AdamW eps they took (`_eps`, set at the first step, before it is used)."""
     model = tasks.load(path, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     counted = tasks.loss_kwargs(task, batch["labels"])
@@ -286,9 +290,21 @@ def _reference_steps(path: str, batch: dict, count: int, task) -> list[StepRecor
         loss = model(**batch, **counted, use_cache=False).loss
         loss.backward()
         clip(list(model.parameters()), MAX_NORM)
+        if not records:
+            optimizer.param_groups[0]["eps"] = _eps(model)
         optimizer.step()
         records.append(StepRecord(loss.detach().clone(), whole_params(model)))
-    return records
+    return records, optimizer.param_groups[0]["eps"]
+
+
+def _eps(model) -> float:
+    """The root mean square of `model`'s (clipped) gradient: AdamW's eps for (e), so rounding noise in a gradient
+    near zero cannot flip a step (the comment above `LR`); torch's own 1e-8 where every gradient is zero (eps 0 would
+    divide zero by zero)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    count = sum(g.numel() for g in grads)
+    rms = float(torch.sqrt(sum(g.double().pow(2).sum() for g in grads) / count)) if count else 0.0
+    return rms or 1e-8
 
 
 def _step(model, optimizer, batch: dict, layout, task) -> StepRecord:
