@@ -8,6 +8,7 @@ outside this one names these controls.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -754,6 +755,23 @@ _ENTRIES += (
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}
 PLANTS: dict[str, Plant] = {c.name: p for c, p in _ENTRIES}
 NO_PLANT = Plant()
+
+
+def per_rank_refusal(name: str) -> str | None:
+    """Why control `name` cannot be planted once per rank (`Control.per_rank`): only a plant's `after_load` is (the
+    body runs it so); a plan rule, a loss factor, a save, load or Trainer plant is handed to transformers once for
+    every rank."""
+    plant = PLANTS[name]
+    once = [f.name for f in dataclasses.fields(Plant) if f.name in _PLANTED_FOR_EVERY_RANK
+            and getattr(plant, f.name) != getattr(NO_PLANT, f.name)]
+    if once:
+        return f"{name} is planted by its {', '.join(once)}, handed to transformers once for every rank"
+    return None
+
+
+#: The `Plant` fields that plant a bug other than `after_load`: none can run once per rank.
+_PLANTED_FOR_EVERY_RANK = ("tp_plan", "tp_plan_from", "loss_factor", "save_plant", "dcp_save_plant",
+                           "dcp_load_plant", "optimizer_load_plant", "trainer_plant")
 
 
 def applicable(layout) -> list[str]:

@@ -119,3 +119,25 @@ def test_the_router_control_pushes_each_ranks_own_expert_share_in_one_process():
         ours, theirs = planted(torch.ones(1, 4)), plain(torch.ones(1, 4))
     assert [int(ours._local_tensors[r]) for r in world.ranks] == [0, 1, 2, 3]
     assert [int(theirs._local_tensors[r]) for r in world.ranks] == [0, 0, 0, 0]
+
+
+def test_a_control_planted_once_per_rank_runs_its_after_load_as_each_rank_in_one_process():
+    """`Control.per_rank` was honoured by the torch and diffusers adapters only: a transformers `after_load` that
+    picks by its rank ran once for every rank in a local world. Now it runs once per rank, each acting as its rank,
+    and returns the one value they agree on; a control that does not ask runs it once."""
+    from paracheck.adapters.transformers.body import after_load
+    from paracheck.adapters.transformers.controls import Plant
+    from paracheck.domain.control import Control
+    from paracheck.domain.records import CheckId
+    from paracheck.world.localworld import LocalWorld
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    seen = []
+    plant = Plant(after_load=lambda model, layout: seen.append(dist.get_rank()) or "model.layers.0")
+    control = Control("tf-toy", "toy", (CheckId.FORWARD,), lambda layout: None, per_rank=True)
+    with LocalWorld(3) as world, world.mode:
+        assert after_load(control, plant, None, None) == "model.layers.0"
+        assert seen == [0, 1, 2]
+        after_load(Control("tf-toy", "toy", (CheckId.FORWARD,), lambda layout: None), plant, None, None)
+    assert len(seen) == 4 and not isinstance(seen[3], int)  # once, with every rank's rank in one value

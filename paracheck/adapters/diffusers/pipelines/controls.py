@@ -268,6 +268,16 @@ PIPELINE_CONTROLS: dict[str, Control] = {c.name: c for c in (
 _VARIANT = {"cache-local-key": "first-block-cache"}
 
 
+def per_rank_refusal(control: Control) -> str | None:
+    """Why a pipeline control cannot be planted once per rank (`Control.per_rank`): `cache-local-key` is planted by
+    `plant_cache` once the cache is on, not by its planter; the others as a model control is."""
+    from paracheck.adapters.diffusers import controls
+
+    if control.name == "cache-local-key":
+        return f"{control.name} is planted by plant_cache once the cache is on, not by its planter"
+    return controls.per_rank_refusal(control)
+
+
 def planted_on(name: str) -> str:
     return _VARIANT.get(name, "base")
 
