@@ -141,3 +141,36 @@ def test_a_control_planted_once_per_rank_runs_its_after_load_as_each_rank_in_one
         assert seen == [0, 1, 2]
         after_load(Control("tf-toy", "toy", (CheckId.FORWARD,), lambda layout: None), plant, None, None)
     assert len(seen) == 4 and not isinstance(seen[3], int)  # once, with every rank's rank in one value
+
+
+def test_the_vision_language_controls_plant_each_ranks_own_share_in_one_process(monkeypatch):
+    """`tf-vlm-tower-partial` and `tf-vlm-placeholders-on-shard` sliced their share by the tp coordinate, one Python
+    value under the mode: `RankDependent` at `_share` in a local world (llava-image-text tp2: a skip where gloo
+    detects it). Each share is now a per-rank mask: in one process rank r's placeholder mask is the whole one on its
+    share of an odd row (3 and 2 tokens), and its tower output the partial sum of its rows, as on gloo."""
+    import copy
+
+    import torch
+
+    from paracheck.adapters.transformers import controls
+    from paracheck.world.localworld import LocalWorld
+    from tests.adapters.transformers.test_tf_control_rules import _tiny_llava
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    vlm, tower = copy.deepcopy(_tiny_llava(1, -1)), copy.deepcopy(_tiny_llava(2, -2))
+    ids, x = torch.tensor([[63, 1, 63, 63, 1]]), torch.randn(2, 5, 24)
+    monkeypatch.setattr(controls, "_tp_coordinate", lambda model: (dist.get_rank(), 2))  # per rank under the mode
+    with LocalWorld(2) as world, world.mode:
+        controls._placeholders_on_shard(vlm, None)
+        controls._tower_left_partial(tower, None)
+        mask = vlm.model.get_placeholder_mask(ids, torch.zeros(1, 5, 16), torch.zeros(3, 16))
+        fc2 = tower.model.vision_tower.encoder.layers[0].mlp.fc2
+        with torch.no_grad():
+            out = fc2(x)
+    assert [mask._local_tensors[r][0, :, 0].tolist() for r in world.ranks] == [[True, False, True, False, False],
+                                                                              [False, False, False, True, False]]
+    for r, rows in ((0, slice(0, 12)), (1, slice(12, 24))):
+        alone = torch.nn.functional.linear(x[..., rows], fc2.weight[:, rows], fc2.bias).detach()
+        assert torch.allclose(out._local_tensors[r], alone, atol=1e-6)
+
