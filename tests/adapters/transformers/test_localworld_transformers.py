@@ -174,3 +174,30 @@ def test_the_vision_language_controls_plant_each_ranks_own_share_in_one_process(
         alone = torch.nn.functional.linear(x[..., rows], fc2.weight[:, rows], fc2.bias).detach()
         assert torch.allclose(out._local_tensors[r], alone, atol=1e-6)
 
+
+def test_the_expert_parallel_limit_is_still_upstreams():
+    """`library.EP_LOCAL_LIMIT` (every `ep` layout a skip in a local world) stands for two things in the installed
+    transformers; this fails, saying to drop the limit, the day either is gone. (1) A rank loads only its own
+    experts: `shard_tensor` answers None for another rank's expert and `WeightConverter.materialize_tensors` drops
+    the Nones (core_model_loading.py), a list whose length differs between ranks. (2) `AllToAllEP._dispatch_tokens`
+    reads its routing-dependent split sizes back to the host (`.tolist()`, expert_parallel.py), shapes that differ
+    between ranks."""
+    import inspect
+    from types import SimpleNamespace
+
+    import torch
+    from torch.distributed.tensor import Shard
+    from transformers.core_model_loading import WeightConverter
+    from transformers.distributed.expert_parallel import AllToAllEP
+    from transformers.distributed.sharding_utils import DtensorShardOperation
+
+    drop = "transformers changed: drop or narrow EP_LOCAL_LIMIT (transformers/library.py) and run ep in a local world"
+    shard = DtensorShardOperation.__new__(DtensorShardOperation)  # rank 1 of ep2: experts 2 and 3 of 4
+    shard.placements, shard.param_ndim = (Shard(0),), 3
+    shard._axis0_offset, shard._axis0_local_size, shard._axis0_size = 2, 2, 4
+    expert = torch.ones(3, 5)
+    mine = [shard.shard_tensor(expert, tensor_idx=i) for i in range(4)]
+    assert [m is None for m in mine] == [True, True, False, False], drop
+    held = SimpleNamespace(collected_tensors={"experts": [lambda m=m: m for m in mine]})
+    assert len(WeightConverter.materialize_tensors(held)["experts"]) == 2, drop
+    assert ".tolist()" in inspect.getsource(AllToAllEP._dispatch_tokens), drop
