@@ -158,7 +158,7 @@ def test_the_vision_language_controls_plant_each_ranks_own_share_in_one_process(
 
     if dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")
-    vlm, tower = copy.deepcopy(_tiny_llava(1, -1)), copy.deepcopy(_tiny_llava(2, -2))
+    vlm, tower = copy.deepcopy(_tiny_llava(2, -2)), copy.deepcopy(_tiny_llava(2, -2))  # one build
     ids, x = torch.tensor([[63, 1, 63, 63, 1]]), torch.randn(2, 5, 24)
     monkeypatch.setattr(controls, "_tp_coordinate", lambda model: (dist.get_rank(), 2))  # per rank under the mode
     with LocalWorld(2) as world, world.mode:
