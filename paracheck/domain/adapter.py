@@ -282,6 +282,10 @@ ADAPTER = Spec("adapter", declared(Adapter, (
     #: (case) -> (exception, site, why) | None: a case one process cannot run as every rank, known before it runs
     #: (`rank.localrun`): skipped as that local-world limit (`records.LOCAL_WORLD_LIMITS`) without building it.
     optional("local_limit", ("case",), lambda who, case: None),
+    #: (control name) -> why the adapter cannot plant that control once per rank (`Control.per_rank`), None where it
+    #: does. The registry asks it of every per-rank control as it gathers them; an adapter that does not say refuses.
+    optional("per_rank_refusal", ("name",),
+             lambda who, name: f"the {who} adapter does not say it plants a control once per rank (per_rank_refusal)"),
 )))
 
 #: Every member a case body may provide: `CaseBody`'s, required, then the optional passes.

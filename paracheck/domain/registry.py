@@ -55,11 +55,18 @@ def parse_layout(library: str, name: str, order: str = "cp-fastest"):
 
 
 def controls(library: str | None = None) -> dict:
-    """Every adapter's negative controls by name (or `library`'s)."""
+    """Every adapter's negative controls by name (or `library`'s). A control asking to be planted once per rank
+    (`Control.per_rank`) where its adapter cannot honour that is an AdapterError naming both and why: in a local
+    world it would be planted once for every rank, silently another bug."""
     out = {}
     for name, each in adapters().items():
         if library in (None, name):
-            out.update(each.controls())
+            own = each.controls()
+            for control in own.values():
+                if control.per_rank and (why := each.per_rank_refusal(control.name)):
+                    raise AdapterError(f"adapter {name!r}: control {control.name!r} asks to be planted once per "
+                                       f"rank (Control.per_rank), which the adapter refuses: {why}")
+            out.update(own)
     return out
 
 

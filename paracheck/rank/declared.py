@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from paracheck.domain.records import CheckId, Status
 from paracheck.results import localization
-from paracheck.results.known import KnownFailure
+from paracheck.results.known import KnownFailure, explaining_entries
 
 #: The entries this rank's run declared (`use`), as the launcher wrote them into run.json.
 _entries: list[KnownFailure] = []
@@ -55,12 +55,9 @@ def explained(case, result, checks: list) -> str | None:
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     failing = {i for i, f in zip(ids, flags[:len(ids)].tolist()) if f > 0}
     matched = [e for e, out in zip(candidates, flags[len(ids):].tolist()) if out == 0]
-    whole = next((e for e in reversed(matched) if e.check == "*"), None)
-    by_check = {c: e for e in matched for c in e.check_ids}
-    if not failing or not all(i in by_check or whole for i in failing):
-        return None
-    reasons = dict.fromkeys(by_check.get(i, whole).reason for i in ids if i in failing)
-    return "; ".join(reasons)
+    if not failing:
+        return None  # nothing to rerun, nor to say why not
+    return "; ".join(dict.fromkeys(e.reason for e in explaining_entries(failing, matched))) or None
 
 
 def not_rerun(checks: list, reasons: str) -> None:

@@ -48,9 +48,9 @@ class InLocalWorld:
 
 def run_local_case(index: int, case, backend, world, refs_dir: str, workdir: str) -> list[RankResult]:
     """One case for every rank of `world`: one `RankResult` per rank."""
-    untaken = _untaken_control(case)
-    if untaken:
-        return [RankResult(index, rank, RankStatus.SKIP, reason=untaken, failure=Failure(FailureKind.SKIP))
+    off = _control_off(case)
+    if off:
+        return [RankResult(index, rank, RankStatus.SKIP, reason=off, failure=Failure(FailureKind.SKIP))
                 for rank in world.ranks]
     adapter = registry.adapter(case.library)
     known = adapter.local_limit(case)
@@ -82,12 +82,15 @@ def run_local_case(index: int, case, backend, world, refs_dir: str, workdir: str
     return results
 
 
-def _untaken_control(case) -> str | None:
-    """Why a control cannot be judged here: its bug shows only in passes a local world does not take (the steps,
-    a save, generation), so every check it must trip would pass unrun; None when it can."""
+def _control_off(case) -> str | None:
+    """Why a control cannot be judged here, before any local-world limit: first its own refusal of the layout (what
+    a gloo world says, not that one process left it out); then a bug that shows only in passes a local world does
+    not take (the steps, a save, generation), so every check it must trip would pass unrun; None when it can."""
     if not case.control:
         return None
     control = registry.get_control(case.control)
+    if own := control.skip_reason(case.layout):
+        return own
     if control.shows_in_training or control.shows_in_generate:
         return f"{case.control} shows only in {', '.join(c.value for c in control.must_trip)}: {LATER_OFF}"
     return None

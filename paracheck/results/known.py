@@ -244,16 +244,26 @@ def explaining(verdict, entries: list[KnownFailure]) -> list[KnownFailure]:
 
 
 def _explaining(verdict, matching: list[KnownFailure]) -> list[KnownFailure]:
-    """The entries that together explain every failing check (or the raise); empty when one is unexplained.
-    Of several entries declaring one check, the file's last is named."""
-    whole = [e for e in matching if (e.check == "*" or (e.check == "error" and verdict.status == CaseStatus.ERROR))
-             and e.message_matches(verdict)]
+    """The entries that together explain every failing check (or the raise); empty when one is unexplained
+    (`explaining_entries`, with each entry's message and site held to the verdict's words)."""
+    usable = [e for e in matching if e.check_ids or (e.message_matches(verdict) and (
+        e.check == "*" or verdict.status == CaseStatus.ERROR))]  # "error" covers a raise only
+    found = explaining_entries(verdict.failing_checks, usable, lambda e, c: e.message_matches(verdict, c))
+    if found and found[0].check_ids and verdict.failure is not None and verdict.failure.kind == FailureKind.EXIT:
+        return []  # a rank that died or exited without a result is no declared wrong number, whatever else failed
+    return found
+
+
+def explaining_entries(failing, matched: list[KnownFailure], declares=lambda entry, check: True) -> list[KnownFailure]:
+    """The rule the host's verdict (`apply`) and the rank's rerun decision (`rank.declared.explained`) share: of
+    `matched` (the entries meeting a case, in file order), those that together explain its failing checks `failing`.
+    An entry over every check ("*", or "error" where the caller kept one) explains it alone, the file's first; else
+    every failing check needs an entry declaring it (`declares(entry, check)`; of several, the file's last), named in
+    check order; none where one is unexplained, or nothing failed."""
+    whole = [e for e in matched if not e.check_ids]
     if whole:
         return whole[:1]
-    if verdict.failure is not None and verdict.failure.kind == FailureKind.EXIT:
-        return []  # a rank that died or exited without a result is no declared wrong number, whatever else failed
-    by_check = {c: e for e in matching for c in e.check_ids if e.message_matches(verdict, c)}
-    failing = verdict.failing_checks
-    if not failing or not failing <= set(by_check):
+    by_check = {c: e for e in matched for c in e.check_ids if declares(e, c)}
+    if not failing or not set(failing) <= set(by_check):
         return []
     return list(dict.fromkeys(by_check[c] for c in CheckId if c in failing))

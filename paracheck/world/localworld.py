@@ -296,9 +296,19 @@ _MISSING = object()
 
 
 def _install(patches: _Patches) -> None:
-    from torch.distributed import DeviceMesh
-    from torch.distributed._local_tensor import LocalIntNode, LocalTensorMode, enabled_local_tensor_mode
-    import operator
+    """Every patch a local world holds, in the order they are undone backwards (`_Patches.close`)."""
+    _install_mode(patches)
+    _install_fsdp_storage(patches)
+    _install_fsdp_rank(patches)
+    _install_mesh(patches)
+    _install_ranks(patches)
+    _install_int_nodes(patches)
+
+
+def _install_mode(patches: _Patches) -> None:
+    """LocalTensorMode's: an op it has no rule for raised typed (`NoLocalRule`), the list all-gather's stand-in, and
+    each rank's own draw from an explicit generator."""
+    from torch.distributed._local_tensor import LocalTensorMode
 
     dispatch = LocalTensorMode.__dict__["__torch_dispatch__"]
 
@@ -315,8 +325,11 @@ def _install(patches: _Patches) -> None:
     import torch.distributed._local_tensor as local_tensor
 
     patches.set(local_tensor, "_for_each_rank_run_func", _same_draw_each_rank(local_tensor._for_each_rank_run_func))
-    _install_fsdp_storage(patches)
-    _install_fsdp_rank(patches)
+
+
+def _install_mesh(patches: _Patches) -> None:
+    """DeviceMesh's rank questions answered as the rank a thread acts as (`rank_as`); elsewhere the original."""
+    from torch.distributed import DeviceMesh
 
     def mesh_method(name, as_rank):
         original = DeviceMesh.__dict__[name]
@@ -342,6 +355,12 @@ def _install(patches: _Patches) -> None:
     mesh_method("_is_current_rank_part_of_mesh", lambda mesh, rank: mesh_coordinate(mesh, rank) is not None)
     mesh_method("_sym_get_coordinate", lambda mesh, rank, index: mesh_coordinate(mesh, rank)[index])
 
+
+def _install_ranks(patches: _Patches) -> None:
+    """`dist.get_rank` and `get_process_group_ranks`: the acting rank's; under the mode, every rank's as a per-rank
+    integer; elsewhere the real ones."""
+    from torch.distributed._local_tensor import LocalIntNode, enabled_local_tensor_mode
+
     real_rank, real_members = dist.get_rank, dist.get_process_group_ranks
 
     def get_rank(group=None):
@@ -365,6 +384,12 @@ def _install(patches: _Patches) -> None:
     for module in (dist, dist.distributed_c10d):
         patches.set(module, "get_rank", get_rank)
         patches.set(module, "get_process_group_ranks", get_process_group_ranks)
+
+
+def _install_int_nodes(patches: _Patches) -> None:
+    """A per-rank integer read as one Python value: the acting rank's, else `RankDependent` where ranks differ."""
+    from torch.distributed._local_tensor import LocalIntNode
+    import operator
 
     patches.set(LocalIntNode, "int_", lambda self: _one(self, "an int"))
     patches.set(LocalIntNode, "guard_int", lambda self, file=None, line=None: _one(self, "an int"))

@@ -164,3 +164,49 @@ def test_conformance_a_fixture_expands_to_cases_the_host_can_replay(adapter):
         assert isinstance(adapter.will_run(case), bool) and isinstance(adapter.generates(case), bool)
         assert isinstance(adapter.class_name(case), str)
         assert case == Case.from_json(case.to_json(), lambda library, text, order: adapter.parse_layout(text, order))
+
+
+def test_a_control_planted_once_per_rank_is_refused_where_its_adapter_does_not_say_it_can(monkeypatch):
+    """`Control.per_rank` asks the adapter to run its planter once per rank in a local world; an adapter that does
+    not (a plant handed to the library once for every rank) would plant another bug there, silently. The registry
+    asks `per_rank_refusal` as it gathers the controls: an adapter that does not answer refuses (the host's default),
+    one that names a reason refuses with it, one that answers None has the control listed."""
+    swap = Control("toy-swap", "a shard picked by rank", (CheckId.FORWARD,), lambda layout: None, per_rank=True)
+
+    class Planting(contract_toy.ToyAdapter):
+        def controls(self):
+            return {"toy-swap": swap}
+
+    class Honouring(Planting):
+        def per_rank_refusal(self, name):
+            return None
+
+    class Refusing(Planting):
+        def per_rank_refusal(self, name):
+            return f"{name} is planted by a plan rule"
+
+    for adapter, why in ((Planting(), "does not say it plants a control once per rank"),
+                         (Refusing(), "toy-swap is planted by a plan rule"), (Honouring(), None)):
+        monkeypatch.setattr(registry, "adapters", lambda adapter=adapter: {"toy": ADAPTER.bind(adapter, "toy")})
+        if why is None:
+            assert registry.controls("toy") == {"toy-swap": swap}
+            continue
+        with pytest.raises(registry.AdapterError, match=f"adapter 'toy': control 'toy-swap' asks to be planted once "
+                           f"per rank .*refuses: .*{why}"):
+            registry.controls()
+
+
+def test_every_adapter_says_which_of_its_controls_it_plants_once_per_rank():
+    """Each adapter plants once per rank only what its planter plants after parallelizing (torch's `PLANTS`,
+    diffusers' planter, transformers' `after_load`): a plan rule, an attention fault or an optimizer-loop hook is
+    handed on once for every rank, refused by name; every control the kit declares per rank is honoured."""
+    every = {name: registry.adapter(name) for name in ("torch", "diffusers", "transformers")}
+    assert every["transformers"].per_rank_refusal("tf-vlm-tower-partial") is None
+    assert "by its tp_plan, handed to transformers" in every["transformers"].per_rank_refusal("tf-norm-replicate")
+    assert "trainer_plant" in every["transformers"].per_rank_refusal("tf-clip-local-norm")
+    assert "attention backend" in every["diffusers"].per_rank_refusal("ring-drop-merge")
+    assert "plant_cache" in every["diffusers"].per_rank_refusal("cache-local-key")
+    assert every["diffusers"].per_rank_refusal("drift-grows") is None
+    assert "optimizer loop" in every["torch"].per_rank_refusal("torch-clip-local-norm")
+    per_rank = [c for c in registry.controls().values() if c.per_rank]
+    assert {"torch-shard-swap", "global-rank-shard-index"} <= {c.name for c in per_rank}

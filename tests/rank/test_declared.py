@@ -5,6 +5,8 @@ case's localization and the report's lines (`results.localization`)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from paracheck.domain.case import Case, Route
 from paracheck.adapters.diffusers.layout import DiffusersLayout
@@ -92,3 +94,35 @@ def test_the_reason_reaches_the_cases_localization_and_the_report():
     assert RING.reason in merged.not_run and "PARACHECK_LOCALIZE=all" in merged.not_run
     assert merged.not_run in localization.note(merged)
     assert "localization" not in checks[0].data  # the passing checks say nothing
+
+
+_DECLARABLE = ("parity.forward", "parity.inference", "parity.grads")
+
+
+@st.composite
+def _entries_and_failing(draw):
+    """Entries meeting the case (each "*", one check or several, in file order) and the checks that failed."""
+    checks = st.one_of(st.just("*"), st.sampled_from(_DECLARABLE),
+                       st.lists(st.sampled_from(_DECLARABLE), min_size=2, max_size=3, unique=True).map(tuple))
+    entries = [KnownFailure(reason=f"entry {i}", model="flux", layout="r4", check=check)
+               for i, check in enumerate(draw(st.lists(checks, max_size=4)))]
+    return entries, draw(st.sets(st.sampled_from((CheckId.FORWARD, CheckId.INFERENCE, CheckId.GRADS)), min_size=1))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_entries_and_failing())
+def test_the_rank_and_the_verdict_explain_a_failure_by_the_same_entries(world, drawn):
+    """The rank's rerun decision (`declared.explained`, after its all-reduce) and the verdict's xfail
+    (`known.explaining`) read one rule (`known.explaining_entries`): for any entries and failing checks, the rank
+    skips the rerun exactly where the verdict is explained, naming the same entries' reasons. They differed where
+    a "*" entry met a case beside a per-check one (the rank named both, the last "*"; the verdict the first alone)."""
+    from paracheck.results.verdict import Verdict, merge_check
+    from paracheck.domain.records import CaseStatus
+
+    entries, failing = drawn
+    declared.use(known.as_data(entries))
+    rank = declared.explained(_case(), _result(), _checks(*failing))
+    checks = [merge_check(c.id, [(0, c)]) for c in _checks(*failing)]
+    verdict = Verdict(_case(), CaseStatus.FAIL, Route.NATIVE, checks=checks, model_class="FluxTransformer2DModel")
+    host = "; ".join(e.reason for e in known.explaining(verdict, entries)) or None
+    assert rank == host

@@ -53,6 +53,15 @@ class DiffusersAdapter:
 
         return dict(CONTROLS, **PIPELINE_CONTROLS)
 
+    def per_rank_refusal(self, name: str) -> str | None:
+        """A model control is planted once per rank by `routes.apply`, a pipeline's too, where its planter plants it."""
+        from paracheck.adapters.diffusers import controls
+        from paracheck.adapters.diffusers.pipelines import controls as pipeline_controls
+
+        if name in pipeline_controls.PIPELINE_CONTROLS:
+            return pipeline_controls.per_rank_refusal(pipeline_controls.PIPELINE_CONTROLS[name])
+        return controls.per_rank_refusal(controls.CONTROLS[name])
+
     def expand(self, request) -> list[Case]:
         """The diffusers cases of `request` (see `expand_request`)."""
         from paracheck.adapters.diffusers.cases import expand_request

@@ -231,6 +231,15 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
 _STEP_HOOKS = {"clip-local-norm": _clip_local_norm, "decay-twice": _decay_twice}
 
 
+def per_rank_refusal(control: Control) -> str | None:
+    """Why `control` cannot be planted once per rank (`Control.per_rank`): only its planter, which `routes.apply`
+    runs after the route, is; a bug planted in the attention backend, the mesh order or the optimizer loop is not."""
+    if control.planter is None or control.name in _STEP_HOOKS:
+        return (f"{control.name} is planted in the attention backend, the mesh order or parity.steps' optimizer loop, "
+                "not by a planter the adapter can run once per rank")
+    return None
+
+
 def step_hooks(name: str | None):
     """The optimizer loop's hooks for a case with control `name` (the plain loop's for any other)."""
     from paracheck.checks import trainloop

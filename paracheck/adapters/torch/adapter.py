@@ -58,6 +58,11 @@ class TorchAdapter:
 
         return CONTROLS
 
+    def per_rank_refusal(self, name: str) -> str | None:
+        from paracheck.adapters.torch.controls import per_rank_refusal
+
+        return per_rank_refusal(name)
+
     @contextmanager
     def case_body(self, ctx):
         from paracheck.adapters.torch.body import TorchBody

@@ -172,6 +172,14 @@ def planted_in(name: str, planted: str) -> str | None:
 _STEP_HOOKS = {"torch-clip-local-norm": _clip_local_norm, "torch-decay-twice": _decay_twice}
 
 
+def per_rank_refusal(name: str) -> str | None:
+    """Why control `name` cannot be planted once per rank (`Control.per_rank`): its `PLANTS` planter is (the body runs
+    it so); a bug planted in parity.steps' optimizer loop (`step_hooks`) is not."""
+    if name in _STEP_HOOKS:
+        return f"{name} is planted in parity.steps' optimizer loop, not by a planter the adapter can run once per rank"
+    return None
+
+
 def step_hooks(name: str | None):
     """The optimizer loop's hooks for a case with control `name` (the plain loop's for any other)."""
     from paracheck.checks import trainloop

@@ -50,6 +50,11 @@ class TransformersAdapter:
 
         return CONTROLS
 
+    def per_rank_refusal(self, name: str) -> str | None:
+        from paracheck.adapters.transformers.controls import per_rank_refusal
+
+        return per_rank_refusal(name)
+
     def expand(self, request) -> list:
         """Each fixture's or spec's cases: a fixture runs the variants asked for (its base inputs alone where
         --variants is unset), a spec every variant it offers that was asked for."""

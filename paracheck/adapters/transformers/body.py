@@ -91,7 +91,7 @@ class _Body:
     def parallelize(self) -> None:
         self.model = _load_parallel(self.path, self.layout, self.plant, self.ctx.backend)
         if self.plant.after_load:
-            planted = self.plant.after_load(self.model, self.layout)
+            planted = after_load(self.control, self.plant, self.model, self.layout)
             self.ctx.result.planted_in = planted if isinstance(planted, str) else None
 
     def structure_checks(self) -> list:
@@ -213,6 +213,15 @@ def _batch(variant: str, shape, layout, vocab: int) -> dict:
     if problems:
         raise Refused("; ".join(problems))
     return inputs.from_shape(shape, vocab)
+
+
+def after_load(control, plant, model, layout):
+    """`plant.after_load` on the parallel model: in a local world once per rank, acting as that rank, where `control`
+    asks (`Control.per_rank`: its planter picks by its rank in Python), else once."""
+    from paracheck.world.regions import once_per_rank
+
+    bend = lambda: plant.after_load(model, layout)  # noqa: E731
+    return once_per_rank(bend) if control.per_rank else bend()
 
 
 def _load_parallel(path: str, layout, plant, backend):

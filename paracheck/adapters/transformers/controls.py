@@ -8,6 +8,7 @@ outside this one names these controls.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -553,6 +554,28 @@ def _share(length: int, rank: int, size: int) -> slice:
     return slice(min(length, rank * block), min(length, (rank + 1) * block))
 
 
+def _share_mask(length: int, rank: int, size: int, device=None):
+    """True on rank `rank`'s share of `length` (`_share`), False elsewhere."""
+    import torch
+
+    mask = torch.zeros(length, dtype=torch.bool, device=device)
+    mask[_share(length, rank, size)] = True
+    return mask
+
+
+def _each_tp_rank(fn, rank):
+    """`fn(rank)` for a plain tp coordinate; for a local world's per-rank one, every rank's `fn` at once, each tensor
+    a `LocalTensor` (`per_rank_tensors`): a share sliced by it would be one Python value standing for every rank
+    (`RankDependent`), and tensors of one shape on every rank hold shares of any length."""
+    import torch
+
+    if not isinstance(rank, torch.SymInt):
+        return fn(rank)
+    from paracheck.world.localworld import local_value, per_rank_tensors
+
+    return per_rank_tensors(lambda r: fn(local_value(rank, r)))
+
+
 def _tower_read_layer(model):
     """(name, module) of the vision tower's layer whose output the projector reads (`vision_feature_layer` indexes
     the tower's hidden states, so layer k's output is `hidden_states[k + 1]`; a negative index is the same layer), or
@@ -605,9 +628,10 @@ def _tower_left_partial(model, layout) -> str:
                       "kit cannot leave a replicated one partial there")
 
     def partial(x, *args, module=last, **kwargs):
-        rows = _share(module.in_features, rank, size)
+        # this rank's rows of the input features, the others zeroed: its share of the contraction, as a mask
+        rows = _each_tp_rank(lambda r: _share_mask(module.in_features, r, size, x.device), rank)
         bias = None if module.bias is None else _local(module.bias)
-        return torch.nn.functional.linear(x[..., rows], _local(module.weight)[:, rows], bias)
+        return torch.nn.functional.linear(x * rows.to(x.dtype), _local(module.weight), bias)
 
     last.forward = partial
     return name
@@ -647,9 +671,8 @@ def _placeholders_on_shard(model, layout) -> str:
         masks = whole(*args, **kwargs)
         # families that take videos or audio too return (image, video[, audio]) masks: the image's is first
         mask = masks[0] if isinstance(masks, tuple) else masks
-        kept = _share(mask.shape[1], rank, size)
-        mine = mask.new_zeros(mask.shape)
-        mine[:, kept] = mask[:, kept]
+        kept = _each_tp_rank(lambda r: _share_mask(mask.shape[1], r, size, mask.device), rank)
+        mine = mask & kept.view(1, -1, *[1] * (mask.dim() - 2))
         return (mine, *masks[1:]) if isinstance(masks, tuple) else mine
 
     owner.get_placeholder_mask = on_shard
@@ -754,6 +777,23 @@ _ENTRIES += (
 CONTROLS: dict[str, Control] = {c.name: c for c, _ in _ENTRIES}
 PLANTS: dict[str, Plant] = {c.name: p for c, p in _ENTRIES}
 NO_PLANT = Plant()
+
+
+def per_rank_refusal(name: str) -> str | None:
+    """Why control `name` cannot be planted once per rank (`Control.per_rank`): only a plant's `after_load` is (the
+    body runs it so); a plan rule, a loss factor, a save, load or Trainer plant is handed to transformers once for
+    every rank."""
+    plant = PLANTS[name]
+    once = [f.name for f in dataclasses.fields(Plant) if f.name in _PLANTED_FOR_EVERY_RANK
+            and getattr(plant, f.name) != getattr(NO_PLANT, f.name)]
+    if once:
+        return f"{name} is planted by its {', '.join(once)}, handed to transformers once for every rank"
+    return None
+
+
+#: The `Plant` fields that plant a bug other than `after_load`: none can run once per rank.
+_PLANTED_FOR_EVERY_RANK = ("tp_plan", "tp_plan_from", "loss_factor", "save_plant", "dcp_save_plant",
+                           "dcp_load_plant", "optimizer_load_plant", "trainer_plant")
 
 
 def applicable(layout) -> list[str]:

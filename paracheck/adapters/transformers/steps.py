@@ -228,11 +228,26 @@ def skip(reason: str) -> list[CheckResult]:
 def run(body) -> list[CheckResult]:
     """The pass for one case (`body`: the adapter's `_Body` after its checks): the Trainer's steps on the parallel
     model and on a fresh single-process load, compared at the case's tolerance."""
-    import json
+    mismatch = _broadcast_mismatch(body.model)
+    if mismatch:
+        return [CheckResult(CheckId.STEPS, Status.FAIL, mismatch, failure=Failure(FailureKind.CHECK, CheckId.STEPS,
+                                                                                   site=BROADCAST_SITE))]
+    data = batches(_drawer(body), body.case.steps)
+    rows = next(iter(data[0].values())).shape[0]
+    with body.ctx.phase("steps_reference"):  # within "steps": what the single-process run costs (0 when kept)
+        expected = _reference_of(body, data, rows)
+    trainer_class = body.plant.trainer_plant and body.plant.trainer_plant()
+    held = {}
+    # A raise inside train() is this check's failure, with the rank's traceback kept (the skeleton's rule).
+    actual, raised = body.ctx.attempt(lambda: _train_parallel(body, data, rows, trainer_class, held), CheckId.STEPS)
+    return [_judged(body, actual, raised, expected, held.get("stand_in"))]
 
+
+def _drawer(body):
+    """seed -> the case's global batch for one step: its shape's or its variant's rows, labelled for its task."""
     from paracheck.adapters.transformers import inputs, tasks
 
-    case, layout, ctx = body.case, body.layout, body.ctx
+    case, layout = body.case, body.layout
     embed = body.ref.get_input_embeddings() if case.variant == "embeds" else None
 
     def draw(seed: int) -> dict:
@@ -241,46 +256,49 @@ def run(body) -> list[CheckResult]:
                  else inputs.global_batch(case.variant, layout.dp, vocab, seed))
         batch = tasks.with_labels(body.task, batch, body.ref.config, seed)
         return inputs.with_embeds(batch, embed) if embed is not None else batch
+    return draw
 
-    mismatch = _broadcast_mismatch(body.model)
-    if mismatch:
-        return [CheckResult(CheckId.STEPS, Status.FAIL, mismatch, failure=Failure(FailureKind.CHECK, CheckId.STEPS,
-                                                                                   site=BROADCAST_SITE))]
-    data = batches(draw, case.steps)
-    rows = next(iter(data[0].values())).shape[0]
-    use_cpu = ctx.backend.device_type == "cpu"
+
+def _reference_of(body, data: list[dict], rows: int):
+    """The single-process steps on `data`, kept by what they depend on."""
+    import json
+
+    case = body.case
     shape = json.dumps(case.shape.to_json(), sort_keys=True) if case.shape is not None else None
-    key = (case.factory, body.path, case.variant, shape, layout.dp, case.steps)
-    with ctx.phase("steps_reference"):  # within "steps": what the single-process run costs (0 when kept)
-        expected = reference(key, body.path, data, rows, case.steps, ctx.site.workdir)
-    trainer_class = body.plant.trainer_plant and body.plant.trainer_plant()
+    key = (case.factory, body.path, case.variant, shape, body.layout.dp, case.steps)
+    return reference(key, body.path, data, rows, case.steps, body.ctx.site.workdir)
 
-    stand_in = None
 
-    def parallel():
-        nonlocal stand_in
-        try:
-            return train(body.model, data, rows // layout.dp, case.steps, use_cpu, ctx.site.workdir, trainer_class)
-        except TrainerRefused as exc:
-            if not (layout.tp > 1 and use_cpu):
-                return exc
-            stand_in = StandIn(str(exc), layout)
-        try:
-            return train(body.model, data, rows // layout.dp, case.steps, use_cpu, ctx.site.workdir, trainer_class,
-                         stand_in)
-        except TrainerRefused as exc:
-            return TrainerRefused(f"{stand_in.refusal}; with the stand-in too: {exc}")
+def _train_parallel(body, data: list[dict], rows: int, trainer_class, held: dict):
+    """The parallel model's steps, or the Trainer's refusal; where accelerate refuses a TP model on a CPU world,
+    with the kit's stand-in (kept in `held["stand_in"]`)."""
+    case, layout, ctx = body.case, body.layout, body.ctx
+    use_cpu = ctx.backend.device_type == "cpu"
+    try:
+        return train(body.model, data, rows // layout.dp, case.steps, use_cpu, ctx.site.workdir, trainer_class)
+    except TrainerRefused as exc:
+        if not (layout.tp > 1 and use_cpu):
+            return exc
+        held["stand_in"] = StandIn(str(exc), layout)
+    try:
+        return train(body.model, data, rows // layout.dp, case.steps, use_cpu, ctx.site.workdir, trainer_class,
+                     held["stand_in"])
+    except TrainerRefused as exc:
+        return TrainerRefused(f"{held['stand_in'].refusal}; with the stand-in too: {exc}")
 
-    # A raise inside train() is this check's failure, with the rank's traceback kept (the skeleton's rule).
-    actual, raised = ctx.attempt(parallel, CheckId.STEPS)
+
+def _judged(body, actual, raised, expected, stand_in) -> CheckResult:
+    """parity.steps from the parallel run's outcome: its raise, the Trainer's refusal (a skip; `Refused` where the
+    case's control must trip it), else its steps against `expected`."""
+    case, layout, ctx = body.case, body.layout, body.ctx
     if raised is not None:
-        return [CheckResult(CheckId.STEPS, Status.FAIL, f"Trainer.train() raised: {raised}", failure=raised.failure)]
+        return CheckResult(CheckId.STEPS, Status.FAIL, f"Trainer.train() raised: {raised}", failure=raised.failure)
     if isinstance(actual, TrainerRefused):
         reason = (f"transformers' Trainer refuses the model loaded with DistributedConfig({_sizes(layout)}) on this "
                   f"{ctx.backend.name} world: {actual}")
         if body.control is not None and CheckId.STEPS in body.control.must_trip:
             raise Refused(f"{case.control}: {reason}")  # the bug it plants cannot show: a skip, not a miss
-        return skip(reason)
+        return skip(reason)[0]
     result = check(actual, expected, body.tol.atol, body.tol.rtol)
     if result.status == Status.FAIL:
         site = (_planned_as(result, body.ref, layout)
@@ -288,7 +306,7 @@ def run(body) -> list[CheckResult]:
         result.failure = Failure(FailureKind.CHECK, CheckId.STEPS, site=site)
     if stand_in is not None:
         result.data["stood_in"] = stand_in.describe()
-    return [result]
+    return result
 
 
 class StandIn:

@@ -119,3 +119,85 @@ def test_the_router_control_pushes_each_ranks_own_expert_share_in_one_process():
         ours, theirs = planted(torch.ones(1, 4)), plain(torch.ones(1, 4))
     assert [int(ours._local_tensors[r]) for r in world.ranks] == [0, 1, 2, 3]
     assert [int(theirs._local_tensors[r]) for r in world.ranks] == [0, 0, 0, 0]
+
+
+def test_a_control_planted_once_per_rank_runs_its_after_load_as_each_rank_in_one_process():
+    """`Control.per_rank` was honoured by the torch and diffusers adapters only: a transformers `after_load` that
+    picks by its rank ran once for every rank in a local world. Now it runs once per rank, each acting as its rank,
+    and returns the one value they agree on; a control that does not ask runs it once."""
+    from paracheck.adapters.transformers.body import after_load
+    from paracheck.adapters.transformers.controls import Plant
+    from paracheck.domain.control import Control
+    from paracheck.domain.records import CheckId
+    from paracheck.world.localworld import LocalWorld
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    seen = []
+    plant = Plant(after_load=lambda model, layout: seen.append(dist.get_rank()) or "model.layers.0")
+    control = Control("tf-toy", "toy", (CheckId.FORWARD,), lambda layout: None, per_rank=True)
+    with LocalWorld(3) as world, world.mode:
+        assert after_load(control, plant, None, None) == "model.layers.0"
+        assert seen == [0, 1, 2]
+        after_load(Control("tf-toy", "toy", (CheckId.FORWARD,), lambda layout: None), plant, None, None)
+    assert len(seen) == 4 and not isinstance(seen[3], int)  # once, with every rank's rank in one value
+
+
+def test_the_vision_language_controls_plant_each_ranks_own_share_in_one_process(monkeypatch):
+    """`tf-vlm-tower-partial` and `tf-vlm-placeholders-on-shard` sliced their share by the tp coordinate, one Python
+    value under the mode: `RankDependent` at `_share` in a local world (llava-image-text tp2: a skip where gloo
+    detects it). Each share is now a per-rank mask: in one process rank r's placeholder mask is the whole one on its
+    share of an odd row (3 and 2 tokens), and its tower output the partial sum of its rows, as on gloo."""
+    import copy
+
+    import torch
+
+    from paracheck.adapters.transformers import controls
+    from paracheck.world.localworld import LocalWorld
+    from tests.adapters.transformers.test_tf_control_rules import _tiny_llava
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    vlm, tower = copy.deepcopy(_tiny_llava(2, -2)), copy.deepcopy(_tiny_llava(2, -2))  # one build
+    ids, x = torch.tensor([[63, 1, 63, 63, 1]]), torch.randn(2, 5, 24)
+    monkeypatch.setattr(controls, "_tp_coordinate", lambda model: (dist.get_rank(), 2))  # per rank under the mode
+    with LocalWorld(2) as world, world.mode:
+        controls._placeholders_on_shard(vlm, None)
+        controls._tower_left_partial(tower, None)
+        mask = vlm.model.get_placeholder_mask(ids, torch.zeros(1, 5, 16), torch.zeros(3, 16))
+        fc2 = tower.model.vision_tower.encoder.layers[0].mlp.fc2
+        with torch.no_grad():
+            out = fc2(x)
+    assert [mask._local_tensors[r][0, :, 0].tolist() for r in world.ranks] == [[True, False, True, False, False],
+                                                                              [False, False, False, True, False]]
+    for r, rows in ((0, slice(0, 12)), (1, slice(12, 24))):
+        alone = torch.nn.functional.linear(x[..., rows], fc2.weight[:, rows], fc2.bias).detach()
+        assert torch.allclose(out._local_tensors[r], alone, atol=1e-6)
+
+
+def test_the_expert_parallel_limit_is_still_upstreams():
+    """`library.EP_LOCAL_LIMIT` (every `ep` layout a skip in a local world) stands for two things in the installed
+    transformers; this fails, saying to drop the limit, the day either is gone. (1) A rank loads only its own
+    experts: `shard_tensor` answers None for another rank's expert and `WeightConverter.materialize_tensors` drops
+    the Nones (core_model_loading.py), a list whose length differs between ranks. (2) `AllToAllEP._dispatch_tokens`
+    reads its routing-dependent split sizes back to the host (`.tolist()`, expert_parallel.py), shapes that differ
+    between ranks."""
+    import inspect
+    from types import SimpleNamespace
+
+    import torch
+    from torch.distributed.tensor import Shard
+    from transformers.core_model_loading import WeightConverter
+    from transformers.distributed.expert_parallel import AllToAllEP
+    from transformers.distributed.sharding_utils import DtensorShardOperation
+
+    drop = "transformers changed: drop or narrow EP_LOCAL_LIMIT (transformers/library.py) and run ep in a local world"
+    shard = DtensorShardOperation.__new__(DtensorShardOperation)  # rank 1 of ep2: experts 2 and 3 of 4
+    shard.placements, shard.param_ndim = (Shard(0),), 3
+    shard._axis0_offset, shard._axis0_local_size, shard._axis0_size = 2, 2, 4
+    expert = torch.ones(3, 5)
+    mine = [shard.shard_tensor(expert, tensor_idx=i) for i in range(4)]
+    assert [m is None for m in mine] == [True, True, False, False], drop
+    held = SimpleNamespace(collected_tensors={"experts": [lambda m=m: m for m in mine]})
+    assert len(WeightConverter.materialize_tensors(held)["experts"]) == 2, drop
+    assert ".tolist()" in inspect.getsource(AllToAllEP._dispatch_tokens), drop

@@ -197,15 +197,25 @@ def plant_cache(pipe, applied, control: str | None) -> str | None:
     planted (the cache's tail block, whose output a reusing rank replaces), for the localization to name."""
     if control != "cache-local-key":
         return None
-    import torch
-    import torch.distributed as dist
-
     from paracheck.adapters.diffusers import library
     from paracheck.adapters.diffusers.checks import cp_process_group
 
     head, tail_block, tail_hook = library.first_block_cache_hooks(pipe.transformer)
-    group = cp_process_group(applied)
     mine = {"reuse": False, "tail": None}
+    # Replaces the guard `agree.guard` set on the parallel pipeline: this plant decides per rank on purpose, and
+    # `decide` always computes (the reuse is the tail hook's), so the ranks cannot part in a collective.
+    head._should_compute_remaining_blocks = _local_decision(head, cp_process_group(applied), mine)
+    tail_block.register_forward_hook(_reuse_when_decided(head, tail_hook, mine))
+    return next(name for name, module in pipe.transformer.named_modules() if module is tail_block)
+
+
+def _local_decision(head, group, mine: dict):
+    """The head hook's decision, bent: always compute, noting in `mine` whether this rank's own change ratio falls
+    below the midpoint of the group's (then it reuses) and the cached tail residuals."""
+    import torch
+    import torch.distributed as dist
+
+    from paracheck.adapters.diffusers import library
 
     def decide(residual):
         shared = head.state_manager.get_state()
@@ -219,6 +229,12 @@ def plant_cache(pipe, applied, control: str | None) -> str | None:
         low, high = float(min(ratios)), float(max(ratios))
         mine["reuse"] = low < high and float(ratio) <= (low + high) / 2
         return True
+    return decide
+
+
+def _reuse_when_decided(head, tail_hook, mine: dict):
+    """The tail block's forward hook: where this rank decided to reuse, its output replaced by the head's output plus
+    the cached tail residuals, as diffusers' cache would return without running the blocks."""
 
     def reuse(module, args, output):
         if not mine["reuse"]:
@@ -232,12 +248,7 @@ def plant_cache(pipe, applied, control: str | None) -> str | None:
         if meta.return_encoder_hidden_states_index is not None:
             out[meta.return_encoder_hidden_states_index] = head_output[1] + mine["tail"][1]
         return tuple(out)
-
-    # Replaces the guard `agree.guard` set on the parallel pipeline: this plant decides per rank on purpose, and
-    # `decide` always computes (the reuse is the tail hook's), so the ranks cannot part in a collective.
-    head._should_compute_remaining_blocks = decide
-    tail_block.register_forward_hook(reuse)
-    return next(name for name, module in pipe.transformer.named_modules() if module is tail_block)
+    return reuse
 
 
 # -- the controls -----------------------------------------------------------------------------------------------
@@ -266,6 +277,16 @@ PIPELINE_CONTROLS: dict[str, Control] = {c.name: c for c in (
 
 #: The variant a control is planted on (a pipeline's `base` but where it needs a cache).
 _VARIANT = {"cache-local-key": "first-block-cache"}
+
+
+def per_rank_refusal(control: Control) -> str | None:
+    """Why a pipeline control cannot be planted once per rank (`Control.per_rank`): `cache-local-key` is planted by
+    `plant_cache` once the cache is on, not by its planter; the others as a model control is."""
+    from paracheck.adapters.diffusers import controls
+
+    if control.name == "cache-local-key":
+        return f"{control.name} is planted by plant_cache once the cache is on, not by its planter"
+    return controls.per_rank_refusal(control)
 
 
 def planted_on(name: str) -> str:
