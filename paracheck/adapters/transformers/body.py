@@ -124,7 +124,7 @@ class _Body:
                                          f"labels given, but the forward returned no loss (pp_size={layout.pp})")]
         total = self.out.loss.detach().clone()
         dist.all_reduce(total)  # each data shard's loss counted once per rank holding it: world / dp times
-        shards = layout.world // layout.dp * (layout.dp if self.task.shard_mean else 1)
+        shards = layout.world // layout.dp * (layout.dp if tasks.shard_mean(self.task, self.ref) else 1)
         return checks + [compare(CheckId.LOSS, total / shards, expected["loss"], tol.atol, tol.rtol, "loss")]
 
     def backward_skip(self) -> str | None:
@@ -135,7 +135,8 @@ class _Body:
     def backward(self) -> None:
         # The plant's factor undoes FSDP's mean over dp ranks of losses that are shares of the global mean; a
         # shard-mean loss needs none (its factor divided by dp).
-        factor = self.plant.loss_factor(self.layout.dp) / (self.layout.dp if self.task.shard_mean else 1)
+        mean = tasks.shard_mean(self.task, self.ref)
+        factor = self.plant.loss_factor(self.layout.dp) / (self.layout.dp if mean else 1)
         (self.out.loss * factor).backward()
 
     def grads_checks(self) -> list:
