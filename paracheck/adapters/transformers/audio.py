@@ -44,6 +44,10 @@ class Builder:
     extra: Callable = lambda config, rows, frames: {}
     #: (config) -> the real frames of a clip padded to `frames` (the mask's 1s), or None: all of them.
     real: Callable | None = None
+    #: (config) -> mel bins per frame.
+    bins: Callable = lambda config: audio_config(config).num_mel_bins
+    #: `input_features` as (rows, frames, bins) and a boolean mask (NeMo's layout), not (rows, bins, frames).
+    nemo: bool = False
 
 
 def audio_config(config):
@@ -139,6 +143,32 @@ def _qwen3_asr_real(config) -> int:
     return 8 * TOKENS
 
 
+def _omniasr(config) -> None:
+    """OmniASR's wav2vec2 encoder reads the raw waveform through seven convolutions (a stride of 320 in all), whose
+    512 channels and 128-wide positional convolution the tiny rule does not reach: 32 channels, a kernel of 4."""
+    audio = audio_config(config)
+    audio.conv_dim = [WIDTH] * len(audio.conv_dim)
+    audio.num_conv_pos_embeddings, audio.num_conv_pos_embedding_groups = 4, 2
+
+
+def _omniasr_samples(config) -> int:
+    """The fewest waveform samples the convolutions turn into `TOKENS` frames (each takes `(n - kernel) // stride
+    + 1`), inverted layer by layer from the last."""
+    audio, length = audio_config(config), TOKENS
+    for kernel, stride in reversed(list(zip(audio.conv_kernel, audio.conv_stride))):
+        length = (length - 1) * stride + kernel
+    return length
+
+
+def _omniasr_features(config, rows: int, generator) -> dict:
+    """`input_values` (rows, 1, samples): each row's raw waveform, and `padding_mask` (rows, samples), all real."""
+    import torch
+
+    samples = _omniasr_samples(config)
+    return {"input_values": torch.randn(rows, 1, samples, generator=generator),
+            "padding_mask": torch.ones(rows, samples, dtype=torch.long)}
+
+
 def _granite_features(config, rows: int, generator) -> dict:
     import torch
 
@@ -157,9 +187,14 @@ BUILDERS = {
     "musicflamingo": Builder(_whisper, _whisper_frames),
     "moss_transcribe_diarize": Builder(_moss, _whisper_frames, extra=_moss_padding),
     "qwen3_asr": Builder(_qwen3_asr, _qwen3_asr_frames, real=_qwen3_asr_real),
+    "omniasr": Builder(_omniasr, _omniasr_samples, mask=None),
+    # Its FastConformer subsamples the frames 8 times (`asr_config.subsampling_factor`).
+    "nemo_speechlm": Builder(lambda config: None, lambda config: 8 * TOKENS,
+                             bins=lambda config: config.audio_config.asr_config.num_mel_bins, nemo=True),
 }
 #: model type -> the clip's tensors where they are not `input_features` (rows, mel bins, frames) and its mask.
-FEATURES = {"granite_speech": _granite_features, "granite_speech_plus": _granite_features}
+FEATURES = {"granite_speech": _granite_features, "granite_speech_plus": _granite_features,
+            "omniasr": _omniasr_features}
 
 #: Classes whose loss is a plain mean over their own tokens (`nn.CrossEntropyLoss()`, not the library's
 #: `loss_function`), which reads no `num_items_in_batch` though their forward takes **kwargs: each data shard's loss
@@ -175,7 +210,14 @@ def mean_loss(model) -> bool:
 
 
 #: model type -> why the kit makes no audio inputs for it.
-REFUSED: dict[str, str] = {}
+REFUSED = {
+    "voxtral_realtime": "a streaming model with no placeholders: its encoder's frames are added to every text "
+                        "position, the tokens it generates included (each step reads the next frames), which the "
+                        "kit's one clip per row before its text does not make",
+    "vibevoice_asr": "its forward samples its acoustic tokenizer's latent with fresh noise by default (sample=True, "
+                     "a flag the kit's batches of per-row tensors do not carry), so no two processes run the same "
+                     "forward",
+}
 
 
 def builder(config) -> Builder:
@@ -209,10 +251,11 @@ def features(config, rows: int, seed: int) -> dict:
         return FEATURES[config.model_type](config, rows, generator)
     build = builder(config)
     frames = build.frames(config)
-    out = {"input_features": torch.randn(rows, audio_config(config).num_mel_bins, frames, generator=generator)}
+    shape = (rows, frames, build.bins(config)) if build.nemo else (rows, build.bins(config), frames)
+    out = {"input_features": torch.randn(*shape, generator=generator)}
     if build.mask:
-        real = build.real(config) if build.real else frames
-        out[build.mask] = (torch.arange(frames) < real).long().expand(rows, frames).clone()
+        real = (torch.arange(frames) < (build.real(config) if build.real else frames)).expand(rows, frames).clone()
+        out[build.mask] = real if build.nemo else real.long()
     return dict(out, **build.extra(config, rows, frames))
 
 
