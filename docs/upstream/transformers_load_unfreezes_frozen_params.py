@@ -1,15 +1,15 @@
 """transformers 5.25.0: `from_pretrained` on one process makes a parameter the model froze in `__init__` trainable;
-loaded with a `DistributedConfig` (FSDP or TP), the same parameter stays frozen.
+loaded with `DistributedConfig(fsdp_size=...)`, the same parameter stays frozen.
 
-    python docs/upstream/transformers_load_unfreezes_frozen_params.py     # 2 ranks, gloo, CPU; a tiny random Qwen2-Audio
+    python docs/upstream/transformers_load_unfreezes_frozen_params.py  # 2 ranks, gloo, CPU; a tiny Qwen2-Audio
 
-Whisper-style audio encoders (Qwen2-Audio's, Voxtral's, AudioFlamingo3's, MusicFlamingo's) freeze their sinusoidal
-position table in `__init__` (`self.embed_positions.requires_grad_(False)`). Loading a checkpoint replaces each
-parameter: on one process `core_model_loading.set_param_for_module` wraps the loaded tensor in a new
+Whisper-style audio encoders (Qwen2-Audio's, Voxtral's, AudioFlamingo3's, MusicFlamingo's, MOSS's) freeze their
+sinusoidal position table in `__init__` (`self.embed_positions.requires_grad_(False)`). Loading a checkpoint
+replaces each parameter: for a plain one `core_model_loading.set_param_for_module` wraps the loaded tensor in a new
 `nn.Parameter(..., requires_grad=param_value.is_floating_point())` (core_model_loading.py:1590), dropping the flag;
-for a DTensor parameter (every parameter under `DistributedConfig(fsdp_size=...)`) it keeps
-`requires_grad=ref.requires_grad` (core_model_loading.py:1610). So one process trains the position table and a
-sharded run of the same checkpoint does not: their gradients and every training step differ.
+for a DTensor (every parameter FSDP shards) it keeps `requires_grad=ref.requires_grad` (core_model_loading.py:1610).
+So one process trains the position table and an FSDP run of the same checkpoint does not: their gradients and
+every training step differ.
 """
 
 import os
