@@ -174,8 +174,8 @@ def _single_process(path: str, case, shape, layout, result) -> tuple:
     ref, variant = tasks.load(path, dtype=torch.float32), case.variant
     result.model_class = type(ref).__name__
     task = tasks.of_case(case.model, ref)
-    if variant not in task.variants:
-        raise Refused(f"variant {variant}: a {task.name} model takes {', '.join(task.variants)}")
+    if variant not in tasks.variants(task, ref):
+        raise Refused(f"variant {variant}: this {task.name} model takes {', '.join(tasks.variants(task, ref))}")
     try:
         batch = tasks.with_labels(task, _batch(variant, shape, layout, ref.config.get_text_config().vocab_size),
                                   ref.config, seed=1)

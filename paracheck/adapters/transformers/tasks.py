@@ -278,6 +278,15 @@ def shard_mean(task: Task, model) -> bool:
     return task.shard_mean or (task is AUDIO_TEXT and audio.mean_loss(model))
 
 
+def variants(task: Task, model) -> tuple[str, ...]:
+    """The variants `model` takes: its task's, but the padded ones where its loss is a shard mean the task's others
+    do not take (`shard_mean`): padded rows give the shards unequal token counts, whose means do not average to the
+    global mean (the classification heads' tasks leave them out whole)."""
+    if task is AUDIO_TEXT and shard_mean(task, model):
+        return tuple(v for v in task.variants if not v.endswith("_pad"))
+    return task.variants
+
+
 def loss_kwargs(task: Task, labels) -> dict:
     """What the training forward takes besides the batch: the global count of predicted tokens where the task's
     loss divides by it (the shards' losses then add up to the global mean), nothing where it is a shard mean. A

@@ -111,4 +111,5 @@ def test_the_mean_loss_classes_read_no_item_count_and_the_others_do():
         with torch.no_grad():
             given_1, given_2 = (model(**batch, num_items_in_batch=n, use_cache=False).loss for n in (1, 2))
         assert audio.mean_loss(model) is mean and tasks.shard_mean(tasks.AUDIO_TEXT, model) is mean
+        assert ("left_pad" in tasks.variants(tasks.AUDIO_TEXT, model)) is not mean  # unequal shards' means
         assert torch.equal(given_1, given_2) is mean, model_type
