@@ -25,14 +25,14 @@ def write(folder: str) -> None:
 
 def load(folder: str) -> None:
     import torch.distributed as dist
+    import transformers
     from transformers.distributed import DistributedConfig
-
-    from paracheck.adapters.transformers.tasks import model_class
 
     dist.init_process_group("gloo")
     path = os.path.join(folder, FAMILY)
     try:
-        klass = model_class(path)  # the class the checkpoint names (a causal LM, or nemo_speechlm's audio model)
+        # the class the checkpoint names: a causal LM, or nemo_speechlm-audio-text's audio model
+        klass = getattr(transformers, transformers.AutoConfig.from_pretrained(path).architectures[0])
         one = dict(klass.from_pretrained(path, dtype=torch.float32).named_parameters())
         sharded = klass.from_pretrained(
             path, dtype=torch.float32, distributed_config=DistributedConfig(fsdp_size=dist.get_world_size()))
