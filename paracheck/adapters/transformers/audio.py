@@ -36,7 +36,7 @@ class Builder:
     """One family's clip, as its feature extractor and processor would shape it."""
     #: (config) -> None: the tiny encoder's sizes and clip length (its frames make `TOKENS` placeholders).
     configure: Callable
-    #: (config) -> mel frames per clip.
+    #: (config) -> mel frames per clip (waveform samples where `FEATURES` makes a raw clip).
     frames: Callable
     #: The forward's mask over mel frames (1 on real frames), or None where it takes none.
     mask: str | None = "input_features_mask"
