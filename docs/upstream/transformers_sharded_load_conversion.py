@@ -25,14 +25,16 @@ def write(folder: str) -> None:
 
 def load(folder: str) -> None:
     import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
+    import transformers
     from transformers.distributed import DistributedConfig
 
     dist.init_process_group("gloo")
     path = os.path.join(folder, FAMILY)
     try:
-        one = dict(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).named_parameters())
-        sharded = AutoModelForCausalLM.from_pretrained(
+        # the class the checkpoint names: a causal LM, or nemo_speechlm-audio-text's audio model
+        klass = getattr(transformers, transformers.AutoConfig.from_pretrained(path).architectures[0])
+        one = dict(klass.from_pretrained(path, dtype=torch.float32).named_parameters())
+        sharded = klass.from_pretrained(
             path, dtype=torch.float32, distributed_config=DistributedConfig(fsdp_size=dist.get_world_size()))
         for name, param in sharded.named_parameters():
             whole = param.full_tensor() if hasattr(param, "full_tensor") else param

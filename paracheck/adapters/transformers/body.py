@@ -124,7 +124,7 @@ class _Body:
                                          f"labels given, but the forward returned no loss (pp_size={layout.pp})")]
         total = self.out.loss.detach().clone()
         dist.all_reduce(total)  # each data shard's loss counted once per rank holding it: world / dp times
-        shards = layout.world // layout.dp * (layout.dp if self.task.shard_mean else 1)
+        shards = layout.world // layout.dp * (layout.dp if tasks.shard_mean(self.task, self.ref) else 1)
         return self._typed(checks + [compare(CheckId.LOSS, total / shards, expected["loss"], tol.atol, tol.rtol,
                                              "loss")])
 
@@ -154,7 +154,8 @@ class _Body:
     def backward(self) -> None:
         # The plant's factor undoes FSDP's mean over dp ranks of losses that are shares of the global mean; a
         # shard-mean loss needs none (its factor divided by dp).
-        factor = self.plant.loss_factor(self.layout.dp) / (self.layout.dp if self.task.shard_mean else 1)
+        mean = tasks.shard_mean(self.task, self.ref)
+        factor = self.plant.loss_factor(self.layout.dp) / (self.layout.dp if mean else 1)
         (self.out.loss * factor).backward()
 
     def grads_checks(self) -> list:
@@ -193,8 +194,8 @@ def _single_process(path: str, case, shape, layout, result) -> tuple:
     ref, variant = tasks.load(path, dtype=torch.float32), case.variant
     result.model_class = type(ref).__name__
     task = tasks.of_case(case.model, ref)
-    if variant not in task.variants:
-        raise Refused(f"variant {variant}: a {task.name} model takes {', '.join(task.variants)}")
+    if variant not in tasks.variants(task, ref):
+        raise Refused(f"variant {variant}: this {task.name} model takes {', '.join(tasks.variants(task, ref))}")
     try:
         batch = tasks.with_labels(task, _batch(variant, shape, layout, ref.config.get_text_config().vocab_size),
                                   ref.config, seed=1)

@@ -315,12 +315,13 @@ def _step(model, optimizer, batch: dict, layout, task) -> StepRecord:
     optimizer.zero_grad(set_to_none=True)
     loss = model(**mine, **tasks.loss_kwargs(task, batch["labels"]), use_cache=False).loss
     # FSDP averages gradients over the dp ranks: a loss that is a share of the global mean is scaled back up.
-    (loss * (1 if task.shard_mean else layout.dp)).backward()
+    mean = tasks.shard_mean(task, model)
+    (loss * (1 if mean else layout.dp)).backward()
     clip(list(model.parameters()), MAX_NORM)
     optimizer.step()
     total = loss.detach().clone()
     dist.all_reduce(total)
-    shards = layout.world // layout.dp * (layout.dp if task.shard_mean else 1)
+    shards = layout.world // layout.dp * (layout.dp if mean else 1)
     return StepRecord(total / shards, whole_params(model))
 
 

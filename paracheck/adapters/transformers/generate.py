@@ -66,9 +66,12 @@ def generation(model, batch: dict, mode: str) -> rule.Generation:
 
 
 def _with_task(body, batch: dict) -> dict:
-    """The prompts as the case's task takes them: with an image per row for a vision-language model."""
-    from paracheck.adapters.transformers import images, tasks
+    """The prompts as the case's task takes them: with an image (or a clip) per row for a vision-language (or an
+    audio) model."""
+    from paracheck.adapters.transformers import audio, images, tasks
 
+    if body.task is tasks.AUDIO_TEXT:
+        return audio.with_audio(batch, body.ref.config, SEED)
     return images.with_images(batch, body.ref.config, SEED) if body.task is tasks.IMAGE_TEXT else batch
 
 

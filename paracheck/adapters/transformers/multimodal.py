@@ -3,8 +3,9 @@ none of the rest.
 
 It is no task of its own: for every model type with a TP plan but three (transformers 5.25.0: 95 of the 98 of its
 119 with a plan), the class it names is also the class another task's mapping names for that model type (the
-image-text-to-text class, the causal LM or the seq2seq LM), so the sweep already runs that class, under that task, with that task's inputs
-(and refusals: an image-text family without an image builder stays refused there). The three whose class no task
+image-text-to-text class, the causal LM, the seq2seq LM or the audio-text class), so the sweep already runs
+that class, under that task, with that task's inputs (and refusals: an image-text family without an image builder
+stays refused there). The three whose class no task
 names are refused here by name. Torch-free at import.
 """
 
@@ -17,7 +18,7 @@ MAPPING = "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES"
 #: model type -> why no task runs its multimodal class.
 REFUSED = {
     "fun_asr_nano": "an audio encoder and adaptor in front of a causal LM, whose audio inputs the kit does not make "
-                    "(as the seq2seq task refuses the audio front ends)",
+                    "(the audio-text task builds them for the seq2seq mapping's audio classes only)",
     "qwen2_5_omni": "the thinker-talker wrapper, whose talker and token2wav turn the text into speech, which the kit "
                     "does not check; its text-and-image model is the image-text family qwen2_5_omni_thinker",
     "qwen3_omni_moe": "the thinker-talker wrapper, whose talker and code2wav turn the text into speech, which the kit "
@@ -33,9 +34,9 @@ def classes() -> dict[str, str]:
 
 
 def coverage() -> dict[str, str]:
-    """model type -> the key of the task that runs its multimodal class (`image-text`, `causal-lm`, `seq2seq`: the
-    first in `tasks.TASKS` whose mapping names the same class; the sweep then runs it where its config has a TP
-    plan), or `refused: WHY` for a class no task names whose config has a TP plan (one without a plan is left
+    """model type -> the key of the task that runs its multimodal class (`image-text`, `causal-lm`, `seq2seq`,
+    `audio-text`: the first in `tasks.TASKS` whose mapping names the same class; the sweep then runs it where its
+    config has a TP plan), or `refused: WHY` for a class no task names whose config has a TP plan (one without a plan is left
     out, as the sweep leaves it). One that neither a task runs nor `REFUSED` names is `unknown`: a transformers
     release that adds one, which the kit's test catches. Only those few configs are built."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING

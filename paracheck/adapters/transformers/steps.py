@@ -377,16 +377,19 @@ LOSS_TIMES_DP = "trainer:mean_loss_times_dp"
 
 def _mean_loss_head(model) -> bool:
     """Whether `model` computes its loss as transformers' generic sequence, token or span classification heads do (a
-    mean over the batch, no `num_items_in_batch`) while its forward takes **kwargs (what the Trainer reads as a loss
-    that sums): the cause `LOSS_TIMES_DP` names, read from the model, not from the figures."""
+    mean over the batch, no `num_items_in_batch`), or as the audio classes `audio.MEAN_LOSS` do, while its forward
+    takes **kwargs (what the Trainer reads as a loss that sums): the cause `LOSS_TIMES_DP` names, read from the
+    model, not from the figures."""
     import inspect
 
     from transformers import modeling_layers as layers
 
+    from paracheck.adapters.transformers import audio
+
     generic = tuple(getattr(layers, n) for n in ("GenericForSequenceClassification", "GenericForTokenClassification",
                                                  "GenericForQuestionAnswering") if hasattr(layers, n))
     takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in inspect.signature(type(model).forward).parameters.values())
-    return isinstance(model, generic) and takes_kwargs
+    return (isinstance(model, generic) or audio.mean_loss(model)) and takes_kwargs
 
 
 def _loss_times_dp(result: CheckResult, layout, model, atol: float, rtol: float) -> str:

@@ -1,17 +1,17 @@
 """`paracheck run --models transformers:all`: every model class transformers registers for a task the adapter runs
-(`tasks`: causal LM, sequence and token classification, image-text-to-text, seq2seq LM) whose config has a TP plan
-(its own, its text config's, or an encoder-decoder's halves'), each as a tiny config fitted to the world by
-`fitting`, over every layout its plans allow.
+(`tasks`: causal LM, sequence and token classification, image-text-to-text, seq2seq LM, audio-text) whose config
+has a TP plan (its own, its text config's, or an encoder-decoder's halves'), each as a tiny config fitted to the
+world by `fitting`, over every layout its plans allow.
 
 A family is a model type and a task, named `llama` (causal LM, as before tasks), `llama-seq-cls`, `llava-image-text`,
-`t5gemma-seq2seq`; `transformers:all-seq-cls` selects one task's. Per family (sorted by task, then name):
-`fitting.tiny` shrinks the config class's defaults, `fitting.fit` raises what the world's degrees split, so one
-checkpoint serves every layout, and `tasks.prepared` gives it the task's label count, padding token or image sizes
-(or refuses a seq2seq class that is no encoder-decoder). A layout whose sizes the rule refuses is a skip with the
-rule's sentence, decided here, before any rank starts; so is a family whose config transformers rejects
-(`Unfittable`) or whose model cannot be built at all (an optional dependency missing: `ImportError`). The rest
-run as `payload` cases (the mixins' kind: each rank loads the checkpoint with and without `distributed_config`),
-with the checks and controls of the bundled fixtures.
+`t5gemma-seq2seq`, `qwen2_audio-audio-text`; `transformers:all-seq-cls` selects one task's. Per family (sorted by
+task, then name): `fitting.tiny` shrinks the config class's defaults, `fitting.fit` raises what the world's degrees
+split, so one checkpoint serves every layout, and `tasks.prepared` gives it the task's label count, padding token,
+image sizes or audio clip (or refuses a family whose inputs the kit does not make). A layout whose sizes the rule
+refuses is a skip with the rule's sentence, decided here, before any rank starts; so is a family whose config
+transformers rejects (`Unfittable`) or whose model cannot be built at all (an optional dependency missing:
+`ImportError`). The rest run as `payload` cases (the mixins' kind: each rank loads the checkpoint with and without
+`distributed_config`), with the checks and controls of the bundled fixtures.
 
 Splitting and resuming: `--shard I/N` keeps the I-th slice of the case list, a family's cases whole in one
 slice (`domain.sharding`); only the families of that slice are built. `--resume REPORT.json` leaves out the cases

@@ -30,6 +30,9 @@ class Task:
     #: average to the global one, and FSDP's averaged gradients are already the global ones.
     shard_mean: bool
     variants: tuple[str, ...]
+    #: Of the seq2seq mapping, which classes the task takes: its encoder-decoders (True) or the rest, an audio
+    #: encoder in front of a causal LM (False); None for a mapping one task takes whole.
+    encoder_decoder: bool | None = None
 
 
 CAUSAL_LM = Task("causal LM", "causal-lm", "", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM", True, False,
@@ -48,8 +51,14 @@ IMAGE_TEXT = Task("image-text-to-text", "image-text", "-image-text", "MODEL_FOR_
 # (the decoder's inputs are the labels shifted right). Padding only on the encoder's rows: no packed documents
 # (a bidirectional encoder has no block-diagonal mask of packed rows), no embeds.
 SEQ2SEQ = Task("seq2seq LM", "seq2seq", "-seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
-               "AutoModelForSeq2SeqLM", True, False, ("base", "left_pad", "right_pad"))
-TASKS = (CAUSAL_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, IMAGE_TEXT, SEQ2SEQ)
+               "AutoModelForSeq2SeqLM", True, False, ("base", "left_pad", "right_pad"), encoder_decoder=True)
+# The seq2seq mapping's other classes: an audio encoder in front of a causal LM (speech recognition, audio
+# understanding), whose clip's features replace placeholder tokens (`audio`). Its loss is a causal LM's (labels
+# shifted, `num_items_in_batch`), -100 on the placeholders. No packed documents (one clip a row, at its first
+# token), no embeds (the placeholders are found in `input_ids`).
+AUDIO_TEXT = Task("audio-text-to-text", "audio-text", "-audio-text", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+                  "AutoModelForSeq2SeqLM", True, False, ("base", "left_pad", "right_pad"), encoder_decoder=False)
+TASKS = (CAUSAL_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, IMAGE_TEXT, SEQ2SEQ, AUDIO_TEXT)
 #: Labels a classification head tells apart in the kit's configs (transformers' default is 2).
 NUM_LABELS = 3
 #: A seq2seq target's tokens: fewer than the encoder's rows, so a decoder length taken for the encoder's shows;
@@ -59,11 +68,11 @@ TARGET_PAD = 3
 
 
 class NotEncoderDecoder(Refused):
-    """A class of the seq2seq mapping that is no encoder-decoder: an audio encoder in front of a causal LM, whose
-    audio inputs the kit does not make; the message adds the sub-configs in front of its LM."""
+    """A config the seq2seq task is asked to run that is no encoder-decoder (an audio encoder in front of a causal
+    LM: the audio-text task's, `AUDIO_TEXT`); the message adds the sub-configs in front of its LM."""
 
-    WHY = ("not an encoder-decoder (an audio or other encoder in front of a causal LM), whose inputs the kit does "
-           "not make; the seq2seq task runs encoder-decoders (t5gemma, t5gemma2)")
+    WHY = ("not an encoder-decoder (an audio or other encoder in front of a causal LM): the audio-text task runs "
+           "it (-audio-text); the seq2seq task runs encoder-decoders (t5gemma, t5gemma2)")
 
     def __init__(self, model_type: str, fed: str):
         super().__init__(model_type, self.WHY, fed)
@@ -80,10 +89,17 @@ def by_suffix(name: str) -> tuple[str, Task]:
 
 @functools.lru_cache(maxsize=None)
 def classes(task: Task) -> dict[str, str]:
-    """model type -> the class name the task's auto mapping gives it (the first, where it names several)."""
+    """model type -> the class name the task's auto mapping gives it (the first, where it names several); of the
+    seq2seq mapping, the encoder-decoders or the rest (`Task.encoder_decoder`, read on the config class, which
+    declares it: no config is built)."""
     from transformers.models.auto import modeling_auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     mapping = getattr(modeling_auto, task.mapping, None) or {}
+    if task.encoder_decoder is not None:
+        mapping = {k: v for k, v in mapping.items()
+                   if k in CONFIG_MAPPING and bool(getattr(CONFIG_MAPPING[k], "is_encoder_decoder", False))
+                   == task.encoder_decoder}
     return {k: v if isinstance(v, str) else v[0] for k, v in mapping.items()}
 
 
@@ -128,11 +144,12 @@ def load(path: str, **kwargs):
 def prepared(config, task: Task):
     """`config` made ready for the task's inputs (a copy): a classifier's label count and padding token (a
     sequence head pools each row's last unpadded token, which it finds by the padding id); a vision-language
-    model's image sizes and placeholder token (`images.prepared`); every dropout 0 (`_no_dropout`).
-    `images.NoBuilder` names a family whose image inputs the kit cannot make."""
+    model's image sizes and placeholder token (`images.prepared`), an audio model's clip and placeholder token
+    (`audio.prepared`); every dropout 0 (`_no_dropout`). `images.NoBuilder` and `audio.NoBuilder` name a family
+    whose image or audio inputs the kit cannot make."""
     import copy
 
-    from paracheck.adapters.transformers import images
+    from paracheck.adapters.transformers import audio, images
     from paracheck.adapters.transformers.inputs import PAD_ID
 
     config = copy.deepcopy(config)
@@ -146,6 +163,8 @@ def prepared(config, task: Task):
         config = images.prepared(config)
     if task is SEQ2SEQ:
         _encoder_decoder(config)
+    if task is AUDIO_TEXT:
+        config = audio.prepared(config)
     _no_dropout(config)
     return config
 
@@ -175,12 +194,14 @@ def _no_dropout(config) -> None:
 
 
 def refuse(config, task: Task) -> None:
-    """Raise the task's `Refused` where the kit makes no inputs for `config` (no image builder; a seq2seq class
-    that is no encoder-decoder), touching nothing: the sweep asks before fitting."""
-    from paracheck.adapters.transformers import images
+    """Raise the task's `Refused` where the kit makes no inputs for `config` (no image or audio builder; a seq2seq
+    class that is no encoder-decoder), touching nothing: the sweep asks before fitting."""
+    from paracheck.adapters.transformers import audio, images
 
     if task is IMAGE_TEXT:
         images.builder(config)
+    if task is AUDIO_TEXT:
+        audio.builder(config)
     if task is SEQ2SEQ and not getattr(config, "is_encoder_decoder", False):
         fed = sorted(k for k in vars(config) if k.endswith("_config") and k != "text_config")
         raise NotEncoderDecoder(config.model_type, f"{', '.join(fed) or 'no encoder'} in front of its LM")
@@ -201,13 +222,16 @@ def _encoder_decoder(config) -> None:
 
 def with_labels(task: Task, batch: dict, config, seed: int) -> dict:
     """The batch of token rows (`inputs`) made the task's: image placeholders and pixels for a vision-language
-    model (labels -100 on the placeholders), a class per row or per unpadded token for a classifier."""
+    model, audio placeholders and mel features for an audio one (labels -100 on the placeholders), a class per row
+    or per unpadded token for a classifier."""
     import torch
 
-    from paracheck.adapters.transformers import images
+    from paracheck.adapters.transformers import audio, images
 
     if task is IMAGE_TEXT:
         return images.with_images(batch, config, seed)
+    if task is AUDIO_TEXT:
+        return audio.with_audio(batch, config, seed)
     if task is SEQ2SEQ:
         return with_target(batch, config, seed)
     if not task.shard_mean:
@@ -244,6 +268,23 @@ def shifted_right(labels, config):
     shifted = labels.new_full(labels.shape, decoder.bos_token_id)
     shifted[:, 1:] = labels[:, :-1]
     return shifted.masked_fill(shifted == -100, decoder.pad_token_id)
+
+
+def shard_mean(task: Task, model) -> bool:
+    """Whether `model`'s loss is each data shard's mean (the shards' losses average to the global one): the task's
+    heads' (`Task.shard_mean`), or an audio class whose own loss is a plain mean (`audio.MEAN_LOSS`)."""
+    from paracheck.adapters.transformers import audio
+
+    return task.shard_mean or (task is AUDIO_TEXT and audio.mean_loss(model))
+
+
+def variants(task: Task, model) -> tuple[str, ...]:
+    """The variants `model` takes: its task's, but the padded ones where its loss is a shard mean the task's others
+    do not take (`shard_mean`): padded rows give the shards unequal token counts, whose means do not average to the
+    global mean (the classification heads' tasks leave them out whole)."""
+    if task is AUDIO_TEXT and shard_mean(task, model):
+        return tuple(v for v in task.variants if not v.endswith("_pad"))
+    return task.variants
 
 
 def loss_kwargs(task: Task, labels) -> dict:

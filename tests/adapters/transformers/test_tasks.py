@@ -16,7 +16,7 @@ from paracheck.adapters.transformers import coupling, images, inputs, tasks  # n
 
 
 #: A model type each task's mapping holds (and no earlier task's, so its class names that task).
-EXAMPLE = {tasks.IMAGE_TEXT: "llava", tasks.SEQ2SEQ: "t5gemma"}
+EXAMPLE = {tasks.IMAGE_TEXT: "llava", tasks.SEQ2SEQ: "t5gemma", tasks.AUDIO_TEXT: "qwen2_audio"}
 
 
 @pytest.mark.parametrize("task", tasks.TASKS, ids=lambda t: t.key)
@@ -235,7 +235,7 @@ def test_a_seq2seq_models_shift_is_the_batchs_and_its_shares_losses_add_up_to_th
 
 
 def test_a_seq2seq_class_that_is_no_encoder_decoder_is_refused_by_name():
-    """The mapping's audio-LLMs (an audio encoder in front of a causal LM) take audio the kit does not make."""
+    """The mapping's audio-LLMs (an audio encoder in front of a causal LM) are the audio-text task's, not this one's."""
     from transformers import Qwen2AudioConfig
 
     with pytest.raises(tasks.NotEncoderDecoder, match=r"qwen2_audio: not an encoder-decoder .*\(audio_config") as e:
@@ -275,4 +275,4 @@ def test_every_multimodal_lm_class_with_a_plan_is_a_tasks_class_or_refused_by_na
     found = multimodal.coverage()
     assert "unknown" not in found.values(), [k for k, v in found.items() if v == "unknown"]
     assert {k for k, v in found.items() if v.startswith("refused")} == set(multimodal.REFUSED)
-    assert (found["qwen2_5_vl"], found["glmasr"], found["fuyu"]) == ("image-text", "seq2seq", "causal-lm")
+    assert (found["qwen2_5_vl"], found["glmasr"], found["fuyu"]) == ("image-text", "audio-text", "causal-lm")
