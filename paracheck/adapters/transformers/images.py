@@ -439,7 +439,12 @@ REFUSED = {
     "deepseek_vl_hybrid": "each image is also a second, high-resolution tensor (high_res_pixel_values) of its own "
                           "tower",
     "kimi_k25": "its projector's layer norm keeps the real tower's width (1152), which the tiny rule does not reach",
-    "minicpmv4_6": _PACKED,  # (1, channels, patch, patches x patch)
+    # (1, channels, patch, patches x patch), of which the forward encodes `pixel_values[:1]`: every image in one row.
+    "minicpmv4_6": _PACKED,
+    "minicpmv4_7": _PACKED,
+    "minicpm_ocr": _PACKED,
+    "deepseek_ocr2": "its vision encoder's learned queries make every image 144 features (256 above 12 x 12 patches), "
+                     "whatever its size, and a view separator: 145 placeholders, more than any of the kit's rows hold",
     "emu3": "its images are a VQ tokenizer's codes in the text, not a vision tower's features",
     "fast_vlm": _TIMM,
     "perception_lm": _TIMM,
