@@ -3,6 +3,10 @@ conversion to each rank's FSDP shard of the tensors instead of the whole tensors
 (OlmoHybrid, KimiLinear and BailingHybrid stack q_conv1d, k_conv1d and v_conv1d into one conv1d) builds each shard
 from the three tensors' shards, so the rows land in the wrong order and the model computes wrong numbers with no
 warning; one that splits (SarvamMoe's query_key_value, LaraMini's in_proj_qkv) raises. One process loads right.
+The image-text families load with their own auto class: a chunk (Step3p7's and Unlimited-OCR's vision qkv) is
+silently wrong, a transpose (Ovis2.5's visual embedding table) raises.
+
+    FAMILY=ovis2_5-image-text torchrun --nproc-per-node 4 docs/upstream/transformers_sharded_load_conversion.py /tmp/ckpt
 
     FAMILY=olmo_hybrid python docs/upstream/transformers_sharded_load_conversion.py /tmp/ckpt   # the checkpoint
     FAMILY=olmo_hybrid torchrun --nproc-per-node 4 docs/upstream/transformers_sharded_load_conversion.py /tmp/ckpt
@@ -25,21 +29,22 @@ def write(folder: str) -> None:
 
 def load(folder: str) -> None:
     import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.distributed import DistributedConfig
 
+    auto = AutoModelForImageTextToText if FAMILY.endswith("-image-text") else AutoModelForCausalLM
     dist.init_process_group("gloo")
     path = os.path.join(folder, FAMILY)
     try:
-        one = dict(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).named_parameters())
-        sharded = AutoModelForCausalLM.from_pretrained(
+        one = dict(auto.from_pretrained(path, dtype=torch.float32).named_parameters())
+        sharded = auto.from_pretrained(
             path, dtype=torch.float32, distributed_config=DistributedConfig(fsdp_size=dist.get_world_size()))
         for name, param in sharded.named_parameters():
             whole = param.full_tensor() if hasattr(param, "full_tensor") else param
             off = (whole - one[name]).abs().max().item()
             if off and dist.get_rank() == 0:  # olmo_hybrid: model.layers.0.linear_attn.conv1d.weight 8.6e-02
                 print(f"{name} loaded wrong: max |sharded - one process| {off:.1e}")
-    except RuntimeError as exc:  # sarvam_moe: "split_with_sizes expects split_sizes to sum exactly to 64 ..."
+    except RuntimeError as exc:  # sarvam_moe: "split_with_sizes expects ..."; ovis2_5: "... ignore_mismatched_sizes ..."
         print(f"rank {dist.get_rank()}: {exc}".splitlines()[0])
     finally:
         dist.destroy_process_group()
