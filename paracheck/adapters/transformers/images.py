@@ -132,6 +132,28 @@ def _packed_images(config, rows: int, size: int, generator) -> dict:
             "image_grid_thw": torch.tensor([[1, grid, grid]] * rows)}
 
 
+def _packed_hw(config, rows: int, size: int, generator) -> dict:
+    """Every row's flattened patches in one sequence, one frame each: `pixel_values` (rows x patches, channels x patch
+    x patch) and `image_grid_hw` (rows, 2). Each row's image is the same size, so `inputs.share` cuts it at images."""
+    import torch
+
+    patch, grid = _patch(config), size // _patch(config)
+    return {"pixel_values": torch.randn(rows * grid * grid, CHANNELS * patch * patch, generator=generator),
+            "image_grid_hw": torch.tensor([[grid, grid]] * rows)}
+
+
+def _inkling_patches(config, rows: int, size: int, generator) -> dict:
+    """Inkling's image: one placeholder per patch of two frames, channels last, every row's in one sequence:
+    `pixel_values` (rows x placeholders, 2, patch, patch, channels). Each row's image is the same size, so
+    `inputs.share` cuts it at images."""
+    import torch
+
+    vision = config.vision_config
+    count = placeholders(config)
+    return {"pixel_values": torch.randn(rows * count, vision.temporal_patch_size, vision.patch_size,
+                                        vision.patch_size, vision.num_channels, generator=generator)}
+
+
 def _merged_pixels(config, rows: int, size: int, generator) -> dict:
     """Inkling2's pixels, channels last, one block of merge x merge patches per placeholder, every row's in one
     sequence: `pixel_values` (rows x placeholders, merge x patch, merge x patch, channels) and `image_grid_thw`
@@ -270,6 +292,23 @@ def _muse_spark(config) -> None:
     _muse(config)
     audio = config.audio_config
     audio.hidden_sizes, audio.depths = [16] * len(audio.hidden_sizes), [1] * len(audio.depths)
+
+
+def _nemotron_h_omni(config) -> None:
+    """Nemotron-H Omni's projector reads the RADIO tower's pixel-shuffled features (`vision_hidden_size`, the real
+    tower's 1280) and keeps its own width (`projector_hidden_size`), which the tiny rule does not know: the tower's
+    fitted width, and the fitted text width."""
+    config.vision_hidden_size = config.vision_config.hidden_size
+    config.projector_hidden_size = text_config(config).hidden_size
+
+
+def _inkling(config) -> None:
+    """Inkling's tower folds a whole patch (2 frames x patch x patch x channels) into depth, layer by layer, so its
+    widths follow the patch, not `hidden_size`: the real 40-pixel patch makes layers 614,400 wide. A 4-pixel patch
+    over 4 layers (96 values a patch), its output the fitted text width (`text_hidden_size`)."""
+    vision = config.vision_config
+    vision.patch_size, vision.num_hidden_layers = 4, 4
+    vision.text_hidden_size = text_config(config).hidden_size
 
 
 def _omni_thinker(config) -> None:
@@ -417,6 +456,8 @@ BUILDERS = {
                                       bounds=("vision_start_token_id", "vision_end_token_id")),
     "muse_glimmer": Builder(merge=2, configure=_muse, pixels=_packed),
     "muse_spark": Builder(merge=2, configure=_muse_spark, pixels=_packed),
+    "inkling_mm_model": Builder(configure=_inkling, pixels=_inkling_patches),
+    "nemotron_h_omni": Builder(merge=2, configure=_nemotron_h_omni, pixels=_packed_hw),  # a 2 x 2 pixel shuffle
     "step3p7": Builder(merge=4, configure=_step3p7),  # its projector convolves the patches down 4 a side
     # Its SAM encoder's neck convolves the patches down 4 a side: one placeholder, its row's end and the view
     # separator (3, which fit the generate prompts' padded rows).
