@@ -81,8 +81,9 @@ def test_a_family_without_an_image_builder_is_refused_by_name():
 SHAPES = ("llava", "vipllava", "paligemma", "gemma3", "mistral3", "idefics3", "llava_next", "qwen2_vl", "qwen2_5_vl",
           "llama4", "idefics2", "ovis2", "llava_onevision1_5", "lfm2_vl",
           "janus", "hy_v4_vl", "granite_docling", "got_ocr2",
-          # Tokens around the image (bounds) and an audio tower sized to build; a tower nested in a SAM encoder.
-          "ovis2_5", "qwen2_5_omni_thinker", "muse_spark", "unlimited_ocr")
+          # Tokens around the image (bounds) and an audio tower sized to build; a tower nested in a SAM encoder;
+          # packed patches with a (height, width) grid; one two-frame patch per placeholder.
+          "ovis2_5", "qwen2_5_omni_thinker", "unlimited_ocr", "nemotron_h_omni", "inkling_mm_model")
 
 
 @pytest.mark.parametrize("model_type", SHAPES)
