@@ -4,7 +4,7 @@ conversion to each rank's FSDP shard of the tensors instead of the whole tensors
 from the three tensors' shards, so the rows land in the wrong order and the model computes wrong numbers with no
 warning; one that splits (SarvamMoe's query_key_value, LaraMini's in_proj_qkv) raises. One process loads right.
 The image-text families load with their own auto class: a chunk (Step3p7's and Unlimited-OCR's vision qkv) is
-silently wrong, a transpose (Ovis2.5's visual embedding table) raises.
+silently wrong (and Nemotron-H Omni's RADIO qkv), a transpose (Ovis2.5's visual embedding table) raises.
 
     FAMILY=ovis2_5-image-text torchrun --nproc-per-node 4 docs/upstream/transformers_sharded_load_conversion.py /tmp/ckpt
 
