@@ -38,7 +38,8 @@ def rank(r: int, folder: str) -> None:
     model = auto.from_pretrained(folder, dtype=torch.float32,
                                                  distributed_config=DistributedConfig(tp_size=WORLD))
     embed = model.get_input_embeddings()
-    print(f"rank {r}: tp_plan embed_tokens = {next((v for k, v in model.tp_plan.items() if k.endswith('embed_tokens')), None)!r} on a "
+    planned = next((v for k, v in model.tp_plan.items() if k.endswith("embed_tokens")), None)
+    print(f"rank {r}: tp_plan embed_tokens = {planned!r} on a "
           f"{type(embed).__name__} (an nn.Embedding: {isinstance(embed, torch.nn.Embedding)})")
     try:
         model(torch.arange(12).reshape(1, 12) % 100, use_cache=False)

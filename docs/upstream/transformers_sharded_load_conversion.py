@@ -6,7 +6,7 @@ warning; one that splits (SarvamMoe's query_key_value, LaraMini's in_proj_qkv) r
 The image-text families load with their own auto class: a chunk (Step3p7's and Unlimited-OCR's vision qkv) is
 silently wrong (and Nemotron-H Omni's RADIO qkv), a transpose (Ovis2.5's visual embedding table) raises.
 
-    FAMILY=ovis2_5-image-text torchrun --nproc-per-node 4 docs/upstream/transformers_sharded_load_conversion.py /tmp/ckpt
+    FAMILY=ovis2_5-image-text python docs/upstream/transformers_sharded_load_conversion.py /tmp/ckpt   # then torchrun
 
     FAMILY=olmo_hybrid python docs/upstream/transformers_sharded_load_conversion.py /tmp/ckpt   # the checkpoint
     FAMILY=olmo_hybrid torchrun --nproc-per-node 4 docs/upstream/transformers_sharded_load_conversion.py /tmp/ckpt
@@ -44,7 +44,7 @@ def load(folder: str) -> None:
             off = (whole - one[name]).abs().max().item()
             if off and dist.get_rank() == 0:  # olmo_hybrid: model.layers.0.linear_attn.conv1d.weight 8.6e-02
                 print(f"{name} loaded wrong: max |sharded - one process| {off:.1e}")
-    except RuntimeError as exc:  # sarvam_moe: "split_with_sizes expects ..."; ovis2_5: "... ignore_mismatched_sizes ..."
+    except RuntimeError as exc:  # sarvam_moe: "split_with_sizes expects ..."; ovis2_5: "... ignore_mismatched_sizes"
         print(f"rank {dist.get_rank()}: {exc}".splitlines()[0])
     finally:
         dist.destroy_process_group()

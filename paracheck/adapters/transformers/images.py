@@ -457,7 +457,8 @@ BUILDERS = {
     "muse_glimmer": Builder(merge=2, configure=_muse, pixels=_packed),
     "muse_spark": Builder(merge=2, configure=_muse_spark, pixels=_packed),
     "inkling_mm_model": Builder(configure=_inkling, pixels=_inkling_patches),
-    "nemotron_h_omni": Builder(merge=2, configure=_nemotron_h_omni, pixels=_packed_hw),  # a 2 x 2 pixel shuffle
+    # Its projector pixel-shuffles 2 x 2 patches into one placeholder.
+    "nemotron_h_omni": Builder(merge=2, configure=_nemotron_h_omni, pixels=_packed_hw),
     "step3p7": Builder(merge=4, configure=_step3p7),  # its projector convolves the patches down 4 a side
     # Its SAM encoder's neck convolves the patches down 4 a side: one placeholder, its row's end and the view
     # separator (3, which fit the generate prompts' padded rows).
