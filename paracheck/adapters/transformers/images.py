@@ -249,9 +249,10 @@ def _ovis2(config) -> None:
 
 
 def _ovis2_5(config) -> None:
-    """Ovis2.5's Qwen-VL-like tower (its text, Qwen3, has no M-RoPE) maps each merged patch to a distribution over its own visual vocabulary,
-    then a table maps that to the text: a vocabulary of 64 and its 4 boundary indicators (the real one's 65536 rows,
-    which the tiny rule leaves, would be most of the tiny model), the table's width the (fitted) text width."""
+    """Ovis2.5's Qwen-VL-like tower (its text, Qwen3, has no M-RoPE) maps each merged patch to a distribution over
+    its own visual vocabulary, then a table maps that to the text: a vocabulary of 64 and its 4 boundary indicators
+    (the real one's 65536 rows, which the tiny rule leaves, would be most of the tiny model), the table's width the
+    (fitted) text width."""
     config.vision_config.vocab_size = 64 + config.vision_config.num_visual_indicator_tokens
     config.hidden_size = text_config(config).hidden_size
 
