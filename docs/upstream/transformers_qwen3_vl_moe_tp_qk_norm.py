@@ -7,6 +7,11 @@ the heads, and `q_norm`/`k_norm` (an RMSNorm over `head_dim`, one weight for eve
 Qwen3's and Qwen3-MoE's causal plans mark both norms `replicated_with_grad_allreduce`; Qwen3-VL-MoE's text plan
 does not, so each rank's norm gradient is its heads' share, never reduced. Logits and loss agree with one device;
 the norm gradients do not, and their sum over the ranks does (the all-reduce the plan leaves out).
+
+Qwen3-Omni-MoE's thinker (transformers 5.25.0) has the same text plan; with FAMILY set, the kit's tiny checkpoint of
+that image-text family is loaded instead (its text alone reaches the norms):
+
+    FAMILY=qwen3_omni_moe_thinker-image-text python docs/upstream/transformers_qwen3_vl_moe_tp_qk_norm.py
 """
 
 import os
@@ -17,6 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 WORLD = 2
+FAMILY = os.environ.get("FAMILY", "")
 
 
 def grads(model, ids) -> dict:
@@ -33,12 +39,14 @@ def rank(r: int, folder: str) -> None:
     os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(WORLD))
     dist.init_process_group("gloo", store=dist.FileStore(os.path.join(folder, "store"), WORLD), rank=r,
                             world_size=WORLD)
-    from transformers import Qwen3VLMoeForConditionalGeneration
+    from transformers import AutoModelForImageTextToText, Qwen3VLMoeForConditionalGeneration
     from transformers.distributed import DistributedConfig
 
+    auto = AutoModelForImageTextToText if FAMILY else Qwen3VLMoeForConditionalGeneration
+
     ids = (torch.arange(24).reshape(2, 12) * 7) % 100
-    single = Qwen3VLMoeForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
-    parallel = Qwen3VLMoeForConditionalGeneration.from_pretrained(
+    single = auto.from_pretrained(folder, dtype=torch.float32)
+    parallel = auto.from_pretrained(
         folder, dtype=torch.float32, distributed_config=DistributedConfig(tp_size=WORLD))
     want, got = grads(single, ids), grads(parallel, ids)
     for name in want:
@@ -60,6 +68,15 @@ def main() -> None:
                   deepstack_visual_indexes=[0])
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as folder:
+        if FAMILY:  # the kit's tiny checkpoint of that family, as its sweep writes it
+            from paracheck.adapters.transformers import sweep
+
+            [family] = sweep.families([FAMILY])
+            assert sweep.build(sweep.fitted(family, WORLD), folder) is None
+            for name in os.listdir(os.path.join(folder, FAMILY)):
+                os.rename(os.path.join(folder, FAMILY, name), os.path.join(folder, name))
+            mp.spawn(rank, args=(folder,), nprocs=WORLD)
+            return
         model = Qwen3VLMoeForConditionalGeneration(Qwen3VLMoeConfig(text_config=text, vision_config=vision))
         with torch.no_grad():  # norm weights drawn away from ones, so every head's share differs
             for name, param in model.named_parameters():

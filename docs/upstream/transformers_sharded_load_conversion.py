@@ -3,6 +3,10 @@ conversion to each rank's FSDP shard of the tensors instead of the whole tensors
 (OlmoHybrid, KimiLinear and BailingHybrid stack q_conv1d, k_conv1d and v_conv1d into one conv1d) builds each shard
 from the three tensors' shards, so the rows land in the wrong order and the model computes wrong numbers with no
 warning; one that splits (SarvamMoe's query_key_value, LaraMini's in_proj_qkv) raises. One process loads right.
+Each family loads with the class its checkpoint names (an image-text or audio model too): a chunk (Step3p7's and Unlimited-OCR's vision qkv) is
+silently wrong (and Nemotron-H Omni's RADIO qkv), a transpose (Ovis2.5's visual embedding table) raises.
+
+    FAMILY=ovis2_5-image-text python docs/upstream/transformers_sharded_load_conversion.py /tmp/ckpt   # then torchrun
 
     FAMILY=olmo_hybrid python docs/upstream/transformers_sharded_load_conversion.py /tmp/ckpt   # the checkpoint
     FAMILY=olmo_hybrid torchrun --nproc-per-node 4 docs/upstream/transformers_sharded_load_conversion.py /tmp/ckpt
@@ -41,7 +45,7 @@ def load(folder: str) -> None:
             off = (whole - one[name]).abs().max().item()
             if off and dist.get_rank() == 0:  # olmo_hybrid: model.layers.0.linear_attn.conv1d.weight 8.6e-02
                 print(f"{name} loaded wrong: max |sharded - one process| {off:.1e}")
-    except RuntimeError as exc:  # sarvam_moe: "split_with_sizes expects split_sizes to sum exactly to 64 ..."
+    except RuntimeError as exc:  # sarvam_moe: "split_with_sizes expects ..."; ovis2_5: "... ignore_mismatched_sizes"
         print(f"rank {dist.get_rank()}: {exc}".splitlines()[0])
     finally:
         dist.destroy_process_group()

@@ -47,15 +47,20 @@ class Builder:
     token_types: tuple[str, str] | None = None
     #: (config, rows, size, generator) -> the image tensors, where they are not `pixel_values` of whole images.
     pixels: Callable | None = None
+    #: (config) -> the vision config that holds the image and patch sizes (a SAM encoder's, nested in the tower's).
+    tower: Callable = lambda config: config.vision_config
+    #: The config's names of the tokens its processor writes just before and just after an image's placeholders
+    #: (a vision start read by M-RoPE, begin and end indicators given features of their own), None for none.
+    bounds: tuple[str | None, str | None] = (None, None)
 
 
 def _vision_size(config, size: int) -> None:
-    vision = config.vision_config
+    vision = builder(config).tower(config)
     vision.image_size = [size, size] if isinstance(getattr(vision, "image_size", None), (list, tuple)) else size
 
 
 def _patch(config) -> int:
-    patch = config.vision_config.patch_size
+    patch = builder(config).tower(config).patch_size
     return patch[0] if isinstance(patch, (list, tuple)) else patch
 
 
@@ -100,9 +105,11 @@ def _patches(config, rows: int, size: int, generator) -> dict:
     import torch
 
     vision, grid = config.vision_config, size // _patch(config)
-    # Towers that embed one frame (no `temporal_patch_size`) name their channels `num_channels` or `in_channels`.
-    channels = getattr(vision, "in_channels", None) or vision.num_channels
-    flat = channels * getattr(vision, "temporal_patch_size", 1) * _patch(config) ** 2
+    # Towers name their channels `num_channels` or `in_channels` (Muse's neither: RGB), their frames per patch
+    # `temporal_patch_size` or `patch_temporal` (one that embeds one frame neither).
+    channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", None) or CHANNELS
+    temporal = getattr(vision, "temporal_patch_size", None) or getattr(vision, "patch_temporal", None) or 1
+    flat = channels * temporal * _patch(config) ** 2
     return {"pixel_values": torch.randn(rows, grid * grid, flat, generator=generator),
             "image_grid_thw": torch.tensor([[1, grid, grid]] * rows)}
 
@@ -123,6 +130,28 @@ def _packed_images(config, rows: int, size: int, generator) -> dict:
     patch, grid = _patch(config), size // _patch(config)
     return {"pixel_values": torch.randn(rows * grid * grid, CHANNELS, patch, patch, generator=generator),
             "image_grid_thw": torch.tensor([[1, grid, grid]] * rows)}
+
+
+def _packed_hw(config, rows: int, size: int, generator) -> dict:
+    """Every row's flattened patches in one sequence, one frame each: `pixel_values` (rows x patches, channels x patch
+    x patch) and `image_grid_hw` (rows, 2). Each row's image is the same size, so `inputs.share` cuts it at images."""
+    import torch
+
+    patch, grid = _patch(config), size // _patch(config)
+    return {"pixel_values": torch.randn(rows * grid * grid, CHANNELS * patch * patch, generator=generator),
+            "image_grid_hw": torch.tensor([[grid, grid]] * rows)}
+
+
+def _inkling_patches(config, rows: int, size: int, generator) -> dict:
+    """Inkling's image: one placeholder per patch of two frames, channels last, every row's in one sequence:
+    `pixel_values` (rows x placeholders, 2, patch, patch, channels). Each row's image is the same size, so
+    `inputs.share` cuts it at images."""
+    import torch
+
+    vision = config.vision_config
+    count = placeholders(config)
+    return {"pixel_values": torch.randn(rows * count, vision.temporal_patch_size, vision.patch_size,
+                                        vision.patch_size, vision.num_channels, generator=generator)}
 
 
 def _merged_pixels(config, rows: int, size: int, generator) -> dict:
@@ -217,6 +246,82 @@ def _ovis2(config) -> None:
     its tower merges `hidden_stride` patches a side, 2 as in the real tower (the tiny rule leaves 1)."""
     config.hidden_size = text_config(config).hidden_size
     config.vision_config.hidden_stride = 2
+
+
+def _ovis2_5(config) -> None:
+    """Ovis2.5's Qwen-VL-like tower (its text, Qwen3, has no M-RoPE) maps each merged patch to a distribution over
+    its own visual vocabulary, then a table maps that to the text: a vocabulary of 64 and its 4 boundary indicators
+    (the real one's 65536 rows, which the tiny rule leaves, would be most of the tiny model), the table's width the
+    (fitted) text width."""
+    config.vision_config.vocab_size = 64 + config.vision_config.num_visual_indicator_tokens
+    config.hidden_size = text_config(config).hidden_size
+
+
+def _unlimited_ocr(config) -> None:
+    """Unlimited-OCR's CLIP encoder embeds the SAM encoder's output as its patches, so the SAM neck's channels
+    (`output_channels`, `downsample_channels`, which the tiny rule does not know) are the CLIP width; SAM draws
+    its weights with a standard deviation of 1e-10 (as GotOcr2's), which would keep the image from the text: 0.02."""
+    sam, clip = config.vision_config.sam_config, config.vision_config.encoder_config
+    sam.output_channels, sam.downsample_channels = clip.hidden_size, [clip.hidden_size, clip.hidden_size]
+    sam.mlp_dim, sam.initializer_range = 2 * sam.hidden_size, 0.02
+
+
+def _row_ends_and_separator(config, side: int) -> int:
+    """A newline feature ending each of the image's `side` rows, then the view separator."""
+    return side + 1
+
+
+def _step3p7(config) -> None:
+    """Step3p7's text model builds a sliding-window mask whatever its layer types (its defaults' are all full
+    attention), which raises where the config names no window (its default None): one longer than any row here."""
+    text = text_config(config)
+    text.sliding_window = text.sliding_window or 4096
+
+
+def _muse(config) -> None:
+    """Muse's adapter reads the tower's merged output (`out_hidden_size`: the tower's width over 2 x 2 patches) and
+    keeps its own width (`projector_hidden_size`), which the tiny rule does not know: the fitted text width."""
+    vision = config.vision_config
+    config.out_hidden_size = vision.hidden_size * vision.merge_size ** 2
+    config.projector_hidden_size = text_config(config).hidden_size
+
+
+def _muse_spark(config) -> None:
+    """Muse Spark: Muse's adapter, and an audio tower it always builds (it runs no audio here, but its sizes must
+    build): one block per stage of 16 channels, where the tiny rule leaves the real stages' 256 to 2048 (100M
+    parameters)."""
+    _muse(config)
+    audio = config.audio_config
+    audio.hidden_sizes, audio.depths = [16] * len(audio.hidden_sizes), [1] * len(audio.depths)
+
+
+def _nemotron_h_omni(config) -> None:
+    """Nemotron-H Omni's projector reads the RADIO tower's pixel-shuffled features (`vision_hidden_size`, the real
+    tower's 1280) and keeps its own width (`projector_hidden_size`), which the tiny rule does not know: the tower's
+    fitted width, and the fitted text width."""
+    config.vision_hidden_size = config.vision_config.hidden_size
+    config.projector_hidden_size = text_config(config).hidden_size
+
+
+def _inkling(config) -> None:
+    """Inkling's tower folds a whole patch (2 frames x patch x patch x channels) into depth, layer by layer, so its
+    widths follow the patch, not `hidden_size`: the real 40-pixel patch makes layers 614,400 wide. A 4-pixel patch
+    over 4 layers (96 values a patch), its output the fitted text width (`text_hidden_size`)."""
+    vision = config.vision_config
+    vision.patch_size, vision.num_hidden_layers = 4, 4
+    vision.text_hidden_size = text_config(config).hidden_size
+
+
+def _omni_thinker(config) -> None:
+    """A Qwen Omni thinker: Qwen-VL's tower and M-RoPE, and an audio tower it always builds (it runs no audio here,
+    but its sizes must build): 2 layers of 2 heads over the fitted width, its output the fitted text width. The
+    tiny rule leaves the real 20 heads (no divisor of the fitted width) and 32 layers of 5120-wide MLPs."""
+    _qwen_vl(config)
+    audio = config.audio_config
+    audio.encoder_layers, audio.encoder_attention_heads, audio.encoder_ffn_dim = 2, 2, 2 * audio.d_model
+    audio.output_dim = text_config(config).hidden_size
+    if hasattr(audio, "downsample_hidden_size"):  # Qwen3 Omni's convolutional front end
+        audio.downsample_hidden_size = audio.d_model
 
 
 def _qwen2_vl(config) -> None:
@@ -339,6 +444,27 @@ BUILDERS = {
     "ernie4_5_vl_moe": Builder(merge=2, configure=_ernie, pixels=_packed, token_types=("mm_token_type_ids", "image")),
     "inkling2": Builder(merge=2, pixels=_merged_pixels),
     "inkling2_loop": Builder(merge=2, pixels=_merged_pixels),
+    # Ovis2.5's image begin and end indicators get learned features of their own; its forward takes no token types.
+    # One merged placeholder between them (3 tokens, which fit the generate prompts' padded rows).
+    "ovis2_5": Builder(merge=2, side=1, configure=_ovis2_5, pixels=_packed,
+                       bounds=("image_start_token_id", "image_end_token_id")),
+    # M-RoPE finds each image from the vision-start token before it (the thinker's config names none: 151652 in
+    # the full Omni config), and takes no token types. One merged placeholder between the vision start and end
+    # (3 tokens, which fit the generate prompts' padded rows).
+    "qwen2_5_omni_thinker": Builder(merge=2, side=1, configure=_omni_thinker, pixels=_patches,
+                                    bounds=("vision_start_token_id", "vision_end_token_id")),
+    "qwen3_omni_moe_thinker": Builder(merge=2, side=1, configure=_omni_thinker, pixels=_patches,
+                                      bounds=("vision_start_token_id", "vision_end_token_id")),
+    "muse_glimmer": Builder(merge=2, configure=_muse, pixels=_packed),
+    "muse_spark": Builder(merge=2, configure=_muse_spark, pixels=_packed),
+    "inkling_mm_model": Builder(configure=_inkling, pixels=_inkling_patches),
+    # Its projector pixel-shuffles 2 x 2 patches into one placeholder.
+    "nemotron_h_omni": Builder(merge=2, configure=_nemotron_h_omni, pixels=_packed_hw),
+    "step3p7": Builder(merge=4, configure=_step3p7),  # its projector convolves the patches down 4 a side
+    # Its SAM encoder's neck convolves the patches down 4 a side: one placeholder, its row's end and the view
+    # separator (3, which fit the generate prompts' padded rows).
+    "unlimited_ocr": Builder(merge=4, side=1, more=_row_ends_and_separator, configure=_unlimited_ocr,
+                             tower=lambda config: config.vision_config.sam_config),
 }
 
 #: Packed patches along a dim other than 0: the tower reads all images' patches as one sequence (cut again by a grid
@@ -356,7 +482,12 @@ REFUSED = {
     "deepseek_vl_hybrid": "each image is also a second, high-resolution tensor (high_res_pixel_values) of its own "
                           "tower",
     "kimi_k25": "its projector's layer norm keeps the real tower's width (1152), which the tiny rule does not reach",
-    "minicpmv4_6": _PACKED,  # (1, channels, patch, patches x patch)
+    # (1, channels, patch, patches x patch), of which the forward encodes `pixel_values[:1]`: every image in one row.
+    "minicpmv4_6": _PACKED,
+    "minicpmv4_7": _PACKED,
+    "minicpm_ocr": _PACKED,
+    "deepseek_ocr2": "its vision encoder's learned queries make every image 144 features (256 above 12 x 12 patches), "
+                     "whatever its size, and a view separator: 145 placeholders, more than any of the kit's rows hold",
     "emu3": "its images are a VQ tokenizer's codes in the text, not a vision tower's features",
     "fast_vlm": _TIMM,
     "perception_lm": _TIMM,
@@ -400,6 +531,9 @@ def prepared(config):
     _vision_size(config, _patch(config) * build.merge * build.side)
     build.configure(config)
     config.image_token_id = text_config(config).vocab_size - 1
+    for offset, name in enumerate(build.bounds, start=2):
+        if name:
+            setattr(config, name, text_config(config).vocab_size - offset)
     config.image_seq_length = build.side * build.side + build.more(config, build.side)
     return config
 
@@ -409,7 +543,7 @@ def placeholders(config) -> int:
 
 
 def image_size(config) -> int:
-    size = config.vision_config.image_size
+    size = builder(config).tower(config).image_size
     return size[0] if isinstance(size, (list, tuple)) else size
 
 
@@ -428,23 +562,38 @@ def pixels(config, rows: int, seed: int) -> dict:
     return out
 
 
+def _bound_ids(config) -> list:
+    """The ids of the family's tokens before and after an image (`Builder.bounds`), None where it writes none."""
+    return [getattr(config, name) if name else None for name in builder(config).bounds]
+
+
 def with_images(batch: dict, config, seed: int) -> dict:
     """`batch` with one image per row: `placeholders(config)` placeholder tokens from each row's first unmasked
-    position (at least one text token left after them), the image tensors (`pixels`), `token_type_ids` where the
-    family's processor gives them, and labels -100 on the placeholders (a vision-language loss predicts text only).
+    position (after the family's token before an image, and followed by its token after one, where it names them;
+    at least one text token left after them), the image tensors (`pixels`), `token_type_ids` where the family's
+    processor gives them, and labels -100 on the placeholders (a vision-language loss predicts text only).
     Rows too short for an image raise ValueError."""
     import torch
 
     ids, token, count = batch["input_ids"].clone(), config.image_token_id, placeholders(config)
-    ids[ids == token] = TEXT_ID
+    before, after = _bound_ids(config)
+    for special in (token, before, after):
+        if special is not None:
+            ids[ids == special] = TEXT_ID
     mask = batch.get("attention_mask", torch.ones_like(ids))
     image = torch.zeros_like(ids, dtype=torch.bool)
+    taken = count + (before is not None) + (after is not None)
     for row in range(ids.shape[0]):
         real = mask[row].nonzero().flatten()
-        if len(real) < count + 1:
-            raise ValueError(f"row {row} has {len(real)} tokens: an image takes {count} placeholders and one text "
+        if len(real) < taken + 1:
+            raise ValueError(f"row {row} has {len(real)} tokens: an image takes {taken} placeholders and one text "
                              "token follows them")
-        image[row, int(real[0]):int(real[0]) + count] = True
+        start = int(real[0]) + (before is not None)
+        image[row, start:start + count] = True
+        if before is not None:
+            ids[row, start - 1] = before
+        if after is not None:
+            ids[row, start + count] = after
     ids[image] = token
     out = dict(batch, input_ids=ids, **pixels(config, ids.shape[0], seed))
     types = builder(config).token_types

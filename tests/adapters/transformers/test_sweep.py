@@ -43,13 +43,14 @@ def test_every_family_with_a_tp_plan_is_planned_and_every_case_fits_or_is_refuse
 
 
 def test_families_without_an_image_builder_are_refused_with_one_reason(whole):
-    """The case names the family, so the reason does not: the report and the matrix group them as one."""
+    """The case names the family, so the reason does not: the report and the matrix group them as one (transformers
+    5.25.0 leaves no image-text family with a TP plan without a builder or a named reason: none, or one reason)."""
     from paracheck.adapters.transformers import images
 
     cases, refused, _ = whole
     unbuilt = {cases[i].model: refused[i] for i in refused
                if tasks.by_suffix(cases[i].model)[1] is tasks.IMAGE_TEXT and "the kit makes image inputs" in refused[i]}
-    assert len(unbuilt) > 1 and len(set(unbuilt.values())) == 1
+    assert len(set(unbuilt.values())) <= 1
     assert not any(tasks.by_suffix(family)[0] in images.BUILDERS for family in unbuilt)
 
 

@@ -80,7 +80,10 @@ def test_a_family_without_an_image_builder_is_refused_by_name():
 #: parts): the whole table runs in the 2-rank sweep, at ~1 s a family here on 2 cores.
 SHAPES = ("llava", "vipllava", "paligemma", "gemma3", "mistral3", "idefics3", "llava_next", "qwen2_vl", "qwen2_5_vl",
           "llama4", "idefics2", "ovis2", "llava_onevision1_5", "lfm2_vl",
-          "janus", "hy_v4_vl", "granite_docling", "got_ocr2")
+          "janus", "hy_v4_vl", "granite_docling", "got_ocr2",
+          # Tokens around the image (bounds) and an audio tower sized to build; a tower nested in a SAM encoder;
+          # packed patches with a (height, width) grid; one two-frame patch per placeholder.
+          "ovis2_5", "qwen2_5_omni_thinker", "unlimited_ocr", "nemotron_h_omni", "inkling_mm_model")
 
 
 @pytest.mark.parametrize("model_type", SHAPES)
@@ -175,6 +178,41 @@ def test_placeholders_sit_on_each_rows_first_tokens_and_the_loss_skips_them(rows
     assert ((out["labels"] == -100) == ((mask == 0) | (out["input_ids"] == token))).all()
     assert out["pixel_values"].shape == (len(rows), images.CHANNELS, config.vision_config.image_size,
                                          config.vision_config.image_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _bounded():
+    """A family whose processor writes a token before and after each image (`Builder.bounds`)."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from paracheck.adapters.transformers import fitting
+
+    if "qwen2_5_omni_thinker" not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} registers no qwen2_5_omni_thinker")
+    return tasks.prepared(fitting.tiny(CONFIG_MAPPING["qwen2_5_omni_thinker"]), tasks.IMAGE_TEXT)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 8), min_size=1, max_size=4), st.integers(0, 2 ** 16))
+def test_an_images_bounding_tokens_sit_just_around_its_placeholders(pads, seed):
+    """Each row (left-padded by any amount that leaves the image and one text token): the start token on its first
+    unmasked position, the placeholders, then the end token; each once a row (the random text drew none of them),
+    none of them in the loss but the bounds', which are text."""
+    config, length = _bounded(), 12
+    ids = torch.randint(1, config.text_config.vocab_size, (len(pads), length),
+                        generator=torch.Generator().manual_seed(seed))
+    mask = (torch.arange(length)[None] >= torch.tensor(pads)[:, None]).long()
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    out = images.with_images(batch, config, seed=1)
+    count, token = images.placeholders(config), config.image_token_id
+    start, end = config.vision_start_token_id, config.vision_end_token_id
+    assert len({token, start, end}) == 3
+    for row, pad in enumerate(pads):
+        got = out["input_ids"][row].tolist()
+        assert got[pad:pad + count + 2] == [start] + [token] * count + [end]
+        assert (got.count(start), got.count(end), got.count(token)) == (1, 1, count)
+    assert ((out["labels"] == -100) == ((mask == 0) | (out["input_ids"] == token))).all()
 
 
 def test_a_row_too_short_for_an_image_is_refused():
