@@ -126,19 +126,26 @@ def of_case(model: str, built) -> Task:
     return task if name != model else of_model(built)
 
 
-def model_class(path: str):
+def model_class(path: str, config=None):
     """The class the checkpoint at `path` was saved from (`config.architectures`), where transformers has it;
     else `AutoModelForCausalLM` (a checkpoint that names no class, or one of the user's own)."""
     import transformers
 
-    config = transformers.AutoConfig.from_pretrained(path)
+    config = config or transformers.AutoConfig.from_pretrained(path)
     name = (getattr(config, "architectures", None) or [""])[0]
     return getattr(transformers, name, None) or transformers.AutoModelForCausalLM
 
 
 def load(path: str, **kwargs):
-    """`from_pretrained` of the checkpoint's own class (`model_class`)."""
-    return model_class(path).from_pretrained(path, **kwargs)
+    """`from_pretrained` of the checkpoint's own class (`model_class`), given the checkpoint's own config class
+    (`AutoConfig`), as an Auto class gives it. A class several model types share (Param2MoE's and SarvamMoE's
+    `Glm4MoeForCausalLM`) would otherwise read the config as its own type (transformers warns it is "not
+    supported"), and its `save_pretrained` would label the original-format weights with that type, whose reload
+    skips the checkpoint's conversion and leaves the renamed tensors newly initialized."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(path)
+    return model_class(path, config).from_pretrained(path, config=config, **kwargs)
 
 
 def prepared(config, task: Task):

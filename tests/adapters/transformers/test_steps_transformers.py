@@ -198,3 +198,16 @@ def test_the_untie_control_runs_where_a_fixture_ties_in_the_default_tier():
     assert untie and all(c.model == "gemma3" and c.steps == 3 for c in untie)
     twin = next(c for c in chosen if c.control is None and c.model == "gemma3" and c.layout == untie[0].layout)
     assert twin.steps == 3
+
+
+@pytest.mark.parametrize("name, cause", [("UltraVBertForSequenceClassification", True),
+                                         ("LlamaForSequenceClassification", True), ("LlamaForCausalLM", False)])
+def test_the_mean_loss_cause_is_read_from_generic_heads_and_from_heads_with_their_own_mean_loss(name, cause):
+    """UltraVBert's sequence head is its own class (torch's CrossEntropyLoss(), **kwargs, no num_items_in_batch):
+    the Trainer scales its loss by dp as the generic heads' (the sweep's ultravbert-seq-cls dpr4/fsdp4: loss and
+    gradient norm exactly 4x at step 1), so the step's failure carries the declared site; a causal LM's loss reads
+    num_items_in_batch and does not."""
+    cls = getattr(transformers, name, None)
+    if cls is None:
+        pytest.skip(f"this transformers has no {name}")
+    assert steps._mean_loss_head(object.__new__(cls)) is cause

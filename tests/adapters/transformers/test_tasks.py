@@ -314,3 +314,27 @@ def test_every_multimodal_lm_class_with_a_plan_is_a_tasks_class_or_refused_by_na
     assert "unknown" not in found.values(), [k for k, v in found.items() if v == "unknown"]
     assert {k for k, v in found.items() if v.startswith("refused")} == set(multimodal.REFUSED)
     assert (found["qwen2_5_vl"], found["glmasr"], found["fuyu"]) == ("image-text", "audio-text", "causal-lm")
+
+
+def test_a_checkpoint_of_a_shared_class_saved_after_a_load_reloads_whole(tmp_path):
+    """Param2MoE's class is `Glm4MoeForCausalLM`, which its checkpoint's `architectures` names: loaded by that class
+    alone, its config turned `Glm4MoeConfig`, and a save labelled the original-format weights `glm4_moe`, whose
+    reload skipped Param2MoE's renames and left 17 tensors newly initialized (the sweep's checkpoint.roundtrip (a)
+    on param2moe and sarvam_moe)."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from paracheck.adapters.transformers import fitting
+
+    if "param2moe" not in CONFIG_MAPPING:
+        pytest.skip("this transformers has no Param2MoE (new in 5.25)")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(fitting.tiny(CONFIG_MAPPING["param2moe"])).save_pretrained(tmp_path / "first")
+    model = tasks.load(str(tmp_path / "first"), dtype=torch.float32)
+    model.save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["model_type"] == "param2moe"
+    back, info = tasks.load(str(tmp_path / "again"), dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"]
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in model.state_dict().items())
