@@ -16,7 +16,7 @@ import copy
 from dataclasses import dataclass
 from typing import Callable
 
-from paracheck.adapters.transformers.refused import Refused
+from paracheck.adapters.transformers.refused import lookup
 
 #: Placeholders per clip: few enough to leave text in the padded rows (`inputs.PAD` tokens padded of 16).
 TOKENS = 4
@@ -25,10 +25,6 @@ TEXT_ID = 1
 #: A tiny audio encoder's sizes where the tiny rule does not reach them (Whisper's key names, a conformer's):
 #: 2 layers, 2 heads of 16, widths 32, as `fitting.tiny` shrinks a text config.
 LAYERS, HEADS, HEAD_DIM, WIDTH = 2, 2, 16, 32
-
-
-class NoBuilder(Refused):
-    """An audio family whose inputs the kit cannot make."""
 
 
 @dataclass(frozen=True)
@@ -234,14 +230,8 @@ REFUSED = {
 
 
 def builder(config) -> Builder:
-    """The family's builder; `NoBuilder` names a family the kit makes no audio inputs for."""
-    found = BUILDERS.get(config.model_type)
-    if found is None:
-        why = REFUSED.get(config.model_type) or (f"the kit makes audio inputs for {', '.join(sorted(BUILDERS))} "
-                                                 "only (each family's processor turns a clip into its own "
-                                                 "placeholders and tensors)")
-        raise NoBuilder(config.model_type, why)
-    return found
+    """The family's builder; `refused.NoBuilder` names a family the kit makes no audio inputs for."""
+    return lookup(BUILDERS, REFUSED, config, "audio", "a clip")
 
 
 def prepared(config):

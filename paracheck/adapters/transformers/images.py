@@ -14,7 +14,7 @@ import copy
 from dataclasses import dataclass
 from typing import Callable
 
-from paracheck.adapters.transformers.refused import Refused
+from paracheck.adapters.transformers.refused import lookup
 
 #: Placeholders per side of the kit's square image: 4 placeholders per image (a family that merges patches gets an
 #: image of `SIDE * merge` patches a side).
@@ -22,10 +22,6 @@ SIDE = 2
 CHANNELS = 3
 #: The text token the random ids fall back to where they drew the placeholder's id.
 TEXT_ID = 1
-
-
-class NoBuilder(Refused):
-    """A vision-language family whose image inputs the kit cannot make."""
 
 
 @dataclass(frozen=True)
@@ -513,14 +509,8 @@ def text_config(config):
 
 
 def builder(config) -> Builder:
-    """The family's builder; `NoBuilder` names a family the kit makes no image inputs for."""
-    found = BUILDERS.get(config.model_type)
-    if found is None:
-        why = REFUSED.get(config.model_type) or (f"the kit makes image inputs for {', '.join(sorted(BUILDERS))} "
-                                                 "only (each family's processor turns an image into its own "
-                                                 "placeholders and tensors)")
-        raise NoBuilder(config.model_type, why)
-    return found
+    """The family's builder; `refused.NoBuilder` names a family the kit makes no image inputs for."""
+    return lookup(BUILDERS, REFUSED, config, "image", "an image")
 
 
 def prepared(config):

@@ -152,7 +152,7 @@ def prepared(config, task: Task):
     """`config` made ready for the task's inputs (a copy): a classifier's label count and padding token (a
     sequence head pools each row's last unpadded token, which it finds by the padding id); a vision-language
     model's image sizes and placeholder token (`images.prepared`), an audio model's clip and placeholder token
-    (`audio.prepared`); every dropout 0 (`_no_dropout`). `images.NoBuilder` and `audio.NoBuilder` name a family
+    (`audio.prepared`); every dropout 0 (`_no_dropout`). `refused.NoBuilder` names a family
     whose image or audio inputs the kit cannot make."""
     import copy
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from paracheck.adapters.transformers import audio, fitting, inputs, tasks  # noqa: E402
+from paracheck.adapters.transformers import audio, fitting, inputs, refused, tasks  # noqa: E402
 
 
 def _config(model_type: str):
@@ -43,9 +43,9 @@ def test_a_family_without_an_audio_builder_is_refused_by_name():
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     if "voxtral_realtime" in CONFIG_MAPPING:
-        with pytest.raises(audio.NoBuilder, match="voxtral_realtime: a streaming model with no placeholders"):
+        with pytest.raises(refused.NoBuilder, match="voxtral_realtime: a streaming model with no placeholders"):
             tasks.refuse(CONFIG_MAPPING["voxtral_realtime"](), tasks.AUDIO_TEXT)
-    with pytest.raises(audio.NoBuilder, match="llama: the kit makes audio inputs for .*qwen2_audio.* only"):
+    with pytest.raises(refused.NoBuilder, match="llama: the kit makes audio inputs for .*qwen2_audio.* only"):
         tasks.refuse(transformers.LlamaConfig(), tasks.AUDIO_TEXT)
 
 

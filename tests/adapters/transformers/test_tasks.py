@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from paracheck.adapters.transformers import coupling, images, inputs, tasks  # noqa: E402
+from paracheck.adapters.transformers import coupling, images, inputs, refused, tasks  # noqa: E402
 
 
 #: A model type each task's mapping holds (and no earlier task's, so its class names that task).
@@ -72,7 +72,7 @@ def _llava():
 def test_a_family_without_an_image_builder_is_refused_by_name():
     from transformers import FuyuConfig
 
-    with pytest.raises(images.NoBuilder, match="fuyu: the kit makes image inputs for .*llava.* only"):
+    with pytest.raises(refused.NoBuilder, match="fuyu: the kit makes image inputs for .*llava.* only"):
         images.prepared(FuyuConfig())
 
 
