@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 
 import torch
@@ -103,7 +104,7 @@ class _Body:
         # in a local world every rank's data shard at once
         self.mine = per_rank_tensors(lambda rank: inputs.share(self.batch, layout.dp_index(rank), layout.dp))
         with torch.no_grad():
-            self.infer = full(self.model(**_model_inputs(self.mine), use_cache=False).logits)
+            self.infer = full(self.model(**inputs.without_labels(self.mine), use_cache=False).logits)
 
     def training(self) -> None:
         # The optimizer's way (set_to_none), not model.zero_grad(): FSDP2 groups kept unsharded after a no_grad
@@ -125,26 +126,37 @@ class _Body:
         total = self.out.loss.detach().clone()
         dist.all_reduce(total)  # each data shard's loss counted once per rank holding it: world / dp times
         shards = layout.world // layout.dp * (layout.dp if tasks.shard_mean(self.task, self.ref) else 1)
-        return self._typed(checks + [compare(CheckId.LOSS, total / shards, expected["loss"], tol.atol, tol.rtol,
-                                             "loss")])
+        checks.append(compare(CheckId.LOSS, total / shards, expected["loss"], tol.atol, tol.rtol, "loss"))
+        parallel = {CheckId.INFERENCE: self.infer, CheckId.FORWARD: full(self.out.logits)}
+        return self._typed(checks, lambda check: check.id not in parallel or compare(
+            check.id, parallel[check.id], self._alone(dp_index), tol.atol, tol.rtol).status == Status.PASS)
 
-    def _typed(self, checks: list) -> list:
-        """`checks`, each failing comparison (no raise, no site typed yet) typed `coupling.ROWS_COUPLED` where the
-        single-process model's rows depend on the batch: measured once a case, at the first such failure, so a
-        passing case pays nothing. Any share's coupling types every rank's failure: gradients and steps are reduced
-        over the shares."""
-        open_ = [c for c in checks if c.status == Status.FAIL and (c.failure is None or (
-            c.failure.kind == FailureKind.CHECK and not c.failure.site))]
-        if self.layout.dp == 1 or not open_:
+    def _typed(self, checks: list, alone_agrees=lambda check: True) -> list:
+        """`checks`, each failing comparison of finite values (no raise, no site typed yet) typed
+        `coupling.ROWS_COUPLED` where the single-process model's rows depend on the batch and `alone_agrees(check)`:
+        the logits checks only where the parallel logits are this share's run alone on one process, so a bug of the
+        layout on such a model stays untyped. Measured once a case, at the first such failure (a passing case pays
+        nothing); not for a control (its plain case says whether the model couples). Any share's coupling types a
+        reduced check's failure (gradients, steps): they sum over the shares."""
+        open_ = [c for c in checks if c.status == Status.FAIL and c.max_abs is not None and math.isfinite(c.max_abs)
+                 and (c.failure is None or (c.failure.kind == FailureKind.CHECK and not c.failure.site))]
+        if self.layout.dp == 1 or self.control is not None or not open_:
             return checks
         if "_apart" not in self.__dict__:  # one body for every rank of a local world: the figure is the batch's
-            self._apart = coupling.batch_apart(self.ref, self.batch, self.expected["infer"], self.layout.dp,
-                                               self.tol.atol, self.tol.rtol)
-        if self._apart is not None:
-            for check in open_:
+            self._apart = coupling.batch_apart(self._alone, self.expected["infer"], self.layout.dp, self.tol.atol,
+                                               self.tol.rtol)
+        for check in open_ if self._apart is not None else []:
+            if alone_agrees(check):
                 check.failure = Failure(FailureKind.CHECK, check.id, site=coupling.ROWS_COUPLED)
                 check.detail += coupling.said(*self._apart)
         return checks
+
+    def _alone(self, index: int):
+        """Data-parallel share `index`'s single-process logits run alone (`coupling.alone`), kept for the case."""
+        kept = self.__dict__.setdefault("_alone_logits", {})
+        if index not in kept:
+            kept[index] = coupling.alone(self.ref, self.batch, index, self.layout.dp)
+        return kept[index]
 
     def backward_skip(self) -> str | None:
         if self.out.loss is None:
@@ -253,15 +265,12 @@ def reference_run(ref, batch: dict) -> dict:
     with torch.no_grad():
         # use_cache=False in every pass, as a training step runs: transformers isolates packed documents (a
         # block-diagonal mask read from position_ids) only when it builds no cache.
-        infer = ref(**_model_inputs(batch), use_cache=False).logits.detach()
+        infer = ref(**inputs.without_labels(batch), use_cache=False).logits.detach()
     out = ref(**batch, use_cache=False)
     out.loss.backward()
     grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in ref.named_parameters()}
     return {"infer": infer, "loss": out.loss.detach(), "logits": out.logits.detach(), "grads": grads}
 
-
-def _model_inputs(batch: dict) -> dict:
-    return {k: v for k, v in batch.items() if k != "labels"}
 
 
 def _logits(check_id, actual, expected, layout, tol, what) -> CheckResult:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import re
 import shutil
@@ -40,7 +41,7 @@ import torch.distributed as dist
 from paracheck.checks.compare import compare, compare_named
 from paracheck.checks.shards import full
 from paracheck.checks.steps import StepRecord, compare_steps
-from paracheck.checks.trainloop import clip, whole_params
+from paracheck.checks.trainloop import clip, total_norm, whole_params
 from paracheck.checks.wholes import wholes
 from paracheck.domain.adapter import Refused
 from paracheck.domain.records import CheckId, CheckResult, Failure, FailureKind, Status
@@ -57,9 +58,10 @@ PARTS = {"a": "gathered save_pretrained, read on one device", "b": "DCP save, re
 #: gradient is rounding noise around zero moves by up to ~lr with the noise's sign: two runs whose gradients agree to
 #: 1e-7 part by up to 2 x lr there (measured: llama tp4 at lr 1e-3, 1.03e-5 at step 2; olmo3 tp4 at 1e-4, an
 #: o_proj element 1.64e-5 at step 1, its gradient ~1e-9 on both sides, opposite signs). So eps is the root mean
-#: square of the reference's first clipped gradient (`_eps`, as parity.steps sets it): a gradient error d then moves
-#: an update by at most lr x d / eps, while a resume that loses or misplaces the optimizer state still moves the
-#: elements whose gradient is of the usual size by a good share of lr (several times atol).
+#: square of the reference's first clipped gradient (`_eps`, as the kit's own optimizer loop sets it,
+#: `checks.trainloop.Settings`): a gradient error d then moves an update by at most lr x d / eps, while a resume that
+#: loses or misplaces the optimizer state still moves the elements whose gradient is of the usual size by a good
+#: share of lr (95 times atol on llama tp4).
 BEFORE, AFTER, LR, MAX_NORM = 1, 1, 1e-3, 1.0
 
 
@@ -190,7 +192,7 @@ class _Roundtrip:
         dist.all_gather_object(names, sorted(state))
         problems = []
         with torch.no_grad():
-            logits = full(model(**_model_inputs(self.body.batch), use_cache=False).logits)
+            logits = full(model(**inputs.without_labels(self.body.batch), use_cache=False).logits)
         check = compare(CheckId.CHECKPOINT, logits, self.body.expected["infer"], self.tol.atol, self.tol.rtol,
                         "no_grad logits")
         if check.status == Status.FAIL:
@@ -301,10 +303,9 @@ def _eps(model) -> float:
     """The root mean square of `model`'s (clipped) gradient: AdamW's eps for (e), so rounding noise in a gradient
     near zero cannot flip a step (the comment above `LR`); torch's own 1e-8 where every gradient is zero (eps 0 would
     divide zero by zero)."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    count = sum(g.numel() for g in grads)
-    rms = float(torch.sqrt(sum(g.double().pow(2).sum() for g in grads) / count)) if count else 0.0
-    return rms or 1e-8
+    params = [p for p in model.parameters() if p.grad is not None]
+    count = sum(p.grad.numel() for p in params)
+    return (float(total_norm(params)) / math.sqrt(count) if count else 0.0) or 1e-8
 
 
 def _step(model, optimizer, batch: dict, layout, task) -> StepRecord:
@@ -404,6 +405,3 @@ def _header(folder: str) -> dict:
 def _few(names: list, count: int = 3) -> str:
     return ", ".join(names[:count]) + (f", ... ({len(names) - count} more)" if len(names) > count else "")
 
-
-def _model_inputs(batch: dict) -> dict:
-    return {k: v for k, v in batch.items() if k != "labels"}

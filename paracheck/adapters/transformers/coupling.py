@@ -13,25 +13,28 @@ from __future__ import annotations
 
 import torch
 
+from paracheck.checks.compare import compare
+from paracheck.domain.records import CheckId, Status
 from paracheck.adapters.transformers import inputs
 
 #: The site of a data-parallel check's failure where the single-process model's rows depend on the batch.
 ROWS_COUPLED = "reference:rows_depend_on_batch"
 
 
-def batch_apart(ref, batch: dict, whole_logits: torch.Tensor, dp: int, atol: float,
-                rtol: float) -> tuple[int, float] | None:
-    """(the first data-parallel share, of `dp`, whose single-process no_grad logits run alone lie beyond the case's
-    bound of that share's rows of `whole_logits` (the whole batch's), and the largest difference there); None where
-    every share agrees, or where there is no data parallelism."""
-    for index in range(dp if dp > 1 else 0):
-        mine = {k: v for k, v in inputs.share(batch, index, dp).items() if k != "labels"}
-        with torch.no_grad():
-            alone = ref(**mine, use_cache=False).logits
-        whole = inputs.share({"x": whole_logits}, index, dp)["x"]
-        apart = (alone - whole).abs()
-        if bool((apart > atol + rtol * whole.abs()).any()):
-            return index, float(apart.max())
+def alone(ref, batch: dict, index: int, dp: int) -> torch.Tensor:
+    """The single-process no_grad logits of data-parallel share `index` of `dp` run alone."""
+    with torch.no_grad():
+        return ref(**inputs.without_labels(inputs.share(batch, index, dp)), use_cache=False).logits
+
+
+def batch_apart(shares, whole_logits: torch.Tensor, dp: int, atol: float, rtol: float) -> tuple[int, float] | None:
+    """(the first data-parallel share, of `dp`, whose logits run alone (`shares(index)`, `alone`'s) lie beyond the
+    case's bound of that share's rows of `whole_logits` (the whole batch's), and the largest difference there);
+    None where every share agrees."""
+    for index in range(dp):
+        held = compare(CheckId.FORWARD, shares(index), inputs.share({"x": whole_logits}, index, dp)["x"], atol, rtol)
+        if held.status == Status.FAIL:
+            return index, held.max_abs
     return None
 
 

@@ -81,6 +81,11 @@ def share(batch: dict, index: int, dp: int) -> dict:
     return {k: mine(k, v) for k, v in batch.items()}
 
 
+def without_labels(batch: dict) -> dict:
+    """`batch` as the model's forward takes it for logits alone (no loss)."""
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
 def with_embeds(batch: dict, embed) -> dict:
     """`input_ids` replaced by `embed(input_ids)` (the single-process model's embedding, detached)."""
     out = dict(batch)

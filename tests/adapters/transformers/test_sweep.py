@@ -42,16 +42,19 @@ def test_every_family_with_a_tp_plan_is_planned_and_every_case_fits_or_is_refuse
             assert case.layout.world == 4
 
 
-def test_families_without_an_image_builder_are_refused_with_one_reason(whole):
-    """The case names the family, so the reason does not: the report and the matrix group them as one (transformers
-    5.25.0 leaves no image-text family with a TP plan without a builder or a named reason: none, or one reason)."""
-    from paracheck.adapters.transformers import images
+def test_every_image_text_family_has_a_builder_or_its_own_refusal(whole):
+    """Every image-text family with a TP plan has a builder or a refusal naming its own reason: none is refused with
+    the generic "the kit makes image inputs for ... only" (transformers 5.25.0; the generic words are
+    `refused.lookup`'s, tested in test_tasks and test_audio)."""
+    import transformers
+    from packaging.version import Version
 
+    if Version(transformers.__version__) < Version("5.25.0"):
+        pytest.skip(f"the builders are written against 5.25.0's image-text families (this is {transformers.__version__})")
     cases, refused, _ = whole
     unbuilt = {cases[i].model: refused[i] for i in refused
                if tasks.by_suffix(cases[i].model)[1] is tasks.IMAGE_TEXT and "the kit makes image inputs" in refused[i]}
-    assert len(set(unbuilt.values())) <= 1
-    assert not any(tasks.by_suffix(family)[0] in images.BUILDERS for family in unbuilt)
+    assert not unbuilt
 
 
 def test_steps_and_checkpoints_are_turned_on_per_family_one_layout_of_each_kind():

@@ -111,7 +111,7 @@ def test_each_builders_inputs_run_the_tiny_model_and_split_by_rows(model_type):
         out = model(**batch, use_cache=False)
         other = model(**dict(batch, pixel_values=torch.randn_like(batch["pixel_values"])), use_cache=False).logits
     assert torch.isfinite(out.loss)
-    assert coupling.batch_apart(model, batch, out.logits, 2, 1e-5, 1e-5) is None  # each share alone: its rows
+    assert coupling.batch_apart(lambda i: coupling.alone(model, batch, i, 2), out.logits, 2, 1e-5, 1e-5) is None
     assert (other - out.logits).abs().max() > 1e-3  # the image reaches the text (GotOcr2's 1e-10 weights did not)
 
 
@@ -150,9 +150,9 @@ def test_hunyuan_vl_splits_by_rows_but_for_its_image_ordinal_counted_over_the_ba
     assert (split - whole).abs().max() > 1e-5  # the bug: the second row's image is ordinal 1 in the whole batch
     torch.testing.assert_close(counted_per_row, split, atol=0, rtol=0)
     # what the kit measures where a data-parallel check fails, and types it by (the known entry's site)
-    index, apart = coupling.batch_apart(model, batch, whole, 2, 1e-5, 1e-5)
+    index, apart = coupling.batch_apart(lambda i: coupling.alone(model, batch, i, 2), whole, 2, 1e-5, 1e-5)
     assert index == 1 and apart == pytest.approx(float((split - whole)[1:].abs().max()))
-    assert coupling.batch_apart(model, batch, whole, 1, 1e-5, 1e-5) is None  # no data parallelism, nothing to part
+    assert coupling.batch_apart(lambda i: coupling.alone(model, batch, i, 1), whole, 1, 1e-5, 1e-5) is None
 
 
 @settings(max_examples=30, deadline=None)
@@ -338,3 +338,36 @@ def test_a_checkpoint_of_a_shared_class_saved_after_a_load_reloads_whole(tmp_pat
     back, info = tasks.load(str(tmp_path / "again"), dtype=torch.float32, output_loading_info=True)
     assert not info["missing_keys"]
     assert all(torch.equal(back.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_data_parallel_failure_is_typed_rows_coupled_only_where_the_model_couples_and_the_layout_added_nothing():
+    """`_Body._typed`'s rule on figures made here: a failing comparison is typed `ROWS_COUPLED` where a share run
+    alone parts from its rows of the whole batch and the parallel result is that share's alone; not where the
+    parallel logits part from the share's alone (a bug of the layout on such a model), not a raise or a
+    non-finite figure, not a control's case, not without data parallelism, not where no share parts."""
+    from types import SimpleNamespace
+
+    from paracheck.adapters.transformers.body import _Body
+    from paracheck.domain.records import CheckId, CheckResult, Status
+
+    whole = torch.zeros(4, 3, 5)
+
+    def body(dp=2, control=None, coupled=True):
+        alone = {i: whole[i * 2:(i + 1) * 2] + (1e-3 if coupled and i == 1 else 0.0) for i in range(2)}
+        return SimpleNamespace(layout=SimpleNamespace(dp=dp), control=control, expected={"infer": whole},
+                               tol=SimpleNamespace(atol=1e-5, rtol=1e-5), _alone=alone.__getitem__)
+
+    def failing(max_abs=1e-3):
+        return CheckResult(CheckId.FORWARD, Status.FAIL, "logits differ", max_abs=max_abs)
+
+    def typed(stub, check, agrees=lambda check: True):
+        _Body._typed(stub, [check], agrees)
+        return check.failure is not None and check.failure.site == coupling.ROWS_COUPLED
+
+    check = failing()
+    assert typed(body(), check) and "share 1's rows run alone differ from the whole batch's by 0.001" in check.detail
+    assert not typed(body(), failing(), agrees=lambda check: False)  # the layout parted the logits from alone
+    assert not typed(body(), failing(float("inf")))
+    assert not typed(body(control="tf-vlm-tower-partial"), failing())
+    assert not typed(body(dp=1), failing())
+    assert not typed(body(coupled=False), failing())
