@@ -55,19 +55,26 @@ def parse_layout(library: str, name: str, order: str = "cp-fastest"):
 
 
 def controls(library: str | None = None) -> dict:
-    """Every adapter's negative controls by name (or `library`'s). A control asking to be planted once per rank
-    (`Control.per_rank`) where its adapter cannot honour that is an AdapterError naming both and why: in a local
-    world it would be planted once for every rank, silently another bug."""
+    """Every adapter's negative controls by name (or `library`'s), each adapter's checked once (`_controls_of`)."""
     out = {}
     for name, each in adapters().items():
         if library in (None, name):
-            own = each.controls()
-            for control in own.values():
-                if control.per_rank and (why := each.per_rank_refusal(control.name)):
-                    raise AdapterError(f"adapter {name!r}: control {control.name!r} asks to be planted once per "
-                                       f"rank (Control.per_rank), which the adapter refuses: {why}")
-            out.update(own)
+            out.update(_controls_of(name, each))
     return out
+
+
+@lru_cache(maxsize=None)
+def _controls_of(name: str, each) -> dict:
+    """Adapter `each`'s (registered as `name`) controls, checked once a process for each adapter object: a control asking to be planted once per rank
+    (`Control.per_rank`) where its adapter cannot honour that is an AdapterError naming both and why (in a local
+    world it would be planted once for every rank, silently another bug). The first call asks for them early: the
+    run expands its cases from them before any rank starts."""
+    own = each.controls()
+    for control in own.values():
+        if control.per_rank and (why := each.per_rank_refusal(control.name)):
+            raise AdapterError(f"adapter {name!r}: control {control.name!r} asks to be planted once per rank "
+                               f"(Control.per_rank), which the adapter refuses: {why}")
+    return own
 
 
 def get_control(name: str):

@@ -784,16 +784,16 @@ def per_rank_refusal(name: str) -> str | None:
     body runs it so); a plan rule, a loss factor, a save, load or Trainer plant is handed to transformers once for
     every rank."""
     plant = PLANTS[name]
-    once = [f.name for f in dataclasses.fields(Plant) if f.name in _PLANTED_FOR_EVERY_RANK
+    once = [f.name for f in dataclasses.fields(Plant) if f.name not in _PLANTED_PER_RANK_OR_INERT
             and getattr(plant, f.name) != getattr(NO_PLANT, f.name)]
     if once:
         return f"{name} is planted by its {', '.join(once)}, handed to transformers once for every rank"
     return None
 
 
-#: The `Plant` fields that plant a bug other than `after_load`: none can run once per rank.
-_PLANTED_FOR_EVERY_RANK = ("tp_plan", "tp_plan_from", "loss_factor", "save_plant", "dcp_save_plant",
-                           "dcp_load_plant", "optimizer_load_plant", "trainer_plant")
+#: The `Plant` fields that plant nothing (what the case needs) or plant once per rank (`after_load`, which the body
+#: runs per rank): any other field set refuses `per_rank`, a field added to `Plant` later too.
+_PLANTED_PER_RANK_OR_INERT = ("after_load", "needs_rules", "needs_model", "needs_inputs", "trainer_needs_tied")
 
 
 def applicable(layout) -> list[str]:
