@@ -205,19 +205,6 @@ BUILDERS = {
 FEATURES = {"granite_speech": _granite_features, "granite_speech_plus": _granite_features,
             "omniasr": _omniasr_features}
 
-#: Classes whose loss is a plain mean over their own tokens (`nn.CrossEntropyLoss()`, not the library's
-#: `loss_function`), which reads no `num_items_in_batch` though their forward takes **kwargs: each data shard's loss
-#: is its own mean (`tasks.shard_mean`), and the Trainer scales it by the data-parallel degree, the declared
-#: upstream failure of the classification heads (docs/upstream/transformers_trainer_mean_loss_scaled.md).
-MEAN_LOSS = frozenset({"Qwen2AudioForConditionalGeneration", "GraniteSpeechForConditionalGeneration",
-                       "GraniteSpeechPlusForConditionalGeneration"})
-
-
-def mean_loss(model) -> bool:
-    """Whether `model` (or the class an FSDP wrapper derives it from) is one of `MEAN_LOSS`."""
-    return any(klass.__name__ in MEAN_LOSS for klass in type(model).__mro__)
-
-
 #: model type -> why the kit makes no audio inputs for it.
 REFUSED = {
     "voxtral_realtime": "a streaming model with no placeholders: its encoder's frames are added to every text "

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import tempfile
 
 import torch
@@ -378,36 +377,19 @@ LOSS_TIMES_DP = "trainer:mean_loss_times_dp"
 
 def _mean_loss_head(model) -> bool:
     """Whether `model` computes its loss as transformers' generic sequence, token or span classification heads do (a
-    mean over the batch, no `num_items_in_batch`), or as the audio classes `audio.MEAN_LOSS` do, while its forward
-    takes **kwargs (what the Trainer reads as a loss that sums): the cause `LOSS_TIMES_DP` names, read from the
-    model, not from the figures."""
+    mean over the batch, no `num_items_in_batch`), or as a class of its own with a default-mean torch loss does
+    (`tasks.own_mean_loss`), while its forward takes **kwargs (what the Trainer reads as a loss that sums): the cause
+    `LOSS_TIMES_DP` names, read from the model, not from the figures."""
     import inspect
 
     from transformers import modeling_layers as layers
 
-    from paracheck.adapters.transformers import audio
+    from paracheck.adapters.transformers import tasks
 
     generic = tuple(getattr(layers, n) for n in ("GenericForSequenceClassification", "GenericForTokenClassification",
                                                  "GenericForQuestionAnswering") if hasattr(layers, n))
-    forward = type(model).forward
-    takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in inspect.signature(forward).parameters.values())
-    return takes_kwargs and (isinstance(model, generic) or audio.mean_loss(model) or _own_mean_loss(forward))
-
-
-#: torch's losses whose default reduction is the mean, as a head of its own builds them (UltraVBert's).
-_MEAN_LOSSES = re.compile(r"\b(?:CrossEntropyLoss|MSELoss|BCEWithLogitsLoss)\(\)")
-
-
-def _own_mean_loss(forward) -> bool:
-    """Whether a head's own `forward` (not the generic ones) takes its loss as one of torch's default-mean losses
-    and never reads `num_items_in_batch`: the same cause as the generic heads'."""
-    import inspect
-
-    try:
-        source = inspect.getsource(forward)
-    except (OSError, TypeError):  # no source to read: not this cause, as far as the kit can tell
-        return False
-    return bool(_MEAN_LOSSES.search(source)) and "num_items_in_batch" not in source
+    takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in inspect.signature(type(model).forward).parameters.values())
+    return takes_kwargs and (isinstance(model, generic) or tasks.own_mean_loss(model))
 
 
 def _loss_times_dp(result: CheckResult, layout, model, atol: float, rtol: float) -> str:

@@ -10,6 +10,7 @@ every earlier sweep family are causal LMs, whose names and batches stay as they 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 from paracheck.adapters.transformers.fixtures import VARIANTS
@@ -279,10 +280,31 @@ def shifted_right(labels, config):
 
 def shard_mean(task: Task, model) -> bool:
     """Whether `model`'s loss is each data shard's mean (the shards' losses average to the global one): the task's
-    heads' (`Task.shard_mean`), or an audio class whose own loss is a plain mean (`audio.MEAN_LOSS`)."""
-    from paracheck.adapters.transformers import audio
+    heads' (`Task.shard_mean`), or an audio class whose own loss is a plain mean (`own_mean_loss`)."""
+    return task.shard_mean or (task is AUDIO_TEXT and own_mean_loss(model))
 
-    return task.shard_mean or (task is AUDIO_TEXT and audio.mean_loss(model))
+
+#: torch's losses whose default reduction is the mean, as a class of its own builds them (UltraVBert's head,
+#: Qwen2-Audio's and Granite Speech's `nn.CrossEntropyLoss()`).
+_MEAN_LOSSES = re.compile(r"\b(?:CrossEntropyLoss|MSELoss|BCEWithLogitsLoss)\(\)")
+
+
+def own_mean_loss(model) -> bool:
+    """Whether `model`'s own `forward` (an FSDP wrapper's is its class's) takes its loss as one of torch's
+    default-mean losses and never reads `num_items_in_batch`: a plain mean over its own tokens or rows, not the
+    library's `loss_function`. Read from the source once per function."""
+    return _reads_own_mean(type(model).forward)
+
+
+@functools.lru_cache(maxsize=None)
+def _reads_own_mean(forward) -> bool:
+    import inspect
+
+    try:
+        source = inspect.getsource(forward)
+    except (OSError, TypeError):  # no source to read: not this cause, as far as the kit can tell
+        return False
+    return bool(_MEAN_LOSSES.search(source)) and "num_items_in_batch" not in source
 
 
 def variants(task: Task, model) -> tuple[str, ...]:

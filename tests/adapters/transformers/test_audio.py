@@ -102,7 +102,7 @@ def test_placeholders_sit_on_each_rows_first_tokens_and_the_clip_is_the_configs(
 
 
 def test_the_mean_loss_classes_read_no_item_count_and_the_others_do():
-    """`audio.MEAN_LOSS` against the library: those classes' loss is the same whatever `num_items_in_batch` says (a
+    """`tasks.own_mean_loss` against the library: those classes' loss is the same whatever `num_items_in_batch` says (a
     shard mean), another's divides by it; the Trainer's steps name the former's scaled loss by its declared cause."""
     from paracheck.adapters.transformers import steps
 
@@ -112,7 +112,7 @@ def test_the_mean_loss_classes_read_no_item_count_and_the_others_do():
                                   config, seed=1)
         with torch.no_grad():
             given_1, given_2 = (model(**batch, num_items_in_batch=n, use_cache=False).loss for n in (1, 2))
-        assert audio.mean_loss(model) is mean and tasks.shard_mean(tasks.AUDIO_TEXT, model) is mean
+        assert tasks.own_mean_loss(model) is mean and tasks.shard_mean(tasks.AUDIO_TEXT, model) is mean
         assert ("left_pad" in tasks.variants(tasks.AUDIO_TEXT, model)) is not mean  # unequal shards' means
         assert steps._mean_loss_head(model) is mean  # the Trainer's dp-scaled mean loss, the declared failure's cause
         assert torch.equal(given_1, given_2) is mean, model_type
