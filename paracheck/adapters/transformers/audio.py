@@ -172,7 +172,6 @@ def _granite_features(config, rows: int, generator) -> dict:
     return {"input_features": torch.randn(rows, frames, bins, generator=generator)}
 
 
-#: model type -> how the kit shapes its clip.
 def _nemo(config) -> None:
     """NeMo SpeechLM's NemotronH text model at 4 layers, each kind of its 52 first: its config counts layers by
     `layers_block_type` alone (no layer-count key for the tiny rule to read), so the fitted model kept all 52, and a
@@ -186,6 +185,7 @@ def _nemo(config) -> None:
 LAYERS_NEMO = 4
 
 
+#: model type -> how the kit shapes its clip.
 BUILDERS = {
     "qwen2_audio": Builder(_whisper, _whisper_frames, mask="feature_attention_mask"),
     "voxtral": Builder(_voxtral, _whisper_frames, mask=None),
