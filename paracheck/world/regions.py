@@ -247,6 +247,13 @@ def once_per_rank(fn):
     return first
 
 
+def as_control_asks(per_rank: bool, fn, *args):
+    """`fn(*args)` as a control asks it planted: once per rank of a local world where it says so (`Control.per_rank`:
+    its planter picks by its rank in Python; `once_per_rank`), else once."""
+    call = functools.partial(fn, *args)
+    return once_per_rank(call) if per_rank else call()
+
+
 class _nothing:
     def __enter__(self):
         return None

@@ -70,11 +70,9 @@ def apply(route: Route, model, layout: Layout, backend, control, reference, work
     else:
         model, applied = _parallelize(route, model, layout, backend, control, reference, workdir, cp_options)
     if control:
-        from paracheck.world.regions import once_per_rank
+        from paracheck.world.regions import as_control_asks
 
-        state = reference.state_dict()
-        plant = lambda: control.plant(model, applied, state)  # noqa: E731
-        once_per_rank(plant) if control.per_rank else plant()
+        as_control_asks(control.per_rank, control.plant, model, applied, reference.state_dict())
     return model, applied
 
 

@@ -115,10 +115,10 @@ class TorchBody:
             returned = self.spec.parallelize(self.copy, self.mesh, layout)
             self.model = returned if isinstance(returned, torch.nn.Module) else self.copy
         if self.case.control:
-            from paracheck.world.regions import once_per_rank
+            from paracheck.world.regions import as_control_asks
 
-            plant = lambda: PLANTS[self.case.control](self.pipe or self.model, self.mesh, layout, self.spec)  # noqa: E731
-            planted = once_per_rank(plant) if CONTROLS[self.case.control].per_rank else plant()
+            planted = as_control_asks(CONTROLS[self.case.control].per_rank, PLANTS[self.case.control],
+                                      self.pipe or self.model, self.mesh, layout, self.spec)
             self.ctx.result.findings.append(f"{self.case.control} planted in {planted}")
             self.ctx.result.planted_in = planted_in(self.case.control, planted)
 

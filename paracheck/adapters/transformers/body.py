@@ -231,10 +231,9 @@ def _batch(variant: str, shape, layout, vocab: int) -> dict:
 def after_load(control, plant, model, layout):
     """`plant.after_load` on the parallel model: in a local world once per rank, acting as that rank, where `control`
     asks (`Control.per_rank`: its planter picks by its rank in Python), else once."""
-    from paracheck.world.regions import once_per_rank
+    from paracheck.world.regions import as_control_asks
 
-    bend = lambda: plant.after_load(model, layout)  # noqa: E731
-    return once_per_rank(bend) if control.per_rank else bend()
+    return as_control_asks(control.per_rank, plant.after_load, model, layout)
 
 
 def _load_parallel(path: str, layout, plant, backend):
