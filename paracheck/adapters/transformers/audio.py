@@ -16,12 +16,11 @@ import copy
 from dataclasses import dataclass
 from typing import Callable
 
+from paracheck.adapters.transformers import inputs
 from paracheck.adapters.transformers.refused import lookup
 
 #: Placeholders per clip: few enough to leave text in the padded rows (`inputs.PAD` tokens padded of 16).
 TOKENS = 4
-#: The text token the random ids fall back to where they drew the placeholder's id.
-TEXT_ID = 1
 #: A tiny audio encoder's sizes where the tiny rule does not reach them (Whisper's key names, a conformer's):
 #: 2 layers, 2 heads of 16, widths 32, as `fitting.tiny` shrinks a text config.
 LAYERS, HEADS, HEAD_DIM, WIDTH = 2, 2, 16, 32
@@ -253,19 +252,7 @@ def with_audio(batch: dict, config, seed: int) -> dict:
     """`batch` with one clip per row: `TOKENS` placeholder tokens from each row's first unmasked position (at least
     one text token left after them), the clip's tensors (`features`), and labels -100 on the placeholders (the
     loss predicts text only). Rows too short for a clip raise ValueError."""
-    import torch
-
-    ids, token = batch["input_ids"].clone(), config.audio_token_id
-    ids[ids == token] = TEXT_ID
-    mask = batch.get("attention_mask", torch.ones_like(ids))
-    clip = torch.zeros_like(ids, dtype=torch.bool)
-    for row in range(ids.shape[0]):
-        real = mask[row].nonzero().flatten()
-        if len(real) < TOKENS + 1:
-            raise ValueError(f"row {row} has {len(real)} tokens: a clip takes {TOKENS} placeholders and one text "
-                             "token follows them")
-        clip[row, int(real[0]):int(real[0]) + TOKENS] = True
-    ids[clip] = token
+    ids, clip = inputs.placed(batch, config.audio_token_id, TOKENS, "a clip")
     out = dict(batch, input_ids=ids, **features(config, ids.shape[0], seed))
     if "labels" in batch:
         out["labels"] = ids.masked_fill((batch["labels"] == -100) | clip, -100)

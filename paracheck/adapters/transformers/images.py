@@ -14,14 +14,13 @@ import copy
 from dataclasses import dataclass
 from typing import Callable
 
+from paracheck.adapters.transformers import inputs
 from paracheck.adapters.transformers.refused import lookup
 
 #: Placeholders per side of the kit's square image: 4 placeholders per image (a family that merges patches gets an
 #: image of `SIDE * merge` patches a side).
 SIDE = 2
 CHANNELS = 3
-#: The text token the random ids fall back to where they drew the placeholder's id.
-TEXT_ID = 1
 
 
 @dataclass(frozen=True)
@@ -563,28 +562,7 @@ def with_images(batch: dict, config, seed: int) -> dict:
     at least one text token left after them), the image tensors (`pixels`), `token_type_ids` where the family's
     processor gives them, and labels -100 on the placeholders (a vision-language loss predicts text only).
     Rows too short for an image raise ValueError."""
-    import torch
-
-    ids, token, count = batch["input_ids"].clone(), config.image_token_id, placeholders(config)
-    before, after = _bound_ids(config)
-    for special in (token, before, after):
-        if special is not None:
-            ids[ids == special] = TEXT_ID
-    mask = batch.get("attention_mask", torch.ones_like(ids))
-    image = torch.zeros_like(ids, dtype=torch.bool)
-    taken = count + (before is not None) + (after is not None)
-    for row in range(ids.shape[0]):
-        real = mask[row].nonzero().flatten()
-        if len(real) < taken + 1:
-            raise ValueError(f"row {row} has {len(real)} tokens: an image takes {taken} placeholders and one text "
-                             "token follows them")
-        start = int(real[0]) + (before is not None)
-        image[row, start:start + count] = True
-        if before is not None:
-            ids[row, start - 1] = before
-        if after is not None:
-            ids[row, start + count] = after
-    ids[image] = token
+    ids, image = inputs.placed(batch, config.image_token_id, placeholders(config), "an image", *_bound_ids(config))
     out = dict(batch, input_ids=ids, **pixels(config, ids.shape[0], seed))
     types = builder(config).token_types
     if types:

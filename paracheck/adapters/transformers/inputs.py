@@ -81,6 +81,38 @@ def share(batch: dict, index: int, dp: int) -> dict:
     return {k: mine(k, v) for k, v in batch.items()}
 
 
+#: The text token random ids fall back to where they drew a placeholder's (or a bound token's) id.
+TEXT_ID = 1
+
+
+def placed(batch: dict, token: int, count: int, what: str, before: int | None = None,
+           after: int | None = None) -> tuple:
+    """(`batch`'s input_ids with `count` placeholders `token` from each row's first unmasked position, after the
+    `before` token and followed by the `after` token where given, at least one text token left after them; the
+    placeholders' mask). Random ids that drew a special id become `TEXT_ID`. A row too short raises ValueError naming
+    `what` (an image, a clip) and what it takes."""
+    ids = batch["input_ids"].clone()
+    for special in (token, before, after):
+        if special is not None:
+            ids[ids == special] = TEXT_ID
+    mask = batch.get("attention_mask", torch.ones_like(ids))
+    where = torch.zeros_like(ids, dtype=torch.bool)
+    bounds = (before is not None) + (after is not None)
+    for row in range(ids.shape[0]):
+        real = mask[row].nonzero().flatten()
+        if len(real) < count + bounds + 1:
+            raise ValueError(f"row {row} has {len(real)} tokens: {what} takes {count} placeholders"
+                             + (f" and {bounds} tokens around them" if bounds else "") + ", and one text token follows")
+        start = int(real[0]) + (before is not None)
+        where[row, start:start + count] = True
+        if before is not None:
+            ids[row, start - 1] = before
+        if after is not None:
+            ids[row, start + count] = after
+    ids[where] = token
+    return ids, where
+
+
 def without_labels(batch: dict) -> dict:
     """`batch` as the model's forward takes it for logits alone (no loss)."""
     return {k: v for k, v in batch.items() if k != "labels"}
