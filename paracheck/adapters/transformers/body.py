@@ -206,8 +206,10 @@ def _single_process(path: str, case, shape, layout, result) -> tuple:
     ref, variant = tasks.load(path, dtype=torch.float32), case.variant
     result.model_class = type(ref).__name__
     task = tasks.of_case(case.model, ref)
-    if variant not in tasks.variants(task, ref):
-        raise Refused(f"variant {variant}: this {task.name} model takes {', '.join(tasks.variants(task, ref))}")
+    if variant not in (taken := tasks.variants(task, ref)):
+        why = (": its loss is each shard's own mean, and padded rows give the shards unequal token counts, whose means "
+               "do not average to the whole batch's" if set(taken) < set(task.variants) else "")
+        raise Refused(f"variant {variant}: this {task.name} model takes {', '.join(taken)}{why}")
     try:
         batch = tasks.with_labels(task, _batch(variant, shape, layout, ref.config.get_text_config().vocab_size),
                                   ref.config, seed=1)

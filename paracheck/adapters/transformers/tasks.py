@@ -132,7 +132,8 @@ def model_class(path: str, config=None):
     else `AutoModelForCausalLM` (a checkpoint that names no class, or one of the user's own)."""
     import transformers
 
-    config = config or transformers.AutoConfig.from_pretrained(path)
+    if config is None:
+        config = transformers.AutoConfig.from_pretrained(path)
     name = (getattr(config, "architectures", None) or [""])[0]
     return getattr(transformers, name, None) or transformers.AutoModelForCausalLM
 
