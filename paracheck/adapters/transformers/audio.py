@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from paracheck.adapters.transformers import inputs
+from paracheck.adapters.transformers.fitting import per_layer
 from paracheck.adapters.transformers.refused import lookup
 
 #: Placeholders per clip: few enough to leave text in the padded rows (`inputs.PAD` tokens padded of 16).
@@ -175,9 +176,7 @@ def _nemo(config) -> None:
     """NeMo SpeechLM's NemotronH text model at 4 layers, each kind of its 52 first: its config counts layers by
     `layers_block_type` alone (no layer-count key for the tiny rule to read), so the fitted model kept all 52, and a
     case took 2 to 5 minutes on 2 cores, past the default --timeout."""
-    text = config.text_config
-    kinds, old = list(dict.fromkeys(text.layers_block_type)), list(text.layers_block_type)
-    text.layers_block_type = (kinds + [old[i % len(old)] for i in range(LAYERS_NEMO)])[:LAYERS_NEMO]
+    config.text_config.layers_block_type = per_layer(list(config.text_config.layers_block_type), LAYERS_NEMO)
 
 
 #: NeMo's text layers: its three kinds and one more, so a pipeline of 4 stages still gets a layer each.

@@ -316,10 +316,17 @@ def _fit_layer_lists(values: dict, found: dict, changes: dict) -> None:
         if key.endswith(("_token_id", "_token_ids")):  # a list of token ids is not one entry per layer
             continue
         if isinstance(value, list) and len(value) == old and old > 0:
-            head = list(dict.fromkeys(value)) if new < old and _hashable(value) else []
-            changes[key] = (head + [value[i % old] for i in range(new)])[:new]
+            changes[key] = per_layer(value, new)
         elif isinstance(value, dict) and value and all(str(k).isdigit() for k in value) and new < old:
             changes[key] = {k: v for k, v in value.items() if int(k) < new}
+
+
+def per_layer(value: list, new: int) -> list:
+    """A per-layer list cut or lengthened to `new` layers: where cut, every kind it has first (so the config still
+    has each kind), then its pattern repeats."""
+    old = len(value)
+    head = list(dict.fromkeys(value)) if new < old and _hashable(value) else []
+    return (head + [value[i % old] for i in range(new)])[:new]
 
 
 def _hashable(items: list) -> bool:
