@@ -237,10 +237,10 @@ def run(body) -> list[CheckResult]:
     with body.ctx.phase("steps_reference"):  # within "steps": what the single-process run costs (0 when kept)
         expected = _reference_of(body, data, rows)
     trainer_class = body.plant.trainer_plant and body.plant.trainer_plant()
-    held = {}
     # A raise inside train() is this check's failure, with the rank's traceback kept (the skeleton's rule).
-    actual, raised = body.ctx.attempt(lambda: _train_parallel(body, data, rows, trainer_class, held), CheckId.STEPS)
-    return [_judged(body, actual, raised, expected, held.get("stand_in"))]
+    outcome, raised = body.ctx.attempt(lambda: _train_parallel(body, data, rows, trainer_class), CheckId.STEPS)
+    actual, stand_in = outcome if raised is None else (None, None)
+    return [_judged(body, actual, raised, expected, stand_in)]
 
 
 def _drawer(body):
@@ -269,22 +269,22 @@ def _reference_of(body, data: list[dict], rows: int):
     return reference(key, body.path, data, rows, case.steps, body.ctx.site.workdir)
 
 
-def _train_parallel(body, data: list[dict], rows: int, trainer_class, held: dict):
-    """The parallel model's steps, or the Trainer's refusal; where accelerate refuses a TP model on a CPU world,
-    with the kit's stand-in (kept in `held["stand_in"]`)."""
+def _train_parallel(body, data: list[dict], rows: int, trainer_class) -> tuple:
+    """(the parallel model's steps, or the Trainer's refusal; the kit's stand-in where accelerate refused a TP model
+    on a CPU world and the steps ran with it, else None)."""
     case, layout, ctx = body.case, body.layout, body.ctx
     use_cpu = ctx.backend.device_type == "cpu"
     try:
-        return train(body.model, data, rows // layout.dp, case.steps, use_cpu, ctx.site.workdir, trainer_class)
+        return train(body.model, data, rows // layout.dp, case.steps, use_cpu, ctx.site.workdir, trainer_class), None
     except TrainerRefused as exc:
         if not (layout.tp > 1 and use_cpu):
-            return exc
-        held["stand_in"] = StandIn(str(exc), layout)
+            return exc, None
+        stand_in = StandIn(str(exc), layout)
     try:
         return train(body.model, data, rows // layout.dp, case.steps, use_cpu, ctx.site.workdir, trainer_class,
-                     held["stand_in"])
+                     stand_in), stand_in
     except TrainerRefused as exc:
-        return TrainerRefused(f"{held['stand_in'].refusal}; with the stand-in too: {exc}")
+        return TrainerRefused(f"{stand_in.refusal}; with the stand-in too: {exc}"), stand_in
 
 
 def _judged(body, actual, raised, expected, stand_in) -> CheckResult:
