@@ -1,0 +1,36 @@
+"""scripts/support_matrix.py's pure parts: a pass the sweep runs on some layouts gets its own column, which names
+each layout where it did not pass and whether that was declared, and one sweep's reports split into the causal-LM
+matrix and the other tasks' (docs/support-matrix.md, docs/support-matrix-tasks.md)."""
+
+from tests.support import script
+
+
+def _case(model, layout, status="pass", control="", **checks):
+    return {"id": f"{model}-{layout}-{control}", "model": model, "layout": layout, "status": status,
+            "control": control, "reason": "", "checks": [{"id": k.replace("_", "."), "status": v}
+                                                         for k, v in checks.items()]}
+
+
+def test_a_pass_column_names_the_layouts_that_did_not_pass_and_whether_declared():
+    matrix = script("support_matrix")
+    cases = {c["id"]: c for c in [
+        _case("llama", "tp4", parity_steps="pass"), _case("llama", "fsdp4", "xfail", parity_steps="fail"),
+        _case("llama", "dpr4", "fail", parity_steps="fail"), _case("llama", "tp2xdpr2"),
+        _case("llama", "tp4", "detected", "tf-grad-divide", parity_steps="fail")]}
+    assert matrix.later(cases, "parity.steps") == {"llama": "FAIL dpr4, xfail fsdp4 (of 3)"}
+    assert matrix.later({k: v for k, v in cases.items() if v["status"] == "pass"}, "parity.steps") == \
+        {"llama": "pass (1)"}
+
+
+def test_one_sweep_splits_into_the_causal_lm_matrix_and_the_other_tasks():
+    matrix = script("support_matrix")
+    cases = {c["id"]: c for c in [_case("llama", "tp4", parity_generate="pass", checkpoint_roundtrip="pass"),
+                                  _case("llama-seq-cls", "tp4", checkpoint_roundtrip="fail", status="xfail"),
+                                  _case("llava-image-text", "fsdp4")]}
+    causal, other = matrix.by_task(cases, True), matrix.by_task(cases, False)
+    assert [c["model"] for c in causal.values()] == ["llama"]
+    assert sorted(c["model"] for c in other.values()) == ["llama-seq-cls", "llava-image-text"]
+    text = matrix.render(other, {}, None)
+    row = next(line for line in text.splitlines() if line.startswith("| llama-seq-cls"))
+    assert row.endswith("| does not generate |  | xfail tp4 (of 1) |")
+    assert "| tp4 | fsdp4 | generate | steps | checkpoint |" in text
