@@ -179,6 +179,12 @@ def _nemo(config) -> None:
     config.text_config.layers_block_type = per_layer(list(config.text_config.layers_block_type), LAYERS_NEMO)
 
 
+def _fun_asr(config) -> None:
+    """Fun-ASR-Nano's SAN-M encoder keeps every (already frame-stacked) feature: `TOKENS` frames make `TOKENS`
+    placeholders. Its 20 timestamp-prediction layers are cut to one of the tiny encoder's."""
+    config.audio_config.num_timestamp_prediction_layers = 1
+
+
 #: NeMo's text layers: its three kinds and one more, so a pipeline of 4 stages still gets a layer each.
 LAYERS_NEMO = 4
 
@@ -198,6 +204,9 @@ BUILDERS = {
     # Its FastConformer subsamples the frames 8 times (`asr_config.subsampling_factor`).
     "nemo_speechlm": Builder(_nemo, lambda config: 8 * TOKENS,
                              bins=lambda config: config.audio_config.asr_config.num_mel_bins, nemo=True),
+    # (rows, frames, features) of `num_mel_bins x num_stacked_frames` each (its processor's low-frame-rate stack).
+    "fun_asr_nano": Builder(_fun_asr, lambda config: TOKENS, bins=lambda config: config.audio_config.input_size,
+                            nemo=True),
 }
 #: model type -> the clip's tensors where they are not `input_features` (rows, mel bins, frames) and its mask.
 FEATURES = {"granite_speech": _granite_features, "granite_speech_plus": _granite_features,
@@ -211,6 +220,9 @@ REFUSED = {
     "vibevoice_asr": "its forward samples its acoustic tokenizer's latent with fresh noise by default (sample=True, "
                      "a flag the kit's batches of per-row tensors do not carry), so no two processes run the same "
                      "forward",
+    "vibevoice": "a text-to-speech model (the speech seq2seq mapping's): its forward samples the voice prompt's "
+                 "acoustic latent with fresh noise by default (sample=True, as vibevoice_asr's) and its speech comes "
+                 "from a diffusion head the kit does not check",
 }
 
 

@@ -397,7 +397,17 @@ def _follow_hidden(before: dict, after: dict) -> list[str]:
                 if after[key][name] != new:
                     notes.append(f"{key}.{name} {after[key][name]}->{new}")
                     after[key][name] = new
+    for (key, name), (anchor, divisor) in _QUOTIENTS.get(before.get("model_type"), {}).items():
+        if key in subs and anchor in subs and after[key].get(name) != after[anchor]["hidden_size"] // divisor:
+            notes.append(f"{key}.{name} {after[key].get(name)}->{after[anchor]['hidden_size'] // divisor}")
+            after[key][name] = after[anchor]["hidden_size"] // divisor
     return notes
+
+
+#: Sizes a composite config validates as a quotient of another sub-config's `hidden_size`, which no default's
+#: equality shows: model type -> {(sub-config, key): (anchor sub-config, divisor)}. FunAsrNano's adaptor widens
+#: to a quarter of the text width (its `validate_architecture`).
+_QUOTIENTS = {"fun_asr_nano": {("adaptor_config", "intermediate_size"): ("text_config", 4)}}
 
 
 def _has_heads(values: dict) -> bool:

@@ -1,12 +1,12 @@
 """The multimodal-LM mapping (`AutoModelForMultimodalLM`): which task runs each of its classes, and why the kit runs
 none of the rest.
 
-It is no task of its own: for every model type with a TP plan but three (transformers 5.25.0: 95 of the 98 of its
+It is no task of its own: for every model type with a TP plan but two (transformers 5.25.0: 96 of the 98 of its
 119 with a plan), the class it names is also the class another task's mapping names for that model type (the
-image-text-to-text class, the causal LM, the seq2seq LM or the audio-text class), so the sweep already runs
-that class, under that task, with that task's inputs (and refusals: an image-text family without an image builder
-stays refused there). The three whose class no task
-names are refused here by name. Torch-free at import.
+image-text-to-text class, the causal LM, the seq2seq LM or the audio-text class, whose mappings include the speech
+seq2seq one), so the sweep already runs that class, under that task, with that task's inputs (and refusals: an
+image-text family without an image builder stays refused there). The two whose class no task names (thinker-talker
+wrappers) are refused here by name. Torch-free at import.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ MAPPING = "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES"
 
 #: model type -> why no task runs its multimodal class.
 REFUSED = {
-    "fun_asr_nano": "an audio encoder and adaptor in front of a causal LM, whose audio inputs the kit does not make "
-                    "(the audio-text task builds them for the seq2seq mapping's audio classes only)",
     "qwen2_5_omni": "the thinker-talker wrapper, whose talker and token2wav turn the text into speech, which the kit "
                     "does not check; its text-and-image model is the image-text family qwen2_5_omni_thinker",
     "qwen3_omni_moe": "the thinker-talker wrapper, whose talker and code2wav turn the text into speech, which the kit "

@@ -53,6 +53,11 @@ class Family:
     refused: str = ""  # why the whole family cannot run (a named skip)
     changes: list = field(default_factory=list)
 
+    @property
+    def auto(self) -> str:
+        """The auto class that builds the family's model (its task's, or that of the mapping naming its type)."""
+        return tasks.auto_class(self.task, tasks.by_suffix(self.name)[0])
+
 
 def wanted(models: str) -> list[str] | None:
     """`transformers:all` -> None (every family); `transformers:llama,phi-seq-cls,all-image-text` -> those (and
@@ -216,7 +221,7 @@ def build(family: Family, folder: str):
     import torch
     import transformers
 
-    auto = getattr(transformers, family.task.auto)
+    auto = getattr(transformers, family.auto)
     path = os.path.join(folder, family.name)
     try:
         with torch.device("meta"):  # counted without memory first: a config the tiny rule missed is refused
@@ -249,7 +254,7 @@ def _defaults_unbuilt(family: Family) -> str:
 
     try:
         with torch.device("meta"):
-            getattr(transformers, family.task.auto).from_config(family.config_class())
+            getattr(transformers, family.auto).from_config(family.config_class())
     except Exception as exc:  # whatever the library raises is its own refusal, quoted
         return f"{type(exc).__name__}: {exc}"
     return ""

@@ -34,6 +34,9 @@ class Task:
     #: Of the seq2seq mapping, which classes the task takes: its encoder-decoders (True) or the rest, an audio
     #: encoder in front of a causal LM (False); None for a mapping one task takes whole.
     encoder_decoder: bool | None = None
+    #: Further (mapping, auto class) pairs whose classes the task also takes where `mapping` does not name the model
+    #: type (the same `encoder_decoder` rule applies), each built by its own auto class (`auto_class`).
+    more: tuple[tuple[str, str], ...] = ()
 
 
 CAUSAL_LM = Task("causal LM", "causal-lm", "", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM", True, False,
@@ -57,8 +60,10 @@ SEQ2SEQ = Task("seq2seq LM", "seq2seq", "-seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL
 # understanding), whose clip's features replace placeholder tokens (`audio`). Its loss is a causal LM's (labels
 # shifted, `num_items_in_batch`), -100 on the placeholders. No packed documents (one clip a row, at its first
 # token), no embeds (the placeholders are found in `input_ids`).
+# The speech seq2seq mapping holds two more such classes that the seq2seq mapping does not (fun_asr_nano, vibevoice).
 AUDIO_TEXT = Task("audio-text-to-text", "audio-text", "-audio-text", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
-                  "AutoModelForSeq2SeqLM", True, False, ("base", "left_pad", "right_pad"), encoder_decoder=False)
+                  "AutoModelForSeq2SeqLM", True, False, ("base", "left_pad", "right_pad"), encoder_decoder=False,
+                  more=(("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "AutoModelForSpeechSeq2Seq"),))
 TASKS = (CAUSAL_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, IMAGE_TEXT, SEQ2SEQ, AUDIO_TEXT)
 #: Labels a classification head tells apart in the kit's configs (transformers' default is 2).
 NUM_LABELS = 3
@@ -90,18 +95,32 @@ def by_suffix(name: str) -> tuple[str, Task]:
 
 @functools.lru_cache(maxsize=None)
 def classes(task: Task) -> dict[str, str]:
-    """model type -> the class name the task's auto mapping gives it (the first, where it names several); of the
-    seq2seq mapping, the encoder-decoders or the rest (`Task.encoder_decoder`, read on the config class, which
-    declares it: no config is built)."""
+    """model type -> the class name the task's auto mappings give it (the first mapping that names the type; its
+    first class, where it names several); of the seq2seq mappings, the encoder-decoders or the rest
+    (`Task.encoder_decoder`, read on the config class, which declares it: no config is built)."""
+    return {k: name for k, (name, _) in _held(task).items()}
+
+
+def auto_class(task: Task, model_type: str) -> str:
+    """The auto class that builds `model_type`'s model for `task`: that of the mapping that names it (the task's
+    own for a type none names)."""
+    return _held(task).get(model_type, ("", task.auto))[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _held(task: Task) -> dict[str, tuple[str, str]]:
     from transformers.models.auto import modeling_auto
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    mapping = getattr(modeling_auto, task.mapping, None) or {}
-    if task.encoder_decoder is not None:
-        mapping = {k: v for k, v in mapping.items()
-                   if k in CONFIG_MAPPING and bool(getattr(CONFIG_MAPPING[k], "is_encoder_decoder", False))
-                   == task.encoder_decoder}
-    return {k: v if isinstance(v, str) else v[0] for k, v in mapping.items()}
+    held: dict[str, tuple[str, str]] = {}
+    for mapping_name, auto in ((task.mapping, task.auto),) + task.more:
+        mapping = getattr(modeling_auto, mapping_name, None) or {}
+        for k, v in mapping.items():
+            if task.encoder_decoder is not None and (k not in CONFIG_MAPPING or bool(
+                    getattr(CONFIG_MAPPING[k], "is_encoder_decoder", False)) != task.encoder_decoder):
+                continue
+            held.setdefault(k, (v if isinstance(v, str) else v[0], auto))
+    return held
 
 
 def _owner(class_name: str) -> Task | None:

@@ -27,16 +27,28 @@ def _built(model_type: str):
     """(prepared config, tiny model), built once per module run."""
     config = _config(model_type)
     torch.manual_seed(0)
-    return config, transformers.AutoModelForSeq2SeqLM.from_config(config, dtype=torch.float32).eval()
+    auto = getattr(transformers, tasks.auto_class(tasks.AUDIO_TEXT, model_type))
+    return config, auto.from_config(config, dtype=torch.float32).eval()
 
 
 def test_the_seq2seq_mapping_splits_into_encoder_decoders_and_audio_front_ends_each_built_or_refused():
-    """Every class of the seq2seq mapping is one task's: the encoder-decoders seq2seq's, the rest audio-text's; every
-    audio-text model type has a builder or a named refusal (a new release's family fails here, not in a sweep)."""
+    """Every class of the seq2seq mapping is one task's: the encoder-decoders seq2seq's, the rest audio-text's, which
+    also takes the speech seq2seq mapping's classes of that kind, each built by its own mapping's auto class; every
+    audio-text model type with a TP plan has a builder or a named refusal (a new release's family fails here, not in
+    a sweep)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from paracheck.adapters.transformers.sweep import planned
+
     seq2seq, audio_text = tasks.classes(tasks.SEQ2SEQ), tasks.classes(tasks.AUDIO_TEXT)
     assert "t5gemma" in seq2seq and "qwen2_audio" in audio_text and not set(seq2seq) & set(audio_text)
     assert tasks.of_class_name(audio_text["qwen2_audio"]) is tasks.AUDIO_TEXT
-    assert set(audio_text) <= set(audio.BUILDERS) | set(audio.REFUSED)
+    assert tasks.auto_class(tasks.AUDIO_TEXT, "qwen2_audio") == "AutoModelForSeq2SeqLM"
+    if "fun_asr_nano" in CONFIG_MAPPING:  # the speech seq2seq mapping's alone (transformers 5.25)
+        assert tasks.auto_class(tasks.AUDIO_TEXT, "fun_asr_nano") == "AutoModelForSpeechSeq2Seq"
+        assert {"fun_asr_nano", "vibevoice"} <= set(audio_text) and "whisper" not in audio_text
+    with_plan = {k for k in audio_text if planned(CONFIG_MAPPING[k], tasks.AUDIO_TEXT)}
+    assert with_plan <= set(audio.BUILDERS) | set(audio.REFUSED)
 
 
 def test_a_family_without_an_audio_builder_is_refused_by_name():
@@ -49,9 +61,10 @@ def test_a_family_without_an_audio_builder_is_refused_by_name():
         tasks.refuse(transformers.LlamaConfig(), tasks.AUDIO_TEXT)
 
 
-#: One family per way a builder shapes its clip (Whisper's frames and mask, a Q-Former's windows, a raw waveform);
+#: One family per way a builder shapes its clip (Whisper's frames and mask, a Q-Former's windows, a raw waveform,
+#: stacked frames kept one a placeholder and built by the speech seq2seq auto class);
 #: the rest share these builders' parts, and every family runs in the sweep on real ranks.
-SHAPES = ("qwen2_audio", "granite_speech", "omniasr")
+SHAPES = ("qwen2_audio", "granite_speech", "omniasr", "fun_asr_nano")
 
 
 @pytest.mark.parametrize("model_type", SHAPES)

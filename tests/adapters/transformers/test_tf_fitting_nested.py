@@ -124,6 +124,18 @@ def test_a_size_tied_to_the_text_hidden_size_follows_it():
     assert fit.config.text_config.hidden_size != config.text_config.hidden_size
 
 
+def test_a_size_validated_as_a_quotient_of_the_text_width_follows_it():
+    """FunAsrNano's config requires its adaptor's `intermediate_size` to be a quarter of the text width (it was
+    refused by that validator before): tiny and fit keep the quotient."""
+    cls = getattr(transformers, "FunAsrNanoConfig", None)
+    if cls is None:
+        pytest.skip("FunAsrNano is not in this transformers")
+    config = fitting.tiny(cls)
+    assert config.adaptor_config.intermediate_size == config.text_config.hidden_size // 4
+    fit = fitting.fit(config, Need(tp=4, pp=4))
+    assert fit.config.adaptor_config.intermediate_size == fit.config.text_config.hidden_size // 4
+
+
 def test_a_multimodal_rotary_split_is_scaled_to_the_shrunk_head():
     from packaging.version import Version
 
