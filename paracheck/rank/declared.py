@@ -3,17 +3,19 @@
 A declared failure's rerun costs about what the case cost again, in every run, and it says where a bug lives that
 its entry (`results.known`) already names, with a reproduction: in the default run, 42 declared cases spent 22 s
 of 133 case-seconds there. The rerun is skipped where every check that failed on any rank is one that an entry
-matching the case declares (an entry with a `message` or `site` glob does not count: what it must match is a rank's
-own); the case's localization then says why it was not rerun. `PARACHECK_LOCALIZE=all` reruns them too.
+matching the case declares (an entry with a `message` glob does not count: what it must match is the verdict's
+words, not a rank's); the case's localization then says why it was not rerun. `PARACHECK_LOCALIZE=all` reruns them too.
 
 Every rank decides alike, or one would wait in the rerun's collectives for peers that skipped it: the entries
 that may meet the case are read from the case and the model class (alike on every rank), and what failed and
-which entries match (the route and inputs each rank resolved) come from one all-reduce, taken only for a case
-some entry may meet.
+which entries match (the route and inputs each rank resolved, and an entry's `site`: the typed origin of each
+check it names, on every rank where that check failed) come from one all-reduce, taken only for a case some entry
+may meet.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from types import SimpleNamespace
 
@@ -42,7 +44,7 @@ def explained(case, result, checks: list) -> str | None:
     A collective over the world where an entry may meet the case; none otherwise."""
     if reruns_declared():
         return None
-    candidates = [e for e in _entries if e.message == "*" and e.site == "*" and e.check != "error"
+    candidates = [e for e in _entries if e.message == "*" and e.check != "error"
                   and e.may_meet(case, result.model_class or "")]
     if not candidates:
         return None
@@ -50,14 +52,26 @@ def explained(case, result, checks: list) -> str | None:
     failed = {c.id for c in checks if c.status == Status.FAIL}
     resolved = SimpleNamespace(case=case, model_class=result.model_class or "", route=result.route or case.route,
                                inputs=result.inputs)
-    # MAX over ranks: a check failed on some rank; an entry is out where some rank's resolved case does not match.
-    flags = torch.tensor([float(i in failed) for i in ids] + [float(not e.matches(resolved)) for e in candidates])
+    # MAX over ranks: a check failed on some rank; an entry is out where some rank's resolved case does not match,
+    # or where a check it names failed on some rank at another site than its glob.
+    flags = torch.tensor([float(i in failed) for i in ids] +
+                         [float(not e.matches(resolved) or not _at_its_site(e, checks)) for e in candidates])
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     failing = {i for i, f in zip(ids, flags[:len(ids)].tolist()) if f > 0}
     matched = [e for e, out in zip(candidates, flags[len(ids):].tolist()) if out == 0]
     if not failing:
         return None  # nothing to rerun, nor to say why not
     return "; ".join(dict.fromkeys(e.reason for e in explaining_entries(failing, matched))) or None
+
+
+def _at_its_site(entry: KnownFailure, checks: list) -> bool:
+    """Whether every check `entry` names that failed on this rank failed at the entry's `site` (a typed origin).
+    Held on every rank, so the verdict's merged failure, one of theirs, matches the entry too."""
+    if entry.site == "*":
+        return True
+    named = set(entry.check_ids) or {c.id for c in checks}
+    return all(c.failure is not None and fnmatch.fnmatchcase(c.failure.site, entry.site)
+               for c in checks if c.status == Status.FAIL and c.id in named)
 
 
 def not_rerun(checks: list, reasons: str) -> None:

@@ -69,6 +69,27 @@ def test_an_entry_for_another_case_or_with_a_message_does_not_count(world):
     assert declared.explained(_case(), _result(), _checks(CheckId.GRADS)) is None
 
 
+def test_an_entry_with_a_site_counts_where_every_check_it_names_failed_there(world):
+    """A typed entry (`site`, hunyuan_vl's `reference:rows_depend_on_batch`) spares the rerun where each check it
+    names failed at that site on this rank; a failure left untyped (or typed otherwise) is rerun."""
+    from paracheck.domain.records import Failure, FailureKind
+
+    typed = KnownFailure(reason="rows coupled", model="flux", layout="r4", check=("parity.forward", "parity.grads"),
+                         site="reference:rows_*")
+
+    def failing(*sites):
+        checks = _checks(CheckId.FORWARD, CheckId.GRADS)
+        for check, site in zip([c for c in checks if c.status == Status.FAIL], sites):
+            check.failure = Failure(FailureKind.CHECK, check.id, site=site) if site is not None else None
+        return checks
+
+    declared.use(known.as_data([typed]))
+    assert declared.explained(_case(), _result(), failing("reference:rows_depend_on_batch",
+                                                          "reference:rows_depend_on_batch")) == typed.reason
+    assert declared.explained(_case(), _result(), failing("reference:rows_depend_on_batch", None)) is None
+    assert declared.explained(_case(), _result(), failing("reference:rows_depend_on_batch", "compare.x")) is None
+
+
 def test_an_entry_matched_on_the_resolved_route_is_held_to_it(world):
     composed = KnownFailure(reason="composed only", model="flux", layout="r4", check="parity.grads", route="composed")
     declared.use(known.as_data([composed]))
