@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import os
+import sysconfig
 import traceback
 from dataclasses import asdict, dataclass, field, fields
 
@@ -150,6 +151,9 @@ class Failure:
     entry_point: str = ""
     #: A skip because the model lacks this plan attribute altogether (`_tp_plan`, `_cp_plan`).
     missing_plan: str = ""
+    #: Whose code raised (`raised_by`): "kit" where the innermost frame outside torch and Python's own modules is
+    #: paracheck's (a planter, a check: the kit's bug), "library" where it is the code under test's.
+    raised_by: str = ""
 
     @property
     def key(self) -> str:
@@ -164,7 +168,8 @@ class Failure:
         entry_point = getattr(exc, "entry_point", "")
         cause = getattr(exc, "cause", None) if entry_point else None
         root = cause if isinstance(cause, BaseException) else exc
-        return cls(FailureKind.RAISE, check, type(root).__name__, _site(root.__traceback__), entry_point)
+        return cls(FailureKind.RAISE, check, type(root).__name__, _site(root.__traceback__), entry_point,
+                   raised_by=raised_by(root.__traceback__))
 
     def to_json(self) -> dict:
         return _jsonable(asdict(self))
@@ -194,6 +199,21 @@ def _site(tb) -> str:
         return ""
     frame = frames[-1]
     return f"{os.path.splitext(os.path.basename(frame.filename))[0]}.{frame.name}"
+
+
+_KIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+
+
+def raised_by(tb) -> str:
+    """"kit" where the innermost frame of `tb` outside torch and Python's own modules is paracheck's, else
+    "library": a raise inside torch (a shape check, a collective) is blamed on the code that called it."""
+    for frame in reversed(traceback.extract_tb(tb) if tb is not None else []):
+        name = os.path.abspath(frame.filename)
+        if f"{os.sep}torch{os.sep}" in name or (name.startswith(_STDLIB) and "-packages" not in name):
+            continue
+        return "kit" if name.startswith(_KIT) else "library"
+    return "library"
 
 
 def _jsonable(value):

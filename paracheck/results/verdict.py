@@ -291,7 +291,7 @@ def merge(case: Case, ranks: list[RankResult]) -> Verdict:
         return v
     failing = v.failing_checks
     if case.control:
-        v.status, v.reason = get_control(case.control).judge(failing)
+        v.status, v.reason = _judged(get_control(case.control), v, ranks, failing)
         found = localization.planted(get_control(case.control), v.localization,
                                      next((r.planted_in for r in ranks if r.planted_in), None))
         if found:
@@ -310,8 +310,32 @@ def _first_failing(v: Verdict, waited: set = frozenset()) -> Failure | None:
 
 
 def _judgeable(v: Verdict, ranks: list[RankResult]) -> bool:
-    """A control whose bug broke the world can still be judged where its must-trip checks failed."""
-    return bool(v.checks) and all(r.secondary for r in ranks if r.status == RankStatus.ERROR)
+    """A control whose bug broke the world can still be judged where its must-trip checks failed: every rank that
+    errored waited on or lost a peer, or raised in the code under test (not the kit's: `Failure.raised_by`) in a
+    pass whose check the control must trip, as a real bug of its shape would raise there (Qwen3-Omni's deepstack
+    indexing the features by the misplaced placeholders)."""
+    must = set(get_control(v.case.control).must_trip)
+    return bool(v.checks) and all(r.secondary or _raised_by_the_bug(r.failure, must)
+                                  for r in ranks if r.status == RankStatus.ERROR)
+
+
+def _judged(control, v: Verdict, ranks: list[RankResult], failing: set) -> tuple[CaseStatus, str]:
+    """The control's verdict on the checks that failed; where its bug made the library raise in a pass it must trip
+    (`_raised_by_the_bug`), the checks that pass kept from running are not counted as passing."""
+    must = set(control.must_trip)
+    raised = [r.rank for r in ranks if r.status == RankStatus.ERROR and _raised_by_the_bug(r.failure, must)]
+    ran = {m.id for m in v.checks if m.status != Status.SKIP}
+    unrun = [c for c in control.must_trip if c not in ran]
+    if not raised or not unrun or not (must & ran) <= failing:
+        return control.judge(failing)
+    tripped = ", ".join(c.value for c in control.must_trip if c in failing)
+    return CaseStatus.DETECTED, (f"planted {control.name}; tripped {tripped} (the library raised there on "
+                                 f"{ranks_named(raised)}); {', '.join(c.value for c in unrun)} never ran after it")
+
+
+def _raised_by_the_bug(failure: Failure | None, must: set) -> bool:
+    return (failure is not None and failure.kind == FailureKind.RAISE and failure.raised_by == "library"
+            and failure.check in must)
 
 
 def _error(v: Verdict, ranks: list[RankResult]) -> Verdict:

@@ -445,3 +445,65 @@ def test_a_control_raising_what_only_another_entry_declares_stays_an_error():
     control_ranks = _raising({CheckId.CP_HOOKS: [0], CheckId.PROCESSOR_CONFIG: [1]}, "RuntimeError: another raise")
     plain, control = judge([_case(), _case("skip-cp-hooks")], [plain_ranks, control_ranks], [RAISES, broad])
     assert plain.status == CaseStatus.XFAIL and control.status == CaseStatus.ERROR, control.reason
+
+
+@pytest.mark.parametrize("raised_by, check, expected", [
+    ("library", CheckId.PROCESSOR_CONFIG, CaseStatus.DETECTED),  # the bug's own effect, in a pass it must trip
+    ("kit", CheckId.PROCESSOR_CONFIG, CaseStatus.ERROR),  # the planter's own raise: the kit's bug, never hidden
+    ("library", CheckId.FORWARD, CaseStatus.ERROR),  # a pass the control does not trip: not its detection
+])
+def test_a_control_whose_bug_makes_the_library_raise_in_a_pass_it_must_trip_is_judged(raised_by, check, expected):
+    """Qwen3-Omni's placeholders on a shard: the ranks holding no placeholder raise in the library (its deepstack
+    indexes the features by the bent mask), the rank holding them all waits. The raise fails the pass's check on
+    those ranks, which decides detection; a raise in the kit's own code, or in a pass the control does not trip,
+    stays an error."""
+    ranks = _ranks({CheckId.CP_HOOKS: [0, 1, 2, 3], CheckId.PROCESSOR_CONFIG: [1, 2, 3]}, status=RankStatus.ERROR)
+    ranks[0].secondary, ranks[0].reason = True, "was waiting on rank 1"
+    for r in ranks[1:]:
+        r.reason = "inference: RuntimeError: The size of tensor a (0) must match the size of tensor b (2)"
+        r.failure = Failure(FailureKind.RAISE, check, "RuntimeError", "modeling_x.forward", raised_by=raised_by)
+    control = merge(_case("skip-cp-hooks"), ranks)
+    assert control.status == expected, control.reason
+
+
+def test_a_check_the_librarys_raise_kept_from_running_is_not_read_as_passing():
+    """The raise in the first pass the control must trip keeps the next from running (Qwen3-Omni: inference
+    raised, forward never ran): detected on what ran, never `missed` for what could not run."""
+    ranks = _ranks({CheckId.CP_HOOKS: [1, 2, 3]}, status=RankStatus.ERROR)
+    ranks[0].secondary, ranks[0].reason = True, "was waiting on rank 1"
+    for r in ranks[1:]:
+        r.failure = Failure(FailureKind.RAISE, CheckId.CP_HOOKS, "RuntimeError", raised_by="library")
+    control = merge(_case("skip-cp-hooks"), ranks)
+    assert control.status == CaseStatus.DETECTED, control.reason
+    assert "the library raised there on ranks 1-3" in control.reason and "processor_config never ran" in control.reason
+    ranks[1].checks[0] = CheckResult(CheckId.CP_HOOKS, Status.PASS)  # a rank where it ran and passed: judged as ever
+    ranks[1].checks += [CheckResult(CheckId.PROCESSOR_CONFIG, Status.PASS)]
+    assert merge(_case("skip-cp-hooks"), ranks).status == CaseStatus.MISSED
+
+
+def test_a_raise_is_blamed_on_the_innermost_frame_outside_torch_and_pythons_own_modules():
+    """`Failure.raised_by`: "kit" where that frame is paracheck's (torch's or the standard library's frames below it
+    skipped), "library" otherwise: the judgement above trusts it to keep a planter's own bug an error."""
+    import os
+
+    import paracheck
+    from paracheck.domain.records import raised_by
+
+    def defined(path: str, body: str):
+        namespace = {"torch": __import__("torch"), "json": json}
+        exec(compile(f"def f():\n    {body}\n", path, "exec"), namespace)
+        return namespace["f"]
+
+    def caught(call):
+        try:
+            call()
+        except Exception as exc:  # whatever it raised: only its traceback is read
+            return raised_by(exc.__traceback__)
+
+    kit = os.path.join(os.path.dirname(paracheck.__file__), "adapters", "x", "controls.py")
+    elsewhere = os.path.join(os.sep, "elsewhere", "transformers", "modeling_x.py")
+    assert caught(defined(kit, "raise KeyError('position_ids')")) == "kit"
+    assert caught(defined(kit, "torch.nn.functional.pad(torch.ones(1), (5, 5), mode='reflect')")) == "kit"
+    assert caught(defined(kit, "json.loads('{')")) == "kit"  # the standard library's frames are skipped too
+    assert caught(defined(elsewhere, "torch.nn.functional.pad(torch.ones(1), (5, 5), mode='reflect')")) == "library"
+    assert caught(defined(elsewhere, "raise KeyError('x')")) == "library"

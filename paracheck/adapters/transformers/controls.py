@@ -483,7 +483,16 @@ def _first_block(tensor, group):
 
 
 def _rotaries(model) -> list:
-    return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    """The rotary embeddings of the model's text decoder, whose positions decoding advances (`get_decoder`): an
+    audio or vision encoder's own rotary (MusicFlamingo's takes timestamps, NeMo's conformer its frames) is not."""
+    import torch
+
+    try:
+        decoder = model.get_decoder()
+    except (AttributeError, ValueError):  # a model with no decoder to name: its own modules
+        decoder = None
+    root = decoder if isinstance(decoder, torch.nn.Module) else model
+    return [m for m in root.modules() if type(m).__name__.endswith("RotaryEmbedding")]
 
 
 def _positions_stuck(model, layout) -> None:
@@ -495,7 +504,9 @@ def _positions_stuck(model, layout) -> None:
 
         def bent(x, *args, forward=forward, first=first, **kwargs):
             args = list(args)
-            positions = args[0] if args else kwargs["position_ids"]
+            positions = args[0] if args else kwargs.get("position_ids")
+            if positions is None:  # a call that hands no positions (computed inside): nothing to hold
+                return forward(x, *args, **kwargs)
             if positions.shape[-1] > 1:
                 first.clear()
             else:
@@ -756,7 +767,7 @@ _ENTRIES += (
              "take the first one's rotary positions", (CheckId.GENERATE,), lambda layout: None,
              plants_in="*rotary_emb*"),
      Plant(after_load=_positions_stuck, needs_model=lambda ref: None if _rotaries(ref) else
-           "the model has no rotary embedding module")),
+           "the model's text decoder has no rotary embedding module")),
     (Control("tf-pp-next-token-first-stage", "on decode steps every pipeline stage takes its next-token logits from "
              "the first stage (its copy of the previous step's) instead of the last", (CheckId.GENERATE,), _needs_pp,
              plants_in=PLANTED + "*"),
