@@ -165,8 +165,10 @@ def load(path: str, **kwargs):
     skips the checkpoint's conversion and leaves the renamed tensors newly initialized."""
     import transformers
 
+    from paracheck.adapters.transformers import images
+
     config = transformers.AutoConfig.from_pretrained(path)
-    return model_class(path, config).from_pretrained(path, config=config, **kwargs)
+    return images.doored(model_class(path, config).from_pretrained(path, config=config, **kwargs))
 
 
 def prepared(config, task: Task):
