@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from paracheck.adapters.transformers import inputs
-from paracheck.adapters.transformers.fitting import per_layer
 from paracheck.adapters.transformers.refused import lookup
 
 #: Placeholders per clip: few enough to leave text in the padded rows (`inputs.PAD` tokens padded of 16).
@@ -172,21 +171,10 @@ def _granite_features(config, rows: int, generator) -> dict:
     return {"input_features": torch.randn(rows, frames, bins, generator=generator)}
 
 
-def _nemo(config) -> None:
-    """NeMo SpeechLM's NemotronH text model at 4 layers, each kind of its 52 first: its config counts layers by
-    `layers_block_type` alone (no layer-count key for the tiny rule to read), so the fitted model kept all 52, and a
-    case took 2 to 5 minutes on 2 cores, past the default --timeout."""
-    config.text_config.layers_block_type = per_layer(list(config.text_config.layers_block_type), LAYERS_NEMO)
-
-
 def _fun_asr(config) -> None:
     """Fun-ASR-Nano's SAN-M encoder keeps every (already frame-stacked) feature: `TOKENS` frames make `TOKENS`
     placeholders. Its 20 timestamp-prediction layers are cut to one of the tiny encoder's."""
     config.audio_config.num_timestamp_prediction_layers = 1
-
-
-#: NeMo's text layers: its three kinds and one more, so a pipeline of 4 stages still gets a layer each.
-LAYERS_NEMO = 4
 
 
 #: model type -> how the kit shapes its clip.
@@ -201,8 +189,9 @@ BUILDERS = {
     "moss_transcribe_diarize": Builder(_moss, _whisper_frames, extra=_moss_padding),
     "qwen3_asr": Builder(_qwen3_asr, _qwen3_asr_frames, real=_qwen3_asr_real),
     "omniasr": Builder(_omniasr, _omniasr_samples, mask=None),
-    # Its FastConformer subsamples the frames 8 times (`asr_config.subsampling_factor`).
-    "nemo_speechlm": Builder(_nemo, lambda config: 8 * TOKENS,
+    # Its FastConformer subsamples the frames 8 times (`asr_config.subsampling_factor`). Its NemotronH text model
+    # counts its layers by `layers_block_type` alone, which the tiny rule cuts (`fitting._layer_list`).
+    "nemo_speechlm": Builder(lambda config: None, lambda config: 8 * TOKENS,
                              bins=lambda config: config.audio_config.asr_config.num_mel_bins, nemo=True),
     # (rows, frames, features) of `num_mel_bins x num_stacked_frames` each (its processor's low-frame-rate stack).
     "fun_asr_nano": Builder(_fun_asr, lambda config: TOKENS, bins=lambda config: config.audio_config.input_size,

@@ -106,7 +106,7 @@ class _Roundtrip:
         self.plant = body.plant
         self.root = _agreed(body.ctx.site.workdir)
         self.reference = body.ref.state_dict()  # read only: the reference is shared across cases
-        self.rows = next(iter(body.batch.values())).shape[0]
+        self.rows = inputs.rows_in(body.batch)
         config = body.ref.config
         self.other = reload_layout(self.layout, dist.get_world_size(), bool(getattr(body.ref, "ep_plan", None)),
                                    cp_supported(), self.rows,

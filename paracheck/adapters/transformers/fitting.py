@@ -15,7 +15,9 @@ config key that holds it (the config's own key, never an `attribute_map` alias),
   Measured on torch 2.13 CPU: the forward needs the contraction dimension aligned (a down projection's
   contraction is the expert width's shard), the backward the output dimension too; any other size runs;
 - vocabulary (`vocab_size`): split by tp where the TP plan splits the embedding or the head;
-- layers (`num_hidden_layers`, `n_layer`, `num_layers`): split by pp, at least one per stage;
+- layers (`num_hidden_layers`, `n_layer`, `num_layers`; in a config with none of these keys, the per-layer list
+  whose length it reads as its layer count, NemotronH's `layers_block_type`: `_layer_list`): split by pp, at least
+  one per stage;
 - experts (`num_experts`, `num_local_experts`, `n_routed_experts`, `moe_num_experts`): split by ep;
 - batch (an input, not a config size): split by the data-parallel degree dpr x fsdp (`batch_misfits`).
 
@@ -219,6 +221,9 @@ def _own_misfits(config, need: Need) -> list[Misfit]:
         for key in found.get(HIDDEN, []):
             if getattr(config, key) % need.align:
                 out.append(Misfit(key, getattr(config, key), "dtype bytes", need.itemsize, _align_rule(need)))
+    listed = _layer_list(config, found)
+    if listed and len(getattr(config, listed)) < need.pp:
+        out.append(Misfit(listed, len(getattr(config, listed)), "pp", need.pp, _RULES[LAYERS][1]))
     return out
 
 
@@ -282,6 +287,9 @@ def _fit_part(config, need: Need, path: str = "", world: Need | None = None) -> 
     _fit_tied(values, changes)
     changes = {k: v for k, v in changes.items() if v != values[k]}
     _fit_layer_lists(values, found, changes)
+    listed = _layer_list(config, found)
+    if listed and len(values[listed]) < need.pp:  # the list is the layer count: lengthened to a layer per stage
+        _resize_layer_lists(values, len(values[listed]), need.pp, changes)
     fitted = _build(config, {**values, **changes})
     return fitted, [f"{path}{k} {_short(values.get(k))}->{_short(v)}" for k, v in changes.items()] + notes
 
@@ -308,9 +316,12 @@ def _fit_layer_lists(values: dict, found: dict, changes: dict) -> None:
     describes every layer and still has each kind. Per-layer dicts keyed by layer index keep the indices
     that remain."""
     layers_key = next(iter(found.get(LAYERS, [])), None)
-    if layers_key not in changes:
-        return
-    old, new = values[layers_key], changes[layers_key]
+    if layers_key in changes:
+        _resize_layer_lists(values, values[layers_key], changes[layers_key], changes)
+
+
+def _resize_layer_lists(values: dict, old: int, new: int, changes: dict) -> None:
+    """`_fit_layer_lists` from `old` layers to `new`: each list of `old` entries, each dict keyed by layer index."""
     for key, value in values.items():
         value = changes.get(key, value)
         if key.endswith(("_token_id", "_token_ids")):  # a list of token ids is not one entry per layer
@@ -319,6 +330,23 @@ def _fit_layer_lists(values: dict, found: dict, changes: dict) -> None:
             changes[key] = per_layer(value, new)
         elif isinstance(value, dict) and value and all(str(k).isdigit() for k in value) and new < old:
             changes[key] = {k: v for k, v in value.items() if int(k) < new}
+
+
+def _layer_list(config, found: dict) -> str | None:
+    """The per-layer list that alone counts `config`'s layers, or None: where the config has no layer-count key
+    (`LAYERS`) and reads its layer count (`num_hidden_layers`) as the length of a list of its own (NemotronH's
+    property over `layers_block_type`, at any depth: NeMo SpeechLM's text model), that list is its depth, so the
+    tiny rule cuts it and a pipeline lengthens it as they change a layer-count key."""
+    if found.get(LAYERS):
+        return None
+    try:
+        count = getattr(config, "num_hidden_layers", None)
+    except Exception:  # a config whose derived count does not resolve: nothing counts its layers
+        return None
+    if not _is_int(count) or count <= 0:
+        return None
+    return next((k for k, v in _fields(config).items() if isinstance(v, list) and len(v) == count
+                 and _hashable(v) and not k.endswith(("_token_id", "_token_ids"))), None)
 
 
 def per_layer(value: list, new: int) -> list:
@@ -478,11 +506,18 @@ def _shrunk(default) -> dict:
         if key in defaults and defaults[key] is None:
             values[key] = small_value
     layers_key = next(iter(found.get(LAYERS, [])), None)
-    if layers_key:
+    listed = _layer_list(default, found)
+    old = defaults[layers_key] if layers_key else len(defaults[listed]) if listed else 0
+    if old:
+        # A layer of each kind the per-layer lists name (at most 4), at least the tiny count.
         kinds = max([len(set(v)) for v in defaults.values() if isinstance(v, list) and _hashable(v)
-                     and len(v) == defaults[layers_key]] + [2])
-        values[layers_key] = min(defaults[layers_key], max(values[layers_key], min(kinds, 4)))
-        values = _lengthened(defaults, found, values)
+                     and len(v) == old] + [2])
+        new = min(old, max(small[LAYERS], min(kinds, 4)))
+        if layers_key:
+            values[layers_key] = new
+            values = _lengthened(defaults, found, values)
+        else:
+            _resize_layer_lists(defaults, old, new, values)
     _fit_tied(defaults, values)
     for key, value in defaults.items():
         if key.endswith("_token_id") and _is_int(value) and value >= values.get(VOCAB_KEY, value + 1):

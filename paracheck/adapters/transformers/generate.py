@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from paracheck.adapters.transformers.inputs import share
+from paracheck.adapters.transformers.inputs import rows_in, share
 from paracheck.checks import generate as rule
 from paracheck.checks import localize, rerun
 from paracheck.checks.shards import full
@@ -109,7 +109,7 @@ def run(body) -> list[CheckResult]:
     batches = {mode: _with_task(body, prompts(layout.dp, vocab, padded)) for mode, (_, padded) in MODES.items()}
     with ctx.phase("generate_reference"):
         expected = _GENERATIONS.get((body.path, layout.dp), lambda: _reference(body.ref, batches))
-    index, per = layout.dp_index(dist.get_rank()), batches["dynamic"]["input_ids"].shape[0] // layout.dp
+    index, per = layout.dp_index(dist.get_rank()), rows_in(batches["dynamic"]) // layout.dp
     rows = slice(index * per, (index + 1) * per)
     # `share` cuts a tensor packing every row's image patches at its rows' images too
     mine = {mode: share(batch, index, layout.dp) for mode, batch in batches.items()}

@@ -5,7 +5,9 @@ What a family's processor would produce is family-specific (how many placeholder
 besides `pixel_values` its forward takes), so each family the kit builds inputs for has a `Builder` in `BUILDERS`;
 a family known not to fit the kit's inputs is in `REFUSED` with its reason, any other is refused before launch with
 `NoBuilder`, naming the families it knows. Every tensor a builder adds has one entry per row (dim 0), so
-`inputs.share` splits it over data-parallel ranks as it splits the token rows.
+`inputs.share` splits it over data-parallel ranks as it splits the token rows; a family whose forward takes a
+batch's images otherwise (MiniCPM-V: all in one row) has a door that re-packs them as its processor would, on every
+model the kit loads (`doored`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ class Builder:
     #: The config's names of the tokens its processor writes just before and just after an image's placeholders
     #: (a vision start read by M-RoPE, begin and end indicators given features of their own), None for none.
     bounds: tuple[str | None, str | None] = (None, None)
+    #: (forward kwargs) -> forward kwargs: the batch's images re-packed as the family's processor packs a batch's,
+    #: at the model's door (`doored`), where its forward takes every image in one tensor row; None for none.
+    door: Callable | None = None
 
 
 def _vision_size(config, size: int) -> None:
@@ -188,6 +193,39 @@ def _naflex(config, rows: int, size: int, generator) -> dict:
     return {"pixel_values": torch.randn(rows, grid * grid, CHANNELS * patch * patch, generator=generator),
             "spatial_shapes": torch.tensor([[grid, grid]] * rows),
             "pixel_attention_mask": torch.ones(rows, grid * grid, dtype=torch.long)}
+
+
+def _strips(config, rows: int, size: int, generator) -> dict:
+    """MiniCPM-V's image as its processor lays one out, a strip of patches side by side: `pixel_values` (rows,
+    channels, patch, patches x patch), one image a row, and `target_sizes` (rows, 2) its patch grid. Its processor
+    puts a batch's every image in one strip (1, channels, patch, all patches x patch), which `_one_strip` makes of
+    these at the model's door."""
+    import torch
+
+    patch, grid = _patch(config), size // _patch(config)
+    return {"pixel_values": torch.randn(rows, CHANNELS, patch, grid * grid * patch, generator=generator),
+            "target_sizes": torch.tensor([[grid, grid]] * rows)}
+
+
+def _one_strip(kwargs: dict) -> dict:
+    """MiniCPM-V's forward encodes `pixel_values[:1]` (minicpmv4_6 modeling_minicpmv4_6.py:707-708, minicpmv4_7
+    :714-715, minicpm_ocr :707-708): its processor packs every image of a batch along the last dim of one row,
+    cut again by `target_sizes` (the patch embedding's strided convolution reads the strip patch by patch). The
+    kit's images, one a row (`_strips`, so that a data-parallel share holds its rows' images), are laid end to end
+    into that one strip; a batch already packed (one row for several images) or of one image is left as it is."""
+    import torch
+
+    pixels, sizes = kwargs.get("pixel_values"), kwargs.get("target_sizes")
+    if pixels is None or sizes is None or pixels.dim() != 4 or not pixels.shape[0] == sizes.shape[0] > 1:
+        return kwargs
+    return dict(kwargs, pixel_values=torch.cat(list(pixels), dim=-1).unsqueeze(0))
+
+
+def _minicpm(config) -> None:
+    """MiniCPM-V's tower merges 2 x 2 patches after its layer `insert_layer_id` (the ViT merger), and the model
+    halves the patch grid for that merge whether the layer exists or not: the default 6 is past the tiny tower's 2
+    layers, so the merger runs after layer 0 (on the config and on the vision config, which copies it at init)."""
+    config.insert_layer_id = config.vision_config.insert_layer_id = 0
 
 
 def _qwen_vl(config) -> None:
@@ -460,13 +498,13 @@ BUILDERS = {
     # separator (3, which fit the generate prompts' padded rows).
     "unlimited_ocr": Builder(merge=4, side=1, more=_row_ends_and_separator, configure=_unlimited_ocr,
                              tower=lambda config: config.vision_config.sam_config),
+    # Its ViT merger then its projector merge 2 x 2 patches each: 4 x 4 patches a placeholder.
+    "minicpmv4_6": Builder(merge=4, configure=_minicpm, pixels=_strips, door=_one_strip),
+    # Its default `downsample_mode` "4x" skips the ViT merger: 2 x 2 patches a placeholder.
+    "minicpm_ocr": Builder(merge=2, pixels=_strips, door=_one_strip),
+    "minicpmv4_7": Builder(merge=4, configure=_minicpm, pixels=_strips, door=_one_strip,
+                           token_types=("mm_token_type_ids", "image")),
 }
-
-#: Packed patches along a dim other than 0: the tower reads all images' patches as one sequence (cut again by a grid
-#: or size tensor), so no split of dim 0 (`inputs.share`'s) gives a row its image. (Packed along dim 0, every image
-#: the same size, `inputs.share` cuts at images: `_packed`, `_packed_images`.)
-_PACKED = ("its pixel_values pack every image's patches into one sequence along a dim other than the first, so no "
-           "tensor holds one row's image at its row")
 
 _TIMM = "its vision tower is a timm model (TimmWrapperConfig), and timm is not installed here"
 _UNBUILT = "its config class's own defaults do not build its model"
@@ -478,11 +516,12 @@ REFUSED = {
                           "tower",
     "kimi_k25": "its projector's layer norm keeps the real tower's width (1152), which the tiny rule does not reach",
     # (1, channels, patch, patches x patch), of which the forward encodes `pixel_values[:1]`: every image in one row.
-    "minicpmv4_6": _PACKED,
-    "minicpmv4_7": _PACKED,
-    "minicpm_ocr": _PACKED,
-    "deepseek_ocr2": "its vision encoder's learned queries make every image 144 features (256 above 12 x 12 patches), "
-                     "whatever its size, and a view separator: 145 placeholders, more than any of the kit's rows hold",
+    # modeling_deepseek_ocr2.py:938-939 (two query tables of fixed size, not a config's), :949-959 (the queries
+    # alone come out), :1429-1437 (the separator); the kit's rows: `fixtures.SPACE` (12 tokens, 64 at most).
+    "deepseek_ocr2": "its vision tower appends a learned query table of fixed size, 144 entries (256 above 144 "
+                     "patches), to every image's patches and keeps only the queries' outputs, and a view separator "
+                     "follows: every image is 145 placeholders whatever its size, more than any of the kit's token "
+                     "rows hold (12 tokens, 64 at most)",
     "emu3": "its images are a VQ tokenizer's codes in the text, not a vision tower's features",
     "fast_vlm": _TIMM,
     "perception_lm": _TIMM,
@@ -525,6 +564,22 @@ def prepared(config):
             setattr(config, name, text_config(config).vocab_size - offset)
     config.image_seq_length = build.side * build.side + build.more(config, build.side)
     return config
+
+
+def doored(model):
+    """`model` with its family's door (`Builder.door`) where its family has one, at both ways in: a forward
+    pre-hook (the kit's calls, the Trainer's) and `generate` (which encodes the images before any forward, through
+    `get_image_features`: transformers' `_prepare_multimodal_encoder_kwargs_for_generation`), so every call takes
+    the batch as the family's processor would have packed it."""
+    import functools
+
+    build = BUILDERS.get(getattr(model.config, "model_type", None))
+    if build is None or build.door is None:
+        return model
+    model.register_forward_pre_hook(lambda module, args, kwargs: (args, build.door(kwargs)), with_kwargs=True)
+    generate = model.generate
+    model.generate = functools.wraps(generate)(lambda *args, **kwargs: generate(*args, **build.door(kwargs)))
+    return model
 
 
 def placeholders(config) -> int:

@@ -64,21 +64,38 @@ def predicted_tokens(labels: torch.Tensor) -> int:
     return int((labels[:, 1:] != -100).sum())
 
 
-def share(batch: dict, index: int, dp: int) -> dict:
-    """Data-parallel rank `index`'s rows of `batch` (contiguous, in rank order). A tensor whose dim 0 packs an
-    equal block per row (every row's image patches in one sequence, each image the same size) gives the same
-    rows' blocks."""
-    rows = (batch["input_ids"] if "input_ids" in batch else next(iter(batch.values()))).shape[0]
-    per = rows // dp
+def rows_in(batch: dict) -> int:
+    """How many rows `batch` holds: its input_ids' dim 0 (else its first tensor's)."""
+    return (batch["input_ids"] if "input_ids" in batch else next(iter(batch.values()))).shape[0]
 
-    def mine(name, tensor):
-        block = tensor.shape[0] // rows  # 1 for a tensor of one entry per row
-        if block == 0 or tensor.shape[0] % rows:  # a rank would get another row's entries, or none, silently
+
+def rows(batch: dict, start: int, stop: int) -> dict:
+    """Rows `start` to `stop` of `batch`: the one rule for cutting a batch by rows (a data-parallel share, the
+    Trainer's items). Every tensor's dim 0 is the batch's rows times an equal block per row: 1 for a tensor of one
+    entry per row, more for one packing every row's image patches in one sequence (each image the same size), which
+    gives those rows' blocks."""
+    count = rows_in(batch)
+
+    def cut(name, tensor):
+        block = tensor.shape[0] // count
+        if block == 0 or tensor.shape[0] % count:  # a rank would get another row's entries, or none, silently
             raise ValueError(f"cannot share {name!r} by rows: its dim 0 ({tensor.shape[0]}) is no whole multiple of "
-                             f"the batch's {rows} rows")
-        return tensor[index * per * block:(index + 1) * per * block]
+                             f"the batch's {count} rows")
+        return tensor[start * block:stop * block]
 
-    return {k: mine(k, v) for k, v in batch.items()}
+    return {k: cut(k, v) for k, v in batch.items()}
+
+
+def share(batch: dict, index: int, dp: int) -> dict:
+    """Data-parallel rank `index`'s rows of `batch` (contiguous, in rank order), cut by `rows`."""
+    per = rows_in(batch) // dp
+    return rows(batch, index * per, (index + 1) * per)
+
+
+def joined(parts: list[dict]) -> dict:
+    """`parts` (batches cut by `rows`) end to end as one batch: each tensor's dim 0 concatenated, so a packed
+    tensor's blocks follow their rows again."""
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
 #: The text token random ids fall back to where they drew a placeholder's (or a bound token's) id.

@@ -31,6 +31,7 @@ from paracheck.checks.steps import StepRecord, compare_steps
 from paracheck.domain.adapter import Refused
 from paracheck.domain.records import CheckId, CheckResult, Failure, FailureKind, Status
 from paracheck.world.recent import Recent
+from paracheck.adapters.transformers import inputs
 from paracheck.adapters.transformers.layout import config_kwargs
 
 #: Micro-batches per optimizer step: two, so FSDP's deferred gradient sync (Trainer's `no_sync`) runs.
@@ -101,18 +102,12 @@ def arguments(folder: str, rows: int, steps: int, use_cpu: bool):
 
 
 class Rows(torch.utils.data.Dataset):
-    """Micro-batches of rows laid end to end, one row an item (the sequential sampler reads them in order). A tensor
-    whose dim 0 packs an equal block per row (every row's image patches in one sequence, as `inputs.share` cuts
-    them) gives each row its block, and `collate` lays the blocks end to end again where it stacks the rest."""
+    """Micro-batches of rows laid end to end, one row an item (the sequential sampler reads them in order): each
+    item is `inputs.rows` of its batch (a packed tensor's block for that row among them), and `collate` is
+    `inputs.joined`, so a device batch of consecutive rows is what `inputs.share` cuts for them."""
 
     def __init__(self, batches: list[dict]):
-        self.rows, self.packed = [], set()
-        for b in batches:
-            count = (b["input_ids"] if "input_ids" in b else next(iter(b.values()))).shape[0]
-            blocks = {k: v.shape[0] // count for k, v in b.items()}
-            self.packed |= {k for k in b if b[k].shape[0] != count}
-            self.rows += [{k: v[r * blocks[k]:(r + 1) * blocks[k]] if k in self.packed else v[r] for k, v in b.items()}
-                          for r in range(count)]
+        self.rows = [inputs.rows(b, r, r + 1) for b in batches for r in range(inputs.rows_in(b))]
 
     def __len__(self):
         return len(self.rows)
@@ -121,9 +116,8 @@ class Rows(torch.utils.data.Dataset):
         return self.rows[index]
 
     def collate(self, rows: list[dict]) -> dict:
-        """The Trainer's collator: `rows` as one batch, each packed tensor's blocks concatenated, the rest stacked."""
-        return {k: torch.cat([r[k] for r in rows]) if k in self.packed else torch.stack([r[k] for r in rows])
-                for k in rows[0]}
+        """The Trainer's collator: `rows` as one batch (`inputs.joined`)."""
+        return inputs.joined(rows)
 
 
 def batches(draw, steps: int) -> list[dict]:
@@ -233,7 +227,7 @@ def run(body) -> list[CheckResult]:
         return [CheckResult(CheckId.STEPS, Status.FAIL, mismatch, failure=Failure(FailureKind.CHECK, CheckId.STEPS,
                                                                                    site=BROADCAST_SITE))]
     data = batches(_drawer(body), body.case.steps)
-    rows = next(iter(data[0].values())).shape[0]
+    rows = inputs.rows_in(data[0])
     with body.ctx.phase("steps_reference"):  # within "steps": what the single-process run costs (0 when kept)
         expected = _reference_of(body, data, rows)
     trainer_class = body.plant.trainer_plant and body.plant.trainer_plant()
@@ -245,7 +239,7 @@ def run(body) -> list[CheckResult]:
 
 def _drawer(body):
     """seed -> the case's global batch for one step: its shape's or its variant's rows, labelled for its task."""
-    from paracheck.adapters.transformers import inputs, tasks
+    from paracheck.adapters.transformers import tasks
 
     case, layout = body.case, body.layout
     embed = body.ref.get_input_embeddings() if case.variant == "embeds" else None
@@ -336,11 +330,9 @@ class StandIn:
 
     def per_rank(self, batches: list[dict]) -> list[dict]:
         """Each global batch as the world's ranks' slots, in rank order, each slot that rank's data-parallel share."""
-        from paracheck.adapters.transformers.inputs import share
-
         layout = self.layout
-        return [{k: torch.cat([share(b, layout.dp_index(r), layout.dp)[k] for r in range(layout.world)])
-                 for k in b} for b in batches]
+        return [inputs.joined([inputs.share(b, layout.dp_index(r), layout.dp) for r in range(layout.world)])
+                for b in batches]
 
     def describe(self) -> dict:
         """What the report says (`results.report`'s stand-in lines): why, what the kit stood in for, what ran as the

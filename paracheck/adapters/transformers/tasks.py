@@ -162,11 +162,16 @@ def load(path: str, **kwargs):
     (`AutoConfig`), as an Auto class gives it. A class several model types share (Param2MoE's and SarvamMoE's
     `Glm4MoeForCausalLM`) would otherwise read the config as its own type (transformers warns it is "not
     supported"), and its `save_pretrained` would label the original-format weights with that type, whose reload
-    skips the checkpoint's conversion and leaves the renamed tensors newly initialized."""
+    skips the checkpoint's conversion and leaves the renamed tensors newly initialized. Every model loaded here
+    gets its family's image door (`images.doored`), so the reference and the parallel model take the same batch."""
     import transformers
 
+    from paracheck.adapters.transformers import images
+
     config = transformers.AutoConfig.from_pretrained(path)
-    return model_class(path, config).from_pretrained(path, config=config, **kwargs)
+    loaded = model_class(path, config).from_pretrained(path, config=config, **kwargs)
+    images.doored(loaded[0] if isinstance(loaded, tuple) else loaded)  # (model, info) with output_loading_info
+    return loaded
 
 
 def prepared(config, task: Task):

@@ -5,6 +5,8 @@ parity.steps alone, the pipeline's abort is declared and TP on CPU trains into t
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from packaging.version import Version
 
 transformers = pytest.importorskip("transformers")
@@ -58,6 +60,38 @@ def test_packed_image_patches_reach_each_device_batch_as_inputs_share_cuts_them(
         device = rows.collate([rows[2 * index], rows[2 * index + 1]])
         expected = inputs.share(batch, index, 2)
         assert device.keys() == expected.keys() and all(torch.equal(device[k], expected[k]) for k in device)
+
+
+@settings(max_examples=40, deadline=None)
+@given(dp=st.integers(1, 4), per=st.integers(1, 3), blocks=st.lists(st.integers(1, 4), min_size=0, max_size=3),
+       first=st.booleans())
+def test_one_rule_cuts_rows_for_every_share_and_every_device_batch(dp, per, blocks, first):
+    """`inputs.rows` is the one rule: each entry below records the row it belongs to, so a share (`inputs.share`),
+    a Trainer device batch (`Rows` then its collator) and the stand-in's rank slots (`StandIn.per_rank`) must each
+    hold exactly their rows' entries, every packed block whole and in order, whatever the blocks per row and whether
+    `input_ids` comes first."""
+    import torch
+
+    count = dp * per
+    batch = {f"packed{i}": torch.arange(count).repeat_interleave(b) * 10 + torch.arange(b).repeat(count)
+             for i, b in enumerate(blocks)}
+    ids = {"input_ids": torch.arange(count).unsqueeze(1).expand(count, 3) * 10}
+    batch = {**ids, **batch} if first else {**batch, **ids}
+    items = steps.Rows([batch])
+    assert len(items) == inputs.rows_in(batch) == count
+    for index in range(dp):
+        mine = range(index * per, (index + 1) * per)
+        expected = {k: torch.cat([v[v // 10 == r] if k != "input_ids" else v[r:r + 1] for r in mine])
+                    for k, v in batch.items()}
+        share = inputs.share(batch, index, dp)
+        device = items.collate([items[r] for r in mine])
+        assert share.keys() == device.keys() == batch.keys()
+        assert all(torch.equal(share[k], expected[k]) and torch.equal(device[k], expected[k]) for k in batch)
+    assert all(torch.equal(inputs.joined([inputs.share(batch, i, dp) for i in range(dp)])[k], batch[k]) for k in batch)
+    layout = TfLayout.parse(f"tp2xdpr{dp}") if dp > 1 else TfLayout.parse("tp2")
+    slots = steps.StandIn("", layout).per_rank([batch])[0]
+    world = [inputs.share(batch, layout.dp_index(r), layout.dp) for r in range(layout.world)]
+    assert all(torch.equal(slots[k], torch.cat([w[k] for w in world])) for k in batch)
 
 
 def test_the_single_process_switch_hides_the_world_and_gives_it_back(monkeypatch):

@@ -83,7 +83,9 @@ SHAPES = ("llava", "vipllava", "paligemma", "gemma3", "mistral3", "idefics3", "l
           "janus", "hy_v4_vl", "granite_docling", "got_ocr2",
           # Tokens around the image (bounds) and an audio tower sized to build; a tower nested in a SAM encoder;
           # packed patches with a (height, width) grid; one two-frame patch per placeholder.
-          "ovis2_5", "qwen2_5_omni_thinker", "unlimited_ocr", "nemotron_h_omni", "inkling_mm_model")
+          "ovis2_5", "qwen2_5_omni_thinker", "unlimited_ocr", "nemotron_h_omni", "inkling_mm_model",
+          # One image a row re-packed into the one strip its forward encodes, at the model's door.
+          "minicpmv4_6")
 
 
 @pytest.mark.parametrize("model_type", SHAPES)
@@ -103,7 +105,7 @@ def test_each_builders_inputs_run_the_tiny_model_and_split_by_rows(model_type):
                     "language model's output, which has none (AttributeError on one process; 5.25.0 reads it no more)")
     config = tasks.prepared(fitting.tiny(CONFIG_MAPPING[model_type]), tasks.IMAGE_TEXT)
     torch.manual_seed(0)
-    model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
+    model = images.doored(transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval())
     sweep._nonzero_biases(model, zero_weights=True)  # as the sweep draws them: gemma3's projector starts at zero
     batch = tasks.with_labels(tasks.IMAGE_TEXT, inputs.global_batch("left_pad", 2, config.get_text_config().vocab_size),
                               config, seed=1)
@@ -113,6 +115,44 @@ def test_each_builders_inputs_run_the_tiny_model_and_split_by_rows(model_type):
     assert torch.isfinite(out.loss)
     assert coupling.batch_apart(lambda i: coupling.alone(model, batch, i, 2), out.logits, 2, 1e-5, 1e-5) is None
     assert (other - out.logits).abs().max() > 1e-3  # the image reaches the text (GotOcr2's 1e-10 weights did not)
+
+
+def test_minicpm_images_one_a_row_are_laid_into_one_strip_at_the_door_and_a_packed_batch_is_left():
+    """MiniCPM-V encodes `pixel_values[:1]`: the door lays the kit's images (one a row, patches side by side along
+    the last dim) end to end into that one row, in row order; a batch the processor packed (one row for all its
+    images) or of one image reaches the model as it is."""
+    door = images.BUILDERS["minicpmv4_6"].door
+    rows = torch.arange(3 * 2 * 8.0).view(3, 1, 2, 8)
+    sizes = torch.tensor([[1, 4]] * 3)
+    strip = door({"pixel_values": rows, "target_sizes": sizes, "input_ids": torch.ones(3, 5)})
+    assert strip["pixel_values"].shape == (1, 1, 2, 24) and strip["target_sizes"] is sizes
+    assert all(torch.equal(strip["pixel_values"][0, :, :, 8 * r:8 * (r + 1)], rows[r]) for r in range(3))
+    packed = {"pixel_values": torch.zeros(1, 3, 2, 24), "target_sizes": sizes}
+    one = {"pixel_values": rows[:1], "target_sizes": sizes[:1]}
+    assert door(packed) is packed and door(one) is one
+
+
+def test_the_door_stands_at_forward_and_at_generate_of_a_family_that_has_one():
+    """`generate` encodes the images before any forward (`get_image_features` on the whole `pixel_values`), so the
+    door wraps it too; a family without a door is left as it is."""
+    import types
+
+    class Probe(torch.nn.Module):
+        def __init__(self, model_type):
+            super().__init__()
+            self.config = types.SimpleNamespace(model_type=model_type)
+
+        def forward(self, **kwargs):
+            return tuple(kwargs["pixel_values"].shape)
+
+        def generate(self, **kwargs):
+            return tuple(kwargs["pixel_values"].shape)
+
+    batch = {"pixel_values": torch.zeros(2, 3, 4, 16), "target_sizes": torch.tensor([[2, 2]] * 2)}
+    doored = images.doored(Probe("minicpmv4_6"))
+    assert doored(**batch) == doored.generate(**batch) == (1, 3, 4, 32)
+    plain = images.doored(Probe("llava"))
+    assert plain(**batch) == plain.generate(**batch) == (2, 3, 4, 16)
 
 
 def test_hunyuan_vl_splits_by_rows_but_for_its_image_ordinal_counted_over_the_batch():

@@ -6,7 +6,7 @@ built, never models."""
 import itertools
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 transformers = pytest.importorskip("transformers")
 
@@ -47,10 +47,33 @@ def _classes():
 CLASSES = [c for c in _classes() if _planned(c)]
 #: Every (tp, pp, ep, dp) whose degrees multiply to 4.
 LAYOUTS = [d for d in itertools.product((1, 2, 4), repeat=4) if d[0] * d[1] * d[2] * d[3] == 4]
+#: The classes with a part that counts its layers by a per-layer list alone, always tried: NeMo SpeechLM's text
+#: model kept its 52 layers through tiny and fit.
+LISTED = [c for c in CLASSES if c.__name__ in ("Nemotron3_5TranscribeConfig", "NemotronHConfig",
+                                               "NemotronH_Omni_Reasoning_V3_Config")]
+
+
+def _listed_layers(part) -> int | None:
+    """The layer count of a config part that counts its layers by a per-layer list alone (no layer-count key, its
+    `num_hidden_layers` the length of one of its lists), else None."""
+    if fitting.sizes(part).get(fitting.LAYERS):
+        return None
+    count = getattr(part, "num_hidden_layers", None)
+    lists = [v for v in fitting._fields(part).values() if isinstance(v, list)]
+    return count if isinstance(count, int) and any(len(v) == count for v in lists) else None
+
+
+def _always(*classes):
+    def tried(test):
+        for cls in classes:
+            test = example(cls=cls, degrees=(4, 1, 1, 1), itemsize=4)(test)
+        return test
+    return tried
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cls=st.sampled_from(CLASSES), degrees=st.sampled_from(LAYOUTS), itemsize=st.sampled_from([2, 4]))
+@_always(*LISTED)
 def test_fit_reaches_every_nested_config_or_names_the_key_it_cannot_fit(cls, degrees, itemsize):
     tp, pp, ep, dp = degrees
     need = Need(tp=tp, pp=pp, ep=ep, dp=dp, itemsize=itemsize)
@@ -68,6 +91,8 @@ def test_fit_reaches_every_nested_config_or_names_the_key_it_cannot_fit(cls, deg
         return
     for path, part, part_need in fitting.parts(fit.config, need):
         assert fitting.misfits(part, part_need) == [], (path, type(part).__name__)
+        layers = _listed_layers(part)  # the tiny rule's depth (a layer per kind, at most 4), a layer per stage
+        assert layers is None or part_need.pp <= layers <= max(4, part_need.pp), (path, type(part).__name__, layers)
     assert fitting.refusal(fit.config, need) is None
     assert fitting.fit(fit.config, need).changes == []  # a fitted config is a fixed point
 
@@ -76,6 +101,20 @@ def _llava(text_heads=2, **text):
     return transformers.LlavaConfig(text_config={
         **dict(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
                num_attention_heads=text_heads, num_key_value_heads=text_heads), **text})
+
+
+def test_a_per_layer_list_that_counts_the_layers_is_cut_and_lengthened_as_a_layer_count():
+    """NemotronH counts its layers by `layers_block_type` alone: the tiny rule keeps a layer of each kind, a pipeline
+    longer than the list is named by it, and fitting (its part rule: NemotronH has no PP plan in 5.25) lengthens it
+    with every kind kept."""
+    assert tiny_of(transformers.NemotronHConfig).num_hidden_layers == len(set(
+        transformers.NemotronHConfig().layers_block_type))
+    config = transformers.NemotronHConfig(**{**fitting._fields(tiny_of(transformers.NemotronHConfig)),
+                                             "layers_block_type": ["linear_attention", "full_attention"]})
+    assert [(m.key, m.value) for m in fitting.misfits(config, Need(pp=4))] == [("layers_block_type", 2)]
+    fitted, changes = fitting._fit_part(config, Need(pp=4))
+    assert fitted.layers_block_type == ["linear_attention", "full_attention"] * 2 and fitted.num_hidden_layers == 4
+    assert fitting.misfits(fitted, Need(pp=4)) == [] and changes[0].startswith("layers_block_type ")
 
 
 def test_a_text_config_size_a_layout_splits_is_named_by_its_key_path_and_fitted():
