@@ -26,6 +26,7 @@ refuses along the way in its own words (its Trainer's refusal to checkpoint an o
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
 import math
 import os
@@ -137,6 +138,8 @@ class _Roundtrip:
         except Refused as exc:
             part = Part("refused", str(exc))
         except RAISES as exc:  # a part's raise is its failure (a control's bug may raise; DCP's is a BaseException)
+            if not peers_raised_too():
+                raise  # a peer is still inside the library's collective: the case ends here, as a pass's raise does
             part = Part("fail", f"raised {type(exc).__name__}: {exc}")
             typed = Failure(FailureKind.RAISE, CheckId.CHECKPOINT, type(exc.__cause__).__name__, UNTRAINED_STATE_SITE) \
                 if isinstance(exc, UntrainedStateMissing) else Failure.raised(exc, CheckId.CHECKPOINT)
@@ -337,6 +340,26 @@ def _trainer_refusal(model, folder: str) -> str:
         # accelerate's checks, which on CPU refuse a DistributedConfig model first: whichever speaks, in its words.
         return f"(e) transformers' Trainer(save_strategy='steps') refuses this model: {exc}"
     return "(e) transformers' Trainer(save_strategy='steps') accepts this model"
+
+
+#: How long the ranks that raised in a part wait for the rest before taking the raise as theirs alone: ranks that
+#: raise the same library error do so within seconds of each other.
+AGREE_SECONDS = 30.0
+
+
+def peers_raised_too(seconds: float = AGREE_SECONDS) -> bool:
+    """After this rank raised in a part: whether every rank reached this point too (each raised in it), within
+    `seconds`. Where only some ranks raise (MiniCPM5-MoE's reload: three raised in `fully_shard` while the fourth
+    was still making its unit mesh, a collective), going on to the next part's barrier would hang on that peer;
+    False then, and the part's raise ends the case. Only gloo has a barrier that gives up (`monitored_barrier`);
+    elsewhere every rank is taken to have raised, as before."""
+    if dist.get_backend() != "gloo":
+        return True
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=seconds))
+    except RuntimeError:  # a peer did not come: it is elsewhere, inside a collective this rank left
+        return False
+    return True
 
 
 # -- folders and files ----------------------------------------------------------------------------------------

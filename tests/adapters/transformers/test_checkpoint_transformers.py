@@ -3,6 +3,7 @@ layouts), then real gloo worlds: the plain cases' parts, and each checkpoint con
 check of its case as the plain case has it."""
 
 import dataclasses
+import os
 
 import pytest
 from hypothesis import given
@@ -181,3 +182,36 @@ def test_an_optimizer_load_is_typed_as_untrained_state_only_where_every_missing_
     assert _untrained_only(RuntimeError(said), untrained)
     assert not _untrained_only(RuntimeError(said), {"model.post_layernorm.weight"})  # a trained one's state lost
     assert not _untrained_only(RuntimeError("Missing key in checkpoint state_dict: model.x"), untrained)
+
+
+def _agreeing(rank: int, tmp: str) -> None:
+    """Rank 0 raised in a part and asks whether its peer did too: first the peer raised too, then it is elsewhere, as
+    MiniCPM5-MoE's fourth rank was, inside the unit mesh's collective the others had left."""
+    import time
+
+    import torch.distributed as dist
+
+    from paracheck.adapters.transformers.checkpoint import peers_raised_too
+    from tests.gloo_ranks import answer
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 2), rank=rank, world_size=2)
+    both = peers_raised_too(seconds=30)
+    if rank == 0:
+        alone = peers_raised_too(seconds=1)
+    else:
+        time.sleep(2)  # past rank 0's wait, never at its barrier
+        alone = None
+    answer(tmp, rank, [both, alone])
+    dist.destroy_process_group()
+
+
+def test_a_part_raised_on_some_ranks_only_ends_the_case_instead_of_hanging(tmp_path):
+    """A checkpoint part's raise is that part's failure only where every rank raised it; where a peer did not come
+    to the agreement, `peers_raised_too` says so within its wait, and the part re-raises (the case ends as a pass's
+    raise does) instead of going on to a barrier the peer never reaches: the sweep's minicpm5_moe dpr4 hung there."""
+    from paracheck.rank.forked import fork_ranks
+    from tests.gloo_ranks import answers
+
+    fork_ranks(_agreeing, (str(tmp_path),), 2, timeout=60)
+    assert answers(str(tmp_path), 2) == [[True, False], [True, None]]
