@@ -324,8 +324,8 @@ def _resize_layer_lists(values: dict, old: int, new: int, changes: dict) -> None
     """`_fit_layer_lists` from `old` layers to `new`: each list of `old` entries, each dict keyed by layer index."""
     for key, value in values.items():
         value = changes.get(key, value)
-        if key.endswith(("_token_id", "_token_ids")):  # a list of token ids is not one entry per layer
-            continue
+        if key.endswith(("_token_id", "_token_ids")) or key in ("id2label", "label2id"):
+            continue  # a list of token ids is not one entry per layer, nor are the labels keyed by class index
         if isinstance(value, list) and len(value) == old and old > 0:
             changes[key] = per_layer(value, new)
         elif isinstance(value, dict) and value and all(str(k).isdigit() for k in value) and new < old:

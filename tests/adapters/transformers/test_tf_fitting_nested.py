@@ -237,12 +237,15 @@ def test_a_plan_of_its_own_reaches_a_sub_config_under_a_parent_without_one():
 def test_a_towers_depth_by_another_name_is_cut_and_its_index_lists_keep_each_kind_of_layer():
     """Qwen2.5-VL's vision tower (`depth` 32, full attention at blocks 7, 15, 23, 31, windowed elsewhere) is cut to a
     windowed block and a full-attention one; Qwen3-VL's (`depth` 27, deepstack taps at 8, 16, 24) to a plain block
-    and a tapped one, with one deepstack merger; Qwen2-Audio's encoder (`encoder_layers` 32) to 2."""
+    and a tapped one, with one deepstack merger; Qwen2-Audio's encoder (`encoder_layers` 32) to 2, Bart's two halves
+    to 2 each."""
     qwen25 = tiny_of(transformers.Qwen2_5_VLConfig).vision_config
     assert (qwen25.depth, qwen25.fullatt_block_indexes) == (2, [1])
     qwen3 = tiny_of(transformers.Qwen3VLConfig).vision_config
     assert (qwen3.depth, qwen3.deepstack_visual_indexes) == (2, [1])
     assert tiny_of(transformers.Qwen2AudioConfig).audio_config.encoder_layers == 2
+    bart = tiny_of(transformers.BartConfig)  # its 3 labels are keyed by class index, not by layer: all kept
+    assert (bart.encoder_layers, bart.decoder_layers, len(bart.id2label)) == (2, 2, 3)
 
 
 @settings(max_examples=40, deadline=None)
