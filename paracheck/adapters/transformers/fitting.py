@@ -374,7 +374,8 @@ def _fit_tied(values: dict, changes: dict) -> None:
 
 def tiny(config_class, **overrides):
     """`config_class`'s defaults shrunk to a tiny model: hidden 64, 2 query and key/value heads of 16, widths
-    32, 4 experts (2 per token), vocabulary 128, 2 layers, 64 positions. Sizes the class does not have are
+    32, 4 experts (2 per token), vocabulary 128, 2 layers (a layer of each kind, at most 4, whatever key counts
+    them, `depth` or `encoder_layers` too: `_cut_depth`), 64 positions. Sizes the class does not have are
     left out; what the class derives from them, it derives itself. Nested sub-configs (a multimodal family's
     vision or audio encoder, a vision-language model's text config), at any depth, are shrunk by the same rule:
     the model builds them whole even for text inputs."""
