@@ -324,8 +324,8 @@ def _resize_layer_lists(values: dict, old: int, new: int, changes: dict) -> None
     """`_fit_layer_lists` from `old` layers to `new`: each list of `old` entries, each dict keyed by layer index."""
     for key, value in values.items():
         value = changes.get(key, value)
-        if key.endswith(("_token_id", "_token_ids")):  # a list of token ids is not one entry per layer
-            continue
+        if key.endswith(("_token_id", "_token_ids")) or key in ("id2label", "label2id"):
+            continue  # a list of token ids is not one entry per layer, nor are the labels keyed by class index
         if isinstance(value, list) and len(value) == old and old > 0:
             changes[key] = per_layer(value, new)
         elif isinstance(value, dict) and value and all(str(k).isdigit() for k in value) and new < old:
@@ -372,16 +372,10 @@ def _fit_tied(values: dict, changes: dict) -> None:
             changes["mamba_d_head"] = inner // merged["mamba_n_heads"]
 
 
-def _lengthened(defaults: dict, found: dict, values: dict) -> dict:
-    """`values` with the per-layer lists of `defaults` cut or repeated to `values`' layer count."""
-    out = dict(values)
-    _fit_layer_lists(defaults, found, out)
-    return out
-
-
 def tiny(config_class, **overrides):
     """`config_class`'s defaults shrunk to a tiny model: hidden 64, 2 query and key/value heads of 16, widths
-    32, 4 experts (2 per token), vocabulary 128, 2 layers, 64 positions. Sizes the class does not have are
+    32, 4 experts (2 per token), vocabulary 128, 2 layers (a layer of each kind, at most 4, whatever key counts
+    them, `depth` or `encoder_layers` too: `_cut_depth`), 64 positions. Sizes the class does not have are
     left out; what the class derives from them, it derives itself. Nested sub-configs (a multimodal family's
     vision or audio encoder, a vision-language model's text config), at any depth, are shrunk by the same rule:
     the model builds them whole even for text inputs."""
@@ -490,8 +484,6 @@ def _shrunk(default) -> dict:
             # ones): kept beside the 4 routed ones, or nearly every token would route to them and leave the routed
             # experts without a gradient on some ranks.
             values[key] = small[EXPERTS]
-        elif key == "num_blocks" and value > small[LAYERS]:  # an encoder's layer count by another name (phi4 audio)
-            values[key] = small[LAYERS]
         elif "channel" in key and value == defaults.get(hidden) and hidden in values:
             # A convolution's channels that the defaults make as wide as the hidden state: they stay as wide.
             values[key] = values[hidden]
@@ -507,17 +499,10 @@ def _shrunk(default) -> dict:
             values[key] = small_value
     layers_key = next(iter(found.get(LAYERS, [])), None)
     listed = _layer_list(default, found)
-    old = defaults[layers_key] if layers_key else len(defaults[listed]) if listed else 0
-    if old:
-        # A layer of each kind the per-layer lists name (at most 4), at least the tiny count.
-        kinds = max([len(set(v)) for v in defaults.values() if isinstance(v, list) and _hashable(v)
-                     and len(v) == old] + [2])
-        new = min(old, max(small[LAYERS], min(kinds, 4)))
-        if layers_key:
-            values[layers_key] = new
-            values = _lengthened(defaults, found, values)
-        else:
-            _resize_layer_lists(defaults, old, new, values)
+    depths = [(layers_key, defaults[layers_key])] if layers_key else [(None, len(defaults[listed]))] if listed else []
+    depths += [(k, v) for k, v in defaults.items() if _OTHER_DEPTHS.match(k) and _is_int(v) and v > small[LAYERS]]
+    for key, old in depths:
+        _cut_depth(defaults, key, old, values, small[LAYERS])
     _fit_tied(defaults, values)
     for key, value in defaults.items():
         if key.endswith("_token_id") and _is_int(value) and value >= values.get(VOCAB_KEY, value + 1):
@@ -533,6 +518,45 @@ def _shrunk(default) -> dict:
     if "tie_word_embeddings" in defaults:
         values["tie_word_embeddings"] = False
     return {**defaults, **values}
+
+
+#: Layer counts by other names, which the tiny rule cuts as it cuts `LAYERS` (no plan splits them by pp): a vision
+#: tower's `depth` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, Ernie 4.5 VL), an audio encoder's `encoder_layers`
+#: (Qwen2-Audio, Qwen2.5-Omni, Qwen3-ASR), Inkling's vision `n_layers`, Gemma3n's audio `conf_num_hidden_layers`,
+#: phi4 audio's `num_blocks`; an encoder-decoder's `encoder_layers` and `decoder_layers`.
+_OTHER_DEPTHS = re.compile(r"^(?:depth|n_layers|num_blocks|encoder_layers|decoder_layers|conf_num_hidden_layers)$")
+#: Lists naming some layers of a stack by index (Qwen2.5-VL's `fullatt_block_indexes`, full-attention blocks among
+#: windowed ones; Qwen3-VL's `deepstack_visual_indexes`, the blocks a deepstack merger taps; SAM's
+#: `global_attn_indexes`; Mllama's `intermediate_layers_indices`). A backbone's `out_indices` name its stages,
+#: counted from the embeddings, not its layers: left as they are.
+_LAYER_INDEXES = re.compile(r"^(?!\w*out_ind)\w+_ind(?:exes|ices)$")
+
+
+def _cut_depth(defaults: dict, key: str | None, old: int, values: dict, small: int) -> None:
+    """A layer count (`key`; None where a per-layer list alone counts the layers) cut from `old` to a layer of each
+    kind its per-layer lists and index lists name (at most 4), at least `small`; its per-layer lists cut with it
+    (`per_layer`: every kind first), and its index lists remapped to the cut stack (`_layer_kinds`)."""
+    indexed, kinds = _layer_kinds(defaults, old)
+    count = max([len(set(v)) for v in defaults.values() if isinstance(v, list) and _hashable(v)
+                 and len(v) == old] + [len(set(kinds)), small])
+    new = min(old, max(small, min(count, 4)))
+    if key:
+        values[key] = new
+    _resize_layer_lists(defaults, old, new, values)
+    cut = per_layer(kinds, new)
+    for bit, name in enumerate(indexed):
+        # Each index list keeps its kind of layer once (the blocks it names keep their place among the others: a
+        # full-attention block after a windowed one), so one deepstack tap, one merger: the text model adds the
+        # i-th merger's output to its i-th layer, and more taps than text layers would leave mergers unused.
+        values[name] = [i for i, kind in enumerate(cut) if kind >> bit & 1]
+
+
+def _layer_kinds(defaults: dict, old: int) -> tuple[list[str], list[int]]:
+    """The index lists over a stack of `old` layers (`_LAYER_INDEXES`: distinct indexes, each below `old`), and each
+    layer's kind: a bit for each list naming it."""
+    indexed = [k for k, v in defaults.items() if _LAYER_INDEXES.match(k) and isinstance(v, list) and v
+               and all(_is_int(i) and 0 <= i < old for i in v) and len(set(v)) == len(v)]
+    return indexed, [sum(1 << bit for bit, k in enumerate(indexed) if i in defaults[k]) for i in range(old)]
 
 
 def _keep_derived(defaults: dict, values: dict) -> None:

@@ -4,6 +4,7 @@ seq2seq and speech auto mappings register whose default config or `text_config` 
 built, never models."""
 
 import itertools
+import re
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
@@ -51,6 +52,20 @@ LAYOUTS = [d for d in itertools.product((1, 2, 4), repeat=4) if d[0] * d[1] * d[
 #: model kept its 52 layers through tiny and fit.
 LISTED = [c for c in CLASSES if c.__name__ in ("Nemotron3_5TranscribeConfig", "NemotronHConfig",
                                                "NemotronH_Omni_Reasoning_V3_Config")]
+#: Classes whose vision or audio tower counts its layers by another name (`depth`, `encoder_layers`) and indexes
+#: some of them (`fullatt_block_indexes`, `deepstack_visual_indexes`), always tried: they kept 24 to 32 layers.
+DEEP = [c for c in CLASSES if c.__name__ in ("Qwen2_5_VLConfig", "Qwen3VLConfig", "Glm4vConfig", "Qwen2AudioConfig")]
+
+
+#: Every key the config classes of the seven mappings count a stack's layers by (measured over their tiny configs on
+#: transformers 5.25.0: any int key naming layers, blocks or depth, less thresholds and group sizes).
+_DEPTH = re.compile(r"^(?:num_hidden_layers|n_layer|num_layers|depth|n_layers|num_blocks|encoder_layers|decoder_layers"
+                    r"|conf_num_hidden_layers)$")
+
+
+def _depths(part) -> dict[str, int]:
+    """Every layer count of a config part, by its key."""
+    return {k: v for k, v in fitting._fields(part).items() if _DEPTH.match(k) and fitting._is_int(v)}
 
 
 def _listed_layers(part) -> int | None:
@@ -73,7 +88,7 @@ def _always(*classes):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cls=st.sampled_from(CLASSES), degrees=st.sampled_from(LAYOUTS), itemsize=st.sampled_from([2, 4]))
-@_always(*LISTED)
+@_always(*LISTED, *DEEP)
 def test_fit_reaches_every_nested_config_or_names_the_key_it_cannot_fit(cls, degrees, itemsize):
     tp, pp, ep, dp = degrees
     need = Need(tp=tp, pp=pp, ep=ep, dp=dp, itemsize=itemsize)
@@ -93,6 +108,8 @@ def test_fit_reaches_every_nested_config_or_names_the_key_it_cannot_fit(cls, deg
         assert fitting.misfits(part, part_need) == [], (path, type(part).__name__)
         layers = _listed_layers(part)  # the tiny rule's depth (a layer per kind, at most 4), a layer per stage
         assert layers is None or part_need.pp <= layers <= max(4, part_need.pp), (path, type(part).__name__, layers)
+        deep = {k: v for k, v in _depths(part).items() if v > max(4, part_need.pp)}
+        assert not deep, (path, type(part).__name__, deep)  # no tower left at full depth, by any name
     assert fitting.refusal(fit.config, need) is None
     assert fitting.fit(fit.config, need).changes == []  # a fitted config is a fixed point
 
@@ -215,3 +232,34 @@ def test_a_plan_of_its_own_reaches_a_sub_config_under_a_parent_without_one():
     assert any(m.key.startswith("encoder.text_config.") for m in fitting.misfits(config, Need(tp=4)))
     text = fitting.fit(config, Need(tp=4)).config.encoder.text_config
     assert text.num_attention_heads % 4 == 0 and text.num_key_value_heads % 4 == 0
+
+
+def test_a_towers_depth_by_another_name_is_cut_and_its_index_lists_keep_each_kind_of_layer():
+    """Qwen2.5-VL's vision tower (`depth` 32, full attention at blocks 7, 15, 23, 31, windowed elsewhere) is cut to a
+    windowed block and a full-attention one; Qwen3-VL's (`depth` 27, deepstack taps at 8, 16, 24) to a plain block
+    and a tapped one, with one deepstack merger; Qwen2-Audio's encoder (`encoder_layers` 32) to 2, Bart's two halves
+    to 2 each."""
+    qwen25 = tiny_of(transformers.Qwen2_5_VLConfig).vision_config
+    assert (qwen25.depth, qwen25.fullatt_block_indexes) == (2, [1])
+    qwen3 = tiny_of(transformers.Qwen3VLConfig).vision_config
+    assert (qwen3.depth, qwen3.deepstack_visual_indexes) == (2, [1])
+    assert tiny_of(transformers.Qwen2AudioConfig).audio_config.encoder_layers == 2
+    bart = tiny_of(transformers.BartConfig)  # its 3 labels are keyed by class index, not by layer: all kept
+    assert (bart.encoder_layers, bart.decoder_layers, len(bart.id2label)) == (2, 2, 3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(old=st.integers(2, 40), data=st.data())
+def test_index_lists_over_a_cut_stack_stay_distinct_below_its_depth_and_keep_each_kind(old, data):
+    indexes = st.lists(st.integers(0, old - 1), min_size=1, max_size=old, unique=True).map(sorted)
+    lists = {"fullatt_block_indexes": data.draw(indexes), "deepstack_visual_indexes": data.draw(indexes)}
+    defaults = {"depth": old, "out_indices": [0], **lists}
+    values = {}
+    fitting._cut_depth(defaults, "depth", old, values, 2)
+    new = values["depth"]
+    assert 2 <= new <= min(old, 4) and "out_indices" not in values  # a backbone's stages are not its layers
+    before = {tuple(i in v for v in lists.values()) for i in range(old)}
+    after = {tuple(i in values[k] for k in lists) for i in range(new)}
+    assert after == before  # each kind of layer kept (two lists make 4 kinds at most)
+    for key in lists:
+        assert values[key] == sorted(set(values[key])) and all(0 <= i < new for i in values[key]), (key, values)
