@@ -115,6 +115,7 @@ class _Roundtrip:
         self.parts: dict[str, Part] = {}
         self.notes: list[str] = []
         self.failure: Failure | None = None
+        agreement_group()  # every rank, before any part may raise
 
     def run(self) -> CheckResult:
         # A steps pass before this one may have moved the parallel model on; then save a fresh load of it.
@@ -135,19 +136,21 @@ class _Roundtrip:
         started = time.perf_counter()
         try:
             part = step()
-        except Refused as exc:
-            part = Part("refused", str(exc))
         except RAISES as exc:  # a part's raise is its failure (a control's bug may raise; DCP's is a BaseException)
             if not peers_raised_too():
                 raise  # a peer is still inside the library's collective: the case ends here, as a pass's raise does
-            part = Part("fail", f"raised {type(exc).__name__}: {exc}")
-            typed = Failure(FailureKind.RAISE, CheckId.CHECKPOINT, type(exc.__cause__).__name__, UNTRAINED_STATE_SITE) \
-                if isinstance(exc, UntrainedStateMissing) else Failure.raised(exc, CheckId.CHECKPOINT)
-            self.failure = self.failure or typed
+            part = Part("refused", str(exc)) if isinstance(exc, Refused) else self._raised(exc)
         part.seconds = round(time.perf_counter() - started, 3)
         self.parts[name] = part
         gc.collect()
         return part.status == "pass"
+
+    def _raised(self, exc: BaseException) -> Part:
+        """A part's raise as its failure, the case's typed by the first."""
+        typed = Failure(FailureKind.RAISE, CheckId.CHECKPOINT, type(exc.__cause__).__name__, UNTRAINED_STATE_SITE) \
+            if isinstance(exc, UntrainedStateMissing) else Failure.raised(exc, CheckId.CHECKPOINT)
+        self.failure = self.failure or typed
+        return Part("fail", f"raised {type(exc).__name__}: {exc}")
 
     # -- the parts ------------------------------------------------------------------------------------------
 
@@ -347,16 +350,32 @@ def _trainer_refusal(model, folder: str) -> str:
 AGREE_SECONDS = 30.0
 
 
+_AGREEMENT: dict = {}
+
+
+def agreement_group():
+    """A plain gloo group over the world, made once per world (on every rank at once, as group making is a
+    collective): `monitored_barrier` takes no other, and the kit's gloo worlds name their device ("cpu:gloo").
+    None where the world is no gloo one."""
+    world = dist.group.WORLD
+    if world not in _AGREEMENT:
+        _AGREEMENT.clear()  # a world made anew in this process: the old one's group went with it
+        _AGREEMENT[world] = dist.new_group(backend="gloo") if "gloo" in str(dist.get_backend()) else None
+    return _AGREEMENT[world]
+
+
 def peers_raised_too(seconds: float = AGREE_SECONDS) -> bool:
-    """After this rank raised in a part: whether every rank reached this point too (each raised in it), within
-    `seconds`. Where only some ranks raise (MiniCPM5-MoE's reload: three raised in `fully_shard` while the fourth
-    was still making its unit mesh, a collective), going on to the next part's barrier would hang on that peer;
-    False then, and the part's raise ends the case. Only gloo has a barrier that gives up (`monitored_barrier`);
-    elsewhere every rank is taken to have raised, as before."""
-    if dist.get_backend() != "gloo":
+    """After this rank raised in a part (a refusal too): whether every rank reached this point (each raised in it),
+    within `seconds`. Where only some ranks raise (MiniCPM5-MoE's reload on tp2xfsdp2xep2: three ranks' loads
+    raised, which the kit reads as transformers refusing the layout, while the fourth was still making its unit
+    mesh, a collective), going on to the next part's barrier hangs on that peer; False then, and the part's raise
+    ends the case. Only gloo has a barrier that gives up (`monitored_barrier`);
+    elsewhere (no `agreement_group`) every rank is taken to have raised, as before."""
+    group = _AGREEMENT.get(dist.group.WORLD)
+    if group is None:
         return True
     try:
-        dist.monitored_barrier(timeout=datetime.timedelta(seconds=seconds))
+        dist.monitored_barrier(group, timeout=datetime.timedelta(seconds=seconds))
     except RuntimeError:  # a peer did not come: it is elsewhere, inside a collective this rank left
         return False
     return True

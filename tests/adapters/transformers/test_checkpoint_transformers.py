@@ -191,11 +191,12 @@ def _agreeing(rank: int, tmp: str) -> None:
 
     import torch.distributed as dist
 
-    from paracheck.adapters.transformers.checkpoint import peers_raised_too
+    from paracheck.adapters.transformers.checkpoint import agreement_group, peers_raised_too
     from tests.gloo_ranks import answer
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 2), rank=rank, world_size=2)
+    dist.init_process_group("cpu:gloo", store=dist.FileStore(os.path.join(tmp, "store"), 2), rank=rank, world_size=2)
+    agreement_group()  # as a roundtrip makes it, on every rank (the kit's worlds are "cpu:gloo")
     both = peers_raised_too(seconds=30)
     if rank == 0:
         alone = peers_raised_too(seconds=1)
