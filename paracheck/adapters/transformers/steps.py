@@ -98,6 +98,10 @@ def arguments(folder: str, rows: int, steps: int, use_cpu: bool):
                              warmup_steps=0, weight_decay=WEIGHT_DECAY, adam_epsilon=ADAM_EPSILON,
                              max_grad_norm=MAX_GRAD_NORM, optim="adamw_torch", train_sampling_strategy="sequential", logging_strategy="steps",
                              logging_steps=1, save_strategy="no", report_to=[], use_cpu=use_cpu,
+                             # the kit's batches label under "labels" alone; the Trainer's own guess reads every
+                             # forward argument named *labels (Granite Docling's optional `router_labels` too) and
+                             # computes no evaluation loss where one of them is absent
+                             label_names=["labels"],
                              dataloader_num_workers=0, disable_tqdm=True, seed=0)
 
 
