@@ -226,6 +226,11 @@ def skip(reason: str) -> list[CheckResult]:
 def run(body) -> list[CheckResult]:
     """The pass for one case (`body`: the adapter's `_Body` after its checks): the Trainer's steps on the parallel
     model and on a fresh single-process load, compared at the case's tolerance."""
+    sampled = _samples_in_training(body.ref, body.batch)
+    if sampled:  # decided alike on every rank: the same model, batch and seeds
+        return skip(f"the model's training forward draws random numbers (its train-mode logits under two seeds part "
+                    f"by {sampled:.2e}; PhiMoE's sparsemixer samples its routing): no parallel step can repeat one "
+                    "process's draws")
     mismatch = _broadcast_mismatch(body.model)
     if mismatch:
         return [CheckResult(CheckId.STEPS, Status.FAIL, mismatch, failure=Failure(FailureKind.CHECK, CheckId.STEPS,
@@ -239,6 +244,24 @@ def run(body) -> list[CheckResult]:
     outcome, raised = body.ctx.attempt(lambda: _train_parallel(body, data, rows, trainer_class), CheckId.STEPS)
     actual, stand_in = outcome if raised is None else (None, None)
     return [_judged(body, actual, raised, expected, stand_in)]
+
+
+def _samples_in_training(ref, batch: dict) -> float:
+    """How far the single-process model's train-mode logits on `batch` move between two random seeds: 0.0 where its
+    training forward draws nothing (the kit's configs turn every dropout off), as parity.steps needs."""
+    was = ref.training
+    outs = []
+    try:
+        ref.train()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            for seed in (1, 2):
+                torch.manual_seed(seed)
+                outs.append(ref(**inputs.without_labels(batch), use_cache=False).logits.float())
+    except Exception:  # a train-mode forward that raises here raises in the steps too, where it is reported
+        return 0.0
+    finally:
+        ref.train(was)
+    return float((outs[0] - outs[1]).abs().max())
 
 
 def _drawer(body):

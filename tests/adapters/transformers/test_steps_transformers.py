@@ -245,3 +245,22 @@ def test_the_mean_loss_cause_is_read_from_generic_heads_and_from_heads_with_thei
     if cls is None:
         pytest.skip(f"this transformers has no {name}")
     assert steps._mean_loss_head(object.__new__(cls)) is cause
+
+
+def test_a_model_whose_training_forward_samples_is_refused_its_steps_by_measure():
+    """PhiMoE's sparsemixer samples its routing in train mode (the sweep's phimoe dpr4, fsdp4 and fsdp4xep2 parted
+    at step 1 by 1.1e-2 on the embedding): two seeds move its train-mode logits, so `run` skips the steps saying so;
+    a model that draws nothing in train mode (dropout off, as the kit's configs are) moves by exactly 0."""
+    import torch
+    import transformers
+
+    from paracheck.adapters.transformers import fitting, tasks
+
+    batch = inputs.global_batch("base", 1, 128, seed=0)
+    for config_class, samples in ((transformers.PhimoeConfig, True), (transformers.LlamaConfig, False)):
+        config = tasks.prepared(fitting.tiny(config_class), tasks.CAUSAL_LM)
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        moved = steps._samples_in_training(model, batch)
+        assert (moved > 0) is samples, (config_class.__name__, moved)
+        assert not model.training  # its mode is given back
