@@ -80,6 +80,24 @@ def test_a_pipelines_drift_control_is_planted_on_its_one_rank_in_one_process_as_
     assert steps[0]["over"] < 1  # step 1 exact: the drift starts at the second step
 
 
+
+@pytest.mark.slow
+def test_a_pipelines_guidance_split_control_deals_each_rank_its_sample_in_one_process_as_on_gloo(tmp_path):
+    """`guidance-batch-split` deals the doubled guidance batch over the CP ranks, each taking sample `index % batch`:
+    a slice by this rank's Python index was a RankDependent skip in a local world (`pipelines/controls.py:167`,
+    ltx-pipeline and ltx2-pipeline, session 22), where gloo runs it. Now a per-rank index tensor: detected, as on gloo
+    (tests/adapters/diffusers/test_pipelines.py), from step 1, at gloo's max_abs."""
+    run = run_paracheck(["--local-world", "2", "--models", "ltx-pipeline", "--layouts", "r2", "--controls",
+                         "--only-control", "guidance-batch-split", "--quiet"], tmp_path)
+    assert run.code == 0, run.out
+    case = run.case("ltx-pipeline", "r2", "guidance-batch-split")
+    assert case["status"] == "detected", case["reason"]
+    pipeline = next(c for c in case["checks"] if c["id"] == "parity.pipeline")
+    assert pipeline["failed_ranks"] == [0, 1]
+    assert abs(pipeline["max_abs"] - 0.3537031) < 1e-6  # gloo's, --nproc 2 (session 22)
+    assert pipeline["data"]["per_rank"]["0"]["steps"][0]["over"] > 1  # wrong from the first step, as on gloo
+
+
 @pytest.mark.slow  # no launch, but a 8-rank case's compute (about 30 s wall at load 11): kept out of the fast tier
 def test_the_collapsed_cp_index_control_is_detected_on_eight_ranks_and_names_ranks_2_to_5(tmp_path):
     """`cp-collapsed-shard-index` applies to no 4-rank layout (it is each rank's own shard there,

@@ -152,9 +152,13 @@ def _guidance_batch_split(model, applied, _):
     import torch.distributed as dist
 
     from paracheck.adapters.diffusers.checks import cp_process_group
+    from paracheck.world.localworld import group_members, per_rank_tensors
 
     group = cp_process_group(applied)
-    index, size = dist.get_rank(group), dist.get_world_size(group)
+    size = dist.get_world_size(group)
+    # this rank's place in its CP group as a tensor: in a local world each rank's at once, where a Python int of
+    # this rank's would be one for all of them (a slice by it raised RankDependent)
+    index = per_rank_tensors(lambda rank: torch.tensor([group_members(group, rank).index(rank)]))
     state = {"batch": 1}
 
     def deal(module, args, kwargs):
@@ -164,7 +168,7 @@ def _guidance_batch_split(model, applied, _):
         if batch < 2:
             return None
         mine = index % batch
-        take = lambda t: t[mine:mine + 1] if t.dim() and t.shape[0] == batch else t  # noqa: E731
+        take = lambda t: t.index_select(0, mine.to(t.device)) if t.dim() and t.shape[0] == batch else t  # noqa: E731
         return (tuple(_tensors_mapped(a, take) for a in args),
                 {k: _tensors_mapped(v, take) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
 
