@@ -80,6 +80,37 @@ def test_a_pipelines_drift_control_is_planted_on_its_one_rank_in_one_process_as_
     assert steps[0]["over"] < 1  # step 1 exact: the drift starts at the second step
 
 
+
+@pytest.mark.slow
+def test_a_pipelines_per_rank_choices_run_in_one_process_as_on_gloo(tmp_path):
+    """Three per-rank choices of the pipeline cases, each a Python value of this rank's that one process cannot hold
+    for every rank (session 22, ltx-pipeline and ltx2-pipeline): `guidance-batch-split` sliced sample `index % batch`
+    by this rank's CP index (RankDependent at `pipelines/controls.py:167`: counted a local world's limit where gloo
+    ran it); the first-block cache's guard (`pipelines/agree.py`) read each rank's change ratio as one float, as
+    diffusers' own decision does (`.item()`: an AssertionError inside torch's LocalTensorMode, the plain
+    first-block-cache case an `error` here, a pass on gloo); `cache-local-key` chose reuse by a float of its ratio.
+    Now the index and the reuse are per-rank tensors and the guard decides once per rank: every case as on gloo
+    (`--nproc 2`, session 22), at gloo's figures."""
+    run = run_paracheck(["--local-world", "2", "--models", "ltx-pipeline", "--layouts", "r2", "--variants",
+                         "first-block-cache", "--controls", "--quiet"], tmp_path)
+    assert run.code == 0, run.out
+
+    def pipeline(variant, control=None):
+        case = run.case("ltx-pipeline", "r2", control, variant=variant)
+        return case, next(c for c in case["checks"] if c["id"] == "parity.pipeline")
+
+    case, check = pipeline("base", "guidance-batch-split")
+    assert case["status"] == "detected", case["reason"]
+    assert check["failed_ranks"] == [0, 1] and abs(check["max_abs"] - 0.3537031) < 1e-6
+    assert check["data"]["per_rank"]["0"]["steps"][0]["over"] > 1  # wrong from the first step, as on gloo
+    case, check = pipeline("first-block-cache")
+    assert case["status"] == "pass", case["reason"]
+    assert check["max_abs"] < 1e-6  # 7.15e-7, gloo's
+    case, check = pipeline("first-block-cache", "cache-local-key")
+    assert case["status"] == "detected", case["reason"]
+    assert check["failed_ranks"] == [0, 1] and abs(check["max_abs"] - 0.0820636) < 1e-6
+
+
 @pytest.mark.slow  # no launch, but a 8-rank case's compute (about 30 s wall at load 11): kept out of the fast tier
 def test_the_collapsed_cp_index_control_is_detected_on_eight_ranks_and_names_ranks_2_to_5(tmp_path):
     """`cp-collapsed-shard-index` applies to no 4-rank layout (it is each rank's own shard there,

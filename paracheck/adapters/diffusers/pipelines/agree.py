@@ -38,26 +38,33 @@ def guard(pipe, group) -> bool:
     import torch.distributed as dist
 
     from paracheck.adapters.diffusers import library
+    from paracheck.world.regions import once_per_rank
 
     if group is None or dist.get_world_size(group) < 2:
         return False
     head, _, _ = library.first_block_cache_hooks(pipe.transformer)
     own = head._should_compute_remaining_blocks
-    ranks = dist.get_process_group_ranks(group)
     calls = [0]
 
-    def agreed(residual):
+    def decide(residual, call: int) -> bool:
         previous = head.state_manager.get_state().head_block_residual
         decided = own(residual)
-        calls[0] += 1
         ratio = math.nan if previous is None else float(library.fbc_change_ratio(residual, previous))
         mine = torch.tensor([float(decided), ratio], device=residual.device)
+        ranks = dist.get_process_group_ranks(group)
         every = [mine.clone() for _ in ranks]
         dist.all_gather(every, mine, group=group)
         flags = [bool(t[0]) for t in every]
         if len(set(flags)) > 1:
-            raise Diverged(_said(head, calls[0], ranks, flags, [float(t[1]) for t in every]))
+            raise Diverged(_said(head, call, ranks, flags, [float(t[1]) for t in every]))
         return decided
+
+    def agreed(residual):
+        calls[0] += 1
+        # Each rank decides on its own shard, then the ranks compare: in a local world once per rank (the ratio,
+        # a Python float in diffusers' decision and here, is each rank's own; one for all of them raised inside
+        # torch's LocalTensorMode), as N processes do; elsewhere once. The decision returned is the ranks' common one.
+        return once_per_rank(lambda: decide(residual, calls[0]))
 
     head._should_compute_remaining_blocks = agreed
     return True

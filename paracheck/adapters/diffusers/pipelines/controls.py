@@ -152,9 +152,13 @@ def _guidance_batch_split(model, applied, _):
     import torch.distributed as dist
 
     from paracheck.adapters.diffusers.checks import cp_process_group
+    from paracheck.world.localworld import group_members, per_rank_tensors
 
     group = cp_process_group(applied)
-    index, size = dist.get_rank(group), dist.get_world_size(group)
+    size = dist.get_world_size(group)
+    # this rank's place in its CP group as a tensor: in a local world each rank's at once, where a Python int of
+    # this rank's would be one for all of them (a slice by it raised RankDependent)
+    index = per_rank_tensors(lambda rank: torch.tensor([group_members(group, rank).index(rank)]))
     state = {"batch": 1}
 
     def deal(module, args, kwargs):
@@ -164,7 +168,7 @@ def _guidance_batch_split(model, applied, _):
         if batch < 2:
             return None
         mine = index % batch
-        take = lambda t: t[mine:mine + 1] if t.dim() and t.shape[0] == batch else t  # noqa: E731
+        take = lambda t: t.index_select(0, mine.to(t.device)) if t.dim() and t.shape[0] == batch else t  # noqa: E731
         return (tuple(_tensors_mapped(a, take) for a in args),
                 {k: _tensors_mapped(v, take) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
 
@@ -220,14 +224,17 @@ def _local_decision(head, group, mine: dict):
     def decide(residual):
         shared = head.state_manager.get_state()
         previous = shared.head_block_residual
-        mine["reuse"], mine["tail"] = False, shared.tail_block_residuals
+        mine["reuse"], mine["tail"] = None, shared.tail_block_residuals
         if previous is None or shared.tail_block_residuals is None:
             return True
         ratio = library.fbc_change_ratio(residual, previous).reshape(1).float()
         ratios = [torch.empty_like(ratio) for _ in range(dist.get_world_size(group))]
         dist.all_gather(ratios, ratio, group=group)
-        low, high = float(min(ratios)), float(max(ratios))
-        mine["reuse"] = low < high and float(ratio) <= (low + high) / 2
+        every = torch.cat(ratios)
+        low, high = every.min(), every.max()
+        # this rank's choice as a 0-d bool tensor, not a Python bool: in a local world each rank's at once (a float
+        # of this rank's ratio is one Python value for all of them)
+        mine["reuse"] = ((low < high) & (ratio[0] <= (low + high) / 2))
         return True
     return decide
 
@@ -237,16 +244,22 @@ def _reuse_when_decided(head, tail_hook, mine: dict):
     the cached tail residuals, as diffusers' cache would return without running the blocks."""
 
     def reuse(module, args, output):
-        if not mine["reuse"]:
+        import torch
+
+        if mine["reuse"] is None:
             return output
         head_output = head.state_manager.get_state().head_block_output
+        # where this rank reuses, the cached sum; else its own output (torch.where: either exactly)
+        pick = lambda cached, own: torch.where(mine["reuse"], cached, own)  # noqa: E731
         if not isinstance(output, tuple):
-            return head_output + mine["tail"][0]
+            return pick(head_output + mine["tail"][0], output)
         out = list(output)
         meta = tail_hook._metadata
-        out[meta.return_hidden_states_index] = head_output[0] + mine["tail"][0]
+        i = meta.return_hidden_states_index
+        out[i] = pick(head_output[0] + mine["tail"][0], out[i])
         if meta.return_encoder_hidden_states_index is not None:
-            out[meta.return_encoder_hidden_states_index] = head_output[1] + mine["tail"][1]
+            j = meta.return_encoder_hidden_states_index
+            out[j] = pick(head_output[1] + mine["tail"][1], out[j])
         return tuple(out)
     return reuse
 
