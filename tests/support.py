@@ -176,11 +176,12 @@ def marked(mark: str) -> dict[int, str]:
     return found
 
 
-def script(name: str):
-    """scripts/NAME.py loaded as a module (the scripts are not a package), for tests of their pure parts."""
+def script(name: str, folder: str = "scripts"):
+    """FOLDER/NAME.py of the repository (scripts/, benchmarks/, examples/: no packages) loaded as a module, for
+    tests of their pure parts."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", f"{name}.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), folder, f"{name}.py")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

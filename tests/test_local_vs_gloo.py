@@ -2,16 +2,11 @@
 rank's value is the kit's bug, a disagreement (a planter slicing by the rank hid as a limit, session 22); one
 inside torch or the library stays the local world's named limit."""
 
-import importlib.util
-import os
+from tests.support import script
 
 
 def _compare():
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "local_vs_gloo.py")
-    spec = importlib.util.spec_from_file_location("local_vs_gloo", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("local_vs_gloo", "benchmarks")
 
 
 def test_a_skip_at_the_kits_own_line_is_a_disagreement_one_inside_torch_a_limit():
