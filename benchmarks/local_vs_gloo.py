@@ -34,7 +34,7 @@ def kits_own(reason: str) -> bool:
     outside torch is paracheck's and no line of torch's own needed it (a planter slicing by `dist.get_rank()`); a
     need inside torch (FSDP2's chunk pick, called from the kit's torch adapter) or the library's is a limit."""
     frames = _WHERE.findall(reason)
-    return bool(frames) and all("/paracheck/" in f and "/torch/" not in f for f in frames)
+    return bool(frames) and all("/paracheck/" in f and not re.search(r"-packages/torch/", f) for f in frames)
 
 
 def compare(local: dict, gloo: dict, limits: list | None = None) -> tuple[list[str], float, int, int]:

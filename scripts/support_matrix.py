@@ -1,6 +1,8 @@
-"""Write docs/support-matrix.md from the JSON reports of `paracheck run --models transformers:all`.
+"""Write the support matrices (docs/support-matrix.md; with --tasks-out, the causal LMs there and every other task's
+in docs/support-matrix-tasks.md) from the JSON reports of `paracheck run --models transformers:all`.
 
-    python3 scripts/support_matrix.py REPORT.json [MORE.json ...] [--out docs/support-matrix.md] [--wall SECONDS]
+    python3 scripts/support_matrix.py REPORT.json [MORE.json ...] [--out docs/support-matrix.md]
+        [--tasks-out docs/support-matrix-tasks.md] [--wall SECONDS]
 
 Several reports (the `--shard I/N` slices, a `--resume`d run) merge, a later report's case replacing an earlier
 one's. Each family x layout cell reads from its plain case: `pass`; `xfail` (a declared upstream failure,
@@ -129,7 +131,8 @@ def _header(cases: dict, meta: dict, wall: float | None, table: dict, families: 
             "pass (`xfail`: the case's failure is declared): `generate`, parity.generate (greedy generation in three "
             "cache modes); `steps`, parity.steps (the library's Trainer, optimizer steps against one process's); "
             "`checkpoint`, checkpoint.roundtrip (save, reload in one process and on another layout, resume). An "
-            "empty cell: the sweep ran without that pass (`--steps 0`, `--no-checkpoint`).", ""]
+            "empty cell: no case of the family reached that pass (the sweep ran without it, `--steps 0`, "
+            "`--no-checkpoint`, or every case ended before it).", ""]
 
 
 def _cell(status: str, reason: str, known: str, notes: dict) -> str:

@@ -205,12 +205,22 @@ _KIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 
+def _torch_folder() -> str:
+    """torch's installed folder, found without importing it (this module is torch-free); "" where it is absent."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    return os.path.dirname(spec.origin) + os.sep if spec is not None and spec.origin else ""
+
+
 def raised_by(tb) -> str:
     """"kit" where the innermost frame of `tb` outside torch and Python's own modules is paracheck's, else
-    "library": a raise inside torch (a shape check, a collective) is blamed on the code that called it."""
+    "library": a raise inside torch (a shape check, a collective) is blamed on the code that called it. torch is
+    its installed folder, not a path holding "torch" (the kit's own adapters/torch is the kit's)."""
+    torch_folder = _torch_folder()
     for frame in reversed(traceback.extract_tb(tb) if tb is not None else []):
         name = os.path.abspath(frame.filename)
-        if f"{os.sep}torch{os.sep}" in name or (name.startswith(_STDLIB) and "-packages" not in name):
+        if (torch_folder and name.startswith(torch_folder)) or (name.startswith(_STDLIB) and "-packages" not in name):
             continue
         return "kit" if name.startswith(_KIT) else "library"
     return "library"

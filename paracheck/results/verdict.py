@@ -326,7 +326,7 @@ def _judged(control, v: Verdict, ranks: list[RankResult], failing: set) -> tuple
     raised = [r.rank for r in ranks if r.status == RankStatus.ERROR and _raised_by_the_bug(r.failure, must)]
     ran = {m.id for m in v.checks if m.status != Status.SKIP}
     unrun = [c for c in control.must_trip if c not in ran]
-    if not raised or not unrun or not (must & ran) <= failing:
+    if not raised or not unrun or not must & failing or not (must & ran) <= failing:
         return control.judge(failing)
     tripped = ", ".join(c.value for c in control.must_trip if c in failing)
     return CaseStatus.DETECTED, (f"planted {control.name}; tripped {tripped} (the library raised there on "

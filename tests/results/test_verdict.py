@@ -500,7 +500,7 @@ def test_a_raise_is_blamed_on_the_innermost_frame_outside_torch_and_pythons_own_
         except Exception as exc:  # whatever it raised: only its traceback is read
             return raised_by(exc.__traceback__)
 
-    kit = os.path.join(os.path.dirname(paracheck.__file__), "adapters", "x", "controls.py")
+    kit = os.path.join(os.path.dirname(paracheck.__file__), "adapters", "torch", "controls.py")  # kit, not torch
     elsewhere = os.path.join(os.sep, "elsewhere", "transformers", "modeling_x.py")
     assert caught(defined(kit, "raise KeyError('position_ids')")) == "kit"
     assert caught(defined(kit, "torch.nn.functional.pad(torch.ones(1), (5, 5), mode='reflect')")) == "kit"

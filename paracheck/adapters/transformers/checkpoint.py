@@ -137,8 +137,11 @@ class _Roundtrip:
         try:
             part = step()
         except RAISES as exc:  # a part's raise is its failure (a control's bug may raise; DCP's is a BaseException)
-            if not peers_raised_too():
-                raise  # a peer is still inside the library's collective: the case ends here, as a pass's raise does
+            if not peers_raised_too(name):
+                # A peer is still inside the library's collective: the case ends here as a pass's raise does (an
+                # error keeping this rank's checks; a refusal re-raised as itself would read as a skip).
+                raise RuntimeError(f"checkpoint part ({name}) raised {type(exc).__name__}: {exc}; a peer did not "
+                                   f"reach the agreement within {AGREE_SECONDS:.0f} s") from exc
             part = Part("refused", str(exc)) if isinstance(exc, Refused) else self._raised(exc)
         part.seconds = round(time.perf_counter() - started, 3)
         self.parts[name] = part
@@ -364,7 +367,7 @@ def agreement_group():
     return _AGREEMENT[world]
 
 
-def peers_raised_too(seconds: float = AGREE_SECONDS) -> bool:
+def peers_raised_too(part: str, seconds: float = AGREE_SECONDS) -> bool:
     """After this rank raised in a part (a refusal too): whether every rank reached this point (each raised in it),
     within `seconds`. Where only some ranks raise (MiniCPM5-MoE's reload on tp2xfsdp2xep2: three ranks' loads
     raised, which the kit reads as transformers refusing the layout, while the fourth was still making its unit
@@ -378,7 +381,9 @@ def peers_raised_too(seconds: float = AGREE_SECONDS) -> bool:
         dist.monitored_barrier(group, timeout=datetime.timedelta(seconds=seconds))
     except RuntimeError:  # a peer did not come: it is elsewhere, inside a collective this rank left
         return False
-    return True
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, part, group=group)  # each raised in the same part, or they walk apart from here
+    return len(set(parts)) == 1
 
 
 # -- folders and files ----------------------------------------------------------------------------------------

@@ -197,13 +197,14 @@ def _agreeing(rank: int, tmp: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("cpu:gloo", store=dist.FileStore(os.path.join(tmp, "store"), 2), rank=rank, world_size=2)
     agreement_group()  # as a roundtrip makes it, on every rank (the kit's worlds are "cpu:gloo")
-    both = peers_raised_too(seconds=30)
+    both = peers_raised_too("c", seconds=30)
+    apart = peers_raised_too("c" if rank == 0 else "d", seconds=30)  # each raised, in different parts
     if rank == 0:
-        alone = peers_raised_too(seconds=1)
+        alone = peers_raised_too("c", seconds=1)
     else:
         time.sleep(2)  # past rank 0's wait, never at its barrier
         alone = None
-    answer(tmp, rank, [both, alone])
+    answer(tmp, rank, [both, apart, alone])
     dist.destroy_process_group()
 
 
@@ -215,4 +216,4 @@ def test_a_part_raised_on_some_ranks_only_ends_the_case_instead_of_hanging(tmp_p
     from tests.gloo_ranks import answers
 
     fork_ranks(_agreeing, (str(tmp_path),), 2, timeout=60)
-    assert answers(str(tmp_path), 2) == [[True, False], [True, None]]
+    assert answers(str(tmp_path), 2) == [[True, False, False], [True, False, None]]

@@ -250,7 +250,8 @@ def test_the_mean_loss_cause_is_read_from_generic_heads_and_from_heads_with_thei
 def test_a_model_whose_training_forward_samples_is_refused_its_steps_by_measure():
     """PhiMoE's sparsemixer samples its routing in train mode (the sweep's phimoe dpr4, fsdp4 and fsdp4xep2 parted
     at step 1 by 1.1e-2 on the embedding): two seeds move its train-mode logits, so `run` skips the steps saying so;
-    a model that draws nothing in train mode (dropout off, as the kit's configs are) moves by exactly 0."""
+    a model that draws nothing in train mode (dropout off, as the kit's configs are) moves by exactly 0, and the
+    measure leaves the shared reference as it was (mode and buffers); a dropout left on is never read as sampling."""
     import torch
     import transformers
 
@@ -261,6 +262,12 @@ def test_a_model_whose_training_forward_samples_is_refused_its_steps_by_measure(
         config = tasks.prepared(fitting.tiny(config_class), tasks.CAUSAL_LM)
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
         moved = steps._samples_in_training(model, batch)
         assert (moved > 0) is samples, (config_class.__name__, moved)
-        assert not model.training  # its mode is given back
+        assert not model.training and all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    model.train()  # a dropout left on is the kit's config to fix: never a skip
+    model.model.layers[0].self_attn.attention_dropout = 0.5
+    dropped = torch.nn.Dropout(0.5)
+    model.model.layers[0].mlp.add_module("drop", dropped)
+    assert steps._samples_in_training(model, batch) == 0.0

@@ -205,7 +205,7 @@ def plant_cache(pipe, applied, control: str | None) -> str | None:
     from paracheck.adapters.diffusers.checks import cp_process_group
 
     head, tail_block, tail_hook = library.first_block_cache_hooks(pipe.transformer)
-    mine = {"reuse": False, "tail": None}
+    mine = {"reuse": None, "tail": None}  # None: no decision yet (the tail hook then leaves its output)
     # Replaces the guard `agree.guard` set on the parallel pipeline: this plant decides per rank on purpose, and
     # `decide` always computes (the reuse is the tail hook's), so the ranks cannot part in a collective.
     head._should_compute_remaining_blocks = _local_decision(head, cp_process_group(applied), mine)
