@@ -15,7 +15,6 @@ may meet.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 from types import SimpleNamespace
 
@@ -67,11 +66,8 @@ def explained(case, result, checks: list) -> str | None:
 def _at_its_site(entry: KnownFailure, checks: list) -> bool:
     """Whether every check `entry` names that failed on this rank failed at the entry's `site` (a typed origin).
     Held on every rank, so the verdict's merged failure, one of theirs, matches the entry too."""
-    if entry.site == "*":
-        return True
     named = set(entry.check_ids) or {c.id for c in checks}
-    return all(c.failure is not None and fnmatch.fnmatchcase(c.failure.site, entry.site)
-               for c in checks if c.status == Status.FAIL and c.id in named)
+    return all(entry.site_matches(c.failure) for c in checks if c.status == Status.FAIL and c.id in named)
 
 
 def not_rerun(checks: list, reasons: str) -> None:

@@ -116,14 +116,16 @@ class KnownFailure:
         """Whether `message` matches the case's reason or `check`'s detail, and `site` `check`'s failure site (the
         case's, where no check is named); "*" matches anything."""
         failing = verdict.check(check) if check is not None else None
-        if self.site != "*":
-            held = failing.failure if failing is not None else verdict.failure
-            if held is None or not fnmatch.fnmatchcase(held.site, self.site):
-                return False
+        if not self.site_matches(failing.failure if failing is not None else verdict.failure):
+            return False
         if self.message == "*":
             return True
         texts = [verdict.reason] + ([failing.detail] if failing is not None else [])
         return any(fnmatch.fnmatchcase(t, self.message) for t in texts if t)
+
+    def site_matches(self, failure) -> bool:
+        """Whether `failure` (a `Failure`, or None where nothing typed one) was met at this entry's `site`."""
+        return self.site == "*" or (failure is not None and fnmatch.fnmatchcase(failure.site, self.site))
 
     def declares(self, verdict) -> bool:
         """Whether `message` and `site` match the way the entry says `verdict` failed: one of its named checks'

@@ -314,16 +314,15 @@ def _judgeable(v: Verdict, ranks: list[RankResult]) -> bool:
     errored waited on or lost a peer, or raised in the code under test (not the kit's: `Failure.raised_by`) in a
     pass whose check the control must trip, as a real bug of its shape would raise there (Qwen3-Omni's deepstack
     indexing the features by the misplaced placeholders)."""
-    must = set(get_control(v.case.control).must_trip)
-    return bool(v.checks) and all(r.secondary or _raised_by_the_bug(r.failure, must)
-                                  for r in ranks if r.status == RankStatus.ERROR)
+    raised = set(_raised_by_the_bug(get_control(v.case.control), ranks))
+    return bool(v.checks) and all(r.secondary or r.rank in raised for r in ranks if r.status == RankStatus.ERROR)
 
 
 def _judged(control, v: Verdict, ranks: list[RankResult], failing: set) -> tuple[CaseStatus, str]:
     """The control's verdict on the checks that failed; where its bug made the library raise in a pass it must trip
     (`_raised_by_the_bug`), the checks that pass kept from running are not counted as passing."""
     must = set(control.must_trip)
-    raised = [r.rank for r in ranks if r.status == RankStatus.ERROR and _raised_by_the_bug(r.failure, must)]
+    raised = _raised_by_the_bug(control, ranks)
     ran = {m.id for m in v.checks if m.status != Status.SKIP}
     unrun = [c for c in control.must_trip if c not in ran]
     if not raised or not unrun or not must & failing or not (must & ran) <= failing:
@@ -333,9 +332,11 @@ def _judged(control, v: Verdict, ranks: list[RankResult], failing: set) -> tuple
                                  f"{ranks_named(raised)}); {', '.join(c.value for c in unrun)} never ran after it")
 
 
-def _raised_by_the_bug(failure: Failure | None, must: set) -> bool:
-    return (failure is not None and failure.kind == FailureKind.RAISE and failure.raised_by == "library"
-            and failure.check in must)
+def _raised_by_the_bug(control, ranks: list[RankResult]) -> list[int]:
+    """The ranks that errored by a raise in the code under test (not the kit's) in a pass `control` must trip."""
+    must = set(control.must_trip)
+    return [r.rank for r in ranks if r.status == RankStatus.ERROR and r.failure is not None
+            and r.failure.kind == FailureKind.RAISE and r.failure.raised_by == "library" and r.failure.check in must]
 
 
 def _error(v: Verdict, ranks: list[RankResult]) -> Verdict:

@@ -147,3 +147,17 @@ def test_the_rank_and_the_verdict_explain_a_failure_by_the_same_entries(world, d
     verdict = Verdict(_case(), CaseStatus.FAIL, Route.NATIVE, checks=checks, model_class="FluxTransformer2DModel")
     host = "; ".join(e.reason for e in known.explaining(verdict, entries)) or None
     assert rank == host
+
+
+@given(site=st.text(alphabet="abc:_.*", max_size=8), held=st.one_of(st.none(), st.text(alphabet="abc:_.", max_size=8)))
+def test_an_entrys_site_is_one_glob_over_the_typed_failure(site, held):
+    """`KnownFailure.site_matches`, which the rank's rerun decision and the verdict's declaration both ask: "*"
+    matches any failure or none; another site matches only a failure typed at a site the glob takes."""
+    import fnmatch
+
+    from paracheck.domain.records import Failure, FailureKind
+
+    entry = KnownFailure(reason="r", model="flux", site=site or "*")
+    failure = None if held is None else Failure(FailureKind.CHECK, CheckId.FORWARD, site=held)
+    expected = entry.site == "*" or (held is not None and fnmatch.fnmatchcase(held, entry.site))
+    assert entry.site_matches(failure) == expected

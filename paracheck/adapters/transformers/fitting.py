@@ -449,17 +449,39 @@ def _nested(config) -> list[str]:
 
 def _shrunk(default) -> dict:
     """One config's own keys and values with the tiny rule applied (its sub-configs left as they are)."""
-    defaults = _fields(default)
-    small = {HEADS: 2, WIDTH: 32, VOCAB: 128, LAYERS: 2, EXPERTS: 4, HIDDEN: 64}
-    found = sizes(default)
-    values = {}
-    for role, keys in found.items():
-        for key in keys:
-            values[key] = _each(defaults[key], lambda v, r=role: min(v, small[r]) if v else v)
+    defaults, found = _fields(default), sizes(default)
+    values = _role_sizes(defaults, found)
+    _cap_others(defaults, values, next(iter(found.get(HIDDEN, [])), None))
+    if defaults.get("enable_moe_block") is False and getattr(type(default), "base_model_ep_plan", None):
+        # A family with an expert plan whose defaults leave its MoE block off (gemma4): on, so the plan has experts.
+        values.update({"enable_moe_block": True, **{k: v for k, v in _MOE_UNSET.items() if defaults.get(k, 0) is None}})
+    for key, small_value in _UNSET.items():
+        if key in defaults and defaults[key] is None:
+            values[key] = small_value
+    _cut_depths(default, defaults, found, values)
+    _fit_tied(defaults, values)
+    _settle(defaults, values)
+    return {**defaults, **values}
+
+
+#: The tiny size of each role.
+_SMALL = {HEADS: 2, WIDTH: 32, VOCAB: 128, LAYERS: 2, EXPERTS: 4, HIDDEN: 64}
+
+
+def _role_sizes(defaults: dict, found: dict) -> dict:
+    """Each size `found` by role, cut to its role's tiny size; the hidden size 16 per query head where the config
+    derives its head dim from it."""
+    values = {key: _each(defaults[key], lambda v, r=role: min(v, _SMALL[r]) if v else v)
+              for role, keys in found.items() for key in keys}
     hidden = next(iter(found.get(HIDDEN, [])), None)
     q = next((k for k in ("num_attention_heads", "n_head") if k in found.get(HEADS, [])), None)
     if hidden and q and defaults.get("head_dim") is None:
         values[hidden] = values[q] * 16
+    return values
+
+
+def _cap_others(defaults: dict, values: dict, hidden: str | None) -> None:
+    """Sizes no role names, each cut to a tiny value of its own (head dims, positions, top-k, groups, ...)."""
     for key, value in defaults.items():
         if not _is_int(value):
             continue
@@ -479,11 +501,11 @@ def _shrunk(default) -> dict:
             values[key] = 16
         elif key.endswith("shared_experts") and value > 1:
             values[key] = 1
-        elif _OTHER_EXPERTS.match(key) and value > small[EXPERTS]:
+        elif _OTHER_EXPERTS.match(key) and value > _SMALL[EXPERTS]:
             # Experts of another kind in the same pool (longcat_flash's 256 identity experts next to 512 routed
             # ones): kept beside the 4 routed ones, or nearly every token would route to them and leave the routed
             # experts without a gradient on some ranks.
-            values[key] = small[EXPERTS]
+            values[key] = _SMALL[EXPERTS]
         elif "channel" in key and value == defaults.get(hidden) and hidden in values:
             # A convolution's channels that the defaults make as wide as the hidden state: they stay as wide.
             values[key] = values[hidden]
@@ -491,19 +513,22 @@ def _shrunk(default) -> dict:
             # Layers reusing an earlier layer's keys and values (gemma3n): with the layers cut to a few, the
             # earlier layers would not hold every kind the sharing ones read, which the config refuses.
             values[key] = 0
-    if defaults.get("enable_moe_block") is False and getattr(type(default), "base_model_ep_plan", None):
-        # A family with an expert plan whose defaults leave its MoE block off (gemma4): on, so the plan has experts.
-        values.update({"enable_moe_block": True, **{k: v for k, v in _MOE_UNSET.items() if defaults.get(k, 0) is None}})
-    for key, small_value in _UNSET.items():
-        if key in defaults and defaults[key] is None:
-            values[key] = small_value
+
+
+def _cut_depths(default, defaults: dict, found: dict, values: dict) -> None:
+    """The layer count (its key, or the per-layer list that alone counts the layers) and every other depth
+    (`_OTHER_DEPTHS`) cut to the tiny depth, with the lists that go by layer."""
     layers_key = next(iter(found.get(LAYERS, [])), None)
     listed = _layer_list(default, found)
     depths = [(layers_key, defaults[layers_key])] if layers_key else [(None, len(defaults[listed]))] if listed else []
-    depths += [(k, v) for k, v in defaults.items() if _OTHER_DEPTHS.match(k) and _is_int(v) and v > small[LAYERS]]
+    depths += [(k, v) for k, v in defaults.items() if _OTHER_DEPTHS.match(k) and _is_int(v) and v > _SMALL[LAYERS]]
     for key, old in depths:
-        _cut_depth(defaults, key, old, values, small[LAYERS])
-    _fit_tied(defaults, values)
+        _cut_depth(defaults, key, old, values, _SMALL[LAYERS])
+
+
+def _settle(defaults: dict, values: dict) -> None:
+    """What the cut sizes make invalid, put right: token ids past the vocabulary, rotary widths past the head,
+    sizes derived from others, the mrope sections, an unresolved key-value head count, tied embeddings."""
     for key, value in defaults.items():
         if key.endswith("_token_id") and _is_int(value) and value >= values.get(VOCAB_KEY, value + 1):
             values[key] = values[VOCAB_KEY] - 1  # an embedding's padding index must lie in the vocabulary
@@ -517,7 +542,6 @@ def _shrunk(default) -> dict:
         values["num_key_value_heads"] = values["num_attention_heads"]  # a model may read it unresolved (nemotron)
     if "tie_word_embeddings" in defaults:
         values["tie_word_embeddings"] = False
-    return {**defaults, **values}
 
 
 #: Layer counts by other names, which the tiny rule cuts as it cuts `LAYERS` (no plan splits them by pp): a vision
