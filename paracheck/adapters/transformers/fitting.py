@@ -345,8 +345,10 @@ def _layer_list(config, found: dict) -> str | None:
         return None
     if not _is_int(count) or count <= 0:
         return None
+    # Layer kinds, by name: a list of numbers as long as the count is something else (ConvNext's widths per stage,
+    # SegFormer's depths, PP-OCR's kernel sizes).
     return next((k for k, v in _fields(config).items() if isinstance(v, list) and len(v) == count
-                 and _hashable(v) and not k.endswith(("_token_id", "_token_ids"))), None)
+                 and all(isinstance(item, str) for item in v)), None)
 
 
 def per_layer(value: list, new: int) -> list:

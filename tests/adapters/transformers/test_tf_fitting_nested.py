@@ -134,6 +134,14 @@ def test_a_per_layer_list_that_counts_the_layers_is_cut_and_lengthened_as_a_laye
     assert fitting.misfits(fitted, Need(pp=4)) == [] and changes[0].startswith("layers_block_type ")
 
 
+@pytest.mark.parametrize("config_class", ["ConvNextConfig", "SegformerConfig"])
+def test_a_list_of_numbers_as_long_as_the_layer_count_is_no_layer_list(config_class):
+    """ConvNext's `hidden_sizes` and SegFormer's `depths` (one number per stage) are as long as the layer count the
+    config reports, but count no layers: only a list of layer kinds is read as the depth."""
+    config = getattr(transformers, config_class)()
+    assert fitting._layer_list(config, fitting.sizes(config)) is None
+
+
 def test_a_text_config_size_a_layout_splits_is_named_by_its_key_path_and_fitted():
     config = _llava(vocab_size=130)
     assert fitting.plan_problems(config, Need(tp=4, pp=4)) is None  # the plans live on its text_config
