@@ -99,3 +99,51 @@ def test_steps_pass_when_every_step_matches_and_name_the_first_step_and_paramete
     assert compare_steps(ref[:1], ref, 1e-5, 1e-5).status == Status.FAIL
     renamed = [StepRecord(torch.tensor(1.0), {"layers.0.w": torch.tensor([1.0, 2.0])})]
     assert "missing" in compare_steps(renamed, ref[:1], 1e-5, 1e-5).detail
+
+
+@given(st.lists(st.floats(-2, 2), min_size=1, max_size=6), st.floats(0, 1e-3), st.floats(-1e-3, 1e-3),
+       st.integers(0, 5))
+def test_a_parameter_is_held_to_the_tolerance_plus_twice_the_references_own_error(values, own, off, at):
+    """`reference_error` measures, per step and parameter, how far the float32 reference's steps are from the same
+    steps in float64; `compare_steps` given it excuses a parameter that parts by no more than the tolerance plus twice
+    that (two float32 runs may each be that far from the exact steps), and fails one beyond it, as without it."""
+    from paracheck.checks.compare import BOUND_FACTOR
+    from paracheck.checks.steps import reference_error
+
+    ref = torch.tensor(values, dtype=torch.float64)
+    at = at % len(values)
+    wide = ref.clone()
+    wide[at] += own  # the float64 steps, `own` from the reference on one element
+    mine = ref.clone()
+    mine[(at + 1) % len(values)] += off  # the parallel steps, `off` from it on one element (maybe another)
+    expected, exact = [StepRecord(torch.tensor(1.0), {"w": ref})], [StepRecord(torch.tensor(1.0), {"w": wide})]
+    actual = [StepRecord(torch.tensor(1.0), {"w": mine})]
+    error = reference_error(expected, exact)
+    assert error == [{"w": own}] or abs(error[0]["w"] - own) <= 1e-15
+    plain = compare_steps(actual, expected, 1e-5, 1e-5)
+    held = compare_steps(actual, expected, 1e-5, 1e-5, error)
+    allowed = ((mine - ref).abs() <= 1e-5 + BOUND_FACTOR * error[0]["w"] + 1e-5 * ref.abs()).all()
+    assert (held.status == Status.PASS) == bool(allowed)
+    assert plain.status == Status.PASS or held.status == Status.FAIL or "w" in held.data["steps"][0]["excused"]
+    if plain.status == Status.PASS:
+        assert held.status == Status.PASS and "excused" not in held.data["steps"][0]
+
+
+def test_a_parameter_beyond_the_references_own_error_still_fails():
+    """The negative control of the excuse: lfm3's figures (the parallel run 1.55e-5 from the reference, which is
+    2.1e-5 from its float64 steps) pass; a planted 3e-2 on the same parameter, or 1.55e-5 where the reference's own
+    error is a float32 ulp, fails."""
+    from paracheck.checks.steps import reference_error
+
+    ref = torch.zeros(4, dtype=torch.float64)
+    expected = [StepRecord(torch.tensor(1.0), {"e": ref})]
+    exact = [StepRecord(torch.tensor(1.0), {"e": ref + torch.tensor([2.1e-5, 0, 0, 0], dtype=torch.float64)})]
+    tight = [StepRecord(torch.tensor(1.0), {"e": ref + 6e-8})]
+
+    def judged(delta, wide=exact):
+        actual = [StepRecord(torch.tensor(1.0), {"e": ref + torch.tensor([delta, 0, 0, 0], dtype=torch.float64)})]
+        return compare_steps(actual, expected, 1e-5, 1e-5, reference_error(expected, wide))
+
+    assert judged(1.55e-5).status == Status.PASS
+    assert judged(3e-2).status == Status.FAIL and "e" in judged(3e-2).detail
+    assert judged(1.55e-5, tight).status == Status.FAIL

@@ -27,7 +27,7 @@ import torch
 
 from paracheck.checks.compare import compare
 from paracheck.checks.shards import full
-from paracheck.checks.steps import StepRecord, compare_steps
+from paracheck.checks.steps import StepRecord, compare_steps, reference_error
 from paracheck.domain.adapter import Refused
 from paracheck.domain.records import CheckId, CheckResult, Failure, FailureKind, Status
 from paracheck.world.recent import Recent
@@ -188,25 +188,31 @@ def _single_process_env():
         _forget_accelerate()
 
 
-def reference(key, path: str, data: list[dict], rows: int, steps: int, workdir: str) -> Recorder:
+def reference(key, path: str, data: list[dict], rows: int, steps: int, workdir: str,
+              dtype: torch.dtype = torch.float32) -> Recorder:
     """The single-process run: a fresh load of `path` (never a case's shared reference model), trained alone on
     the CPU, where the adapter's other references run (`use_cpu`: on a GPU machine a single-process Trainer would
-    otherwise take cuda:0, and with several GPUs visible wrap the model in DataParallel)."""
+    otherwise take cuda:0, and with several GPUs visible wrap the model in DataParallel). In `dtype`, the batches'
+    floating tensors (pixels, audio features, embeddings) too."""
 
     def compute():
         from paracheck.adapters.transformers import tasks
 
+        batches = data if dtype == torch.float32 else [
+            {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in b.items()}
+            for b in data]
         with _single_process_env():
-            model = tasks.load(path, dtype=torch.float32)
-            return train(model, data, rows, steps, True, workdir)
+            model = tasks.load(path, dtype=dtype)
+            return train(model, batches, rows, steps, True, workdir)
 
     return _STEPS.get(key, compute)
 
 
-def check(actual: Recorder, expected: Recorder, atol: float, rtol: float) -> CheckResult:
-    """`compare_steps` (loss, gradient norm, every parameter), with whether each reference step clipped (a step
-    that did not would leave the clipping untested), then the evaluation losses before and after the steps."""
-    result = compare_steps(actual.records, expected.records, atol, rtol)
+def check(actual: Recorder, expected: Recorder, atol: float, rtol: float, own_error: list | None = None) -> CheckResult:
+    """`compare_steps` (loss, gradient norm, every parameter; `own_error`, the reference's own per step), with whether
+    each reference step clipped (a step that did not would leave the clipping untested), then the evaluation losses
+    before and after the steps."""
+    result = compare_steps(actual.records, expected.records, atol, rtol, own_error)
     norms = [r.grad_norm for r in expected.records]
     result.data.update(max_grad_norm=MAX_GRAD_NORM, clipped=[n is not None and n > MAX_GRAD_NORM for n in norms],
                        evaluated=actual.evaluated, reference_evaluated=expected.evaluated)
@@ -243,7 +249,10 @@ def run(body) -> list[CheckResult]:
     # A raise inside train() is this check's failure, with the rank's traceback kept (the skeleton's rule).
     outcome, raised = body.ctx.attempt(lambda: _train_parallel(body, data, rows, trainer_class), CheckId.STEPS)
     actual, stand_in = outcome if raised is None else (None, None)
-    return [_judged(body, actual, raised, expected, stand_in)]
+    result = _judged(body, actual, raised, expected, stand_in)
+    if result.status == Status.FAIL and raised is None and not isinstance(actual, TrainerRefused):
+        result = _within_own_error(body, result, actual, expected, lambda: _reference_of(body, data, rows, True))
+    return [result]
 
 
 def _samples_in_training(ref, batch: dict) -> float:
@@ -291,14 +300,40 @@ def _drawer(body):
     return draw
 
 
-def _reference_of(body, data: list[dict], rows: int):
-    """The single-process steps on `data`, kept by what they depend on."""
+def _reference_of(body, data: list[dict], rows: int, wide: bool = False):
+    """The single-process steps on `data` (in float64 where `wide`), kept by what they depend on."""
     import json
 
     case = body.case
     shape = json.dumps(case.shape.to_json(), sort_keys=True) if case.shape is not None else None
-    key = (case.factory, body.path, case.variant, shape, body.layout.dp, case.steps)
-    return reference(key, body.path, data, rows, case.steps, body.ctx.site.workdir)
+    key = (case.factory, body.path, case.variant, shape, body.layout.dp, case.steps, wide)
+    return reference(key, body.path, data, rows, case.steps, body.ctx.site.workdir,
+                     torch.float64 if wide else torch.float32)
+
+
+def _within_own_error(body, result: CheckResult, actual, expected, exact) -> CheckResult:
+    """`result` (failed) judged again with the reference's own rounding error measured: the same single-process
+    steps in float64 (`exact()`), each parameter held to the tolerance plus twice the float32 reference's distance
+    from them (`checks.steps.reference_error`). Where the float64 steps cannot run, `result` with the reason."""
+    try:
+        own = reference_error(expected.records, exact().records)
+    except Exception as exc:  # noqa: BLE001 - a model float64 cannot run: no measure, the failure stands
+        result.data["reference_error"] = f"not measured: the float64 steps raised {type(exc).__name__}: {exc}"
+        return result
+    again = _judged(body, actual, None, expected, None, own)
+    again.data.update({k: v for k, v in result.data.items() if k not in again.data})
+    worst = max(((s, n, e) for s, step in enumerate(own, 1) for n, e in step.items()), key=lambda t: t[2],
+                default=None)
+    again.data["reference_error"] = ({"step": worst[0], "parameter": worst[1], "max_abs": worst[2]}
+                                     if worst else {})
+    excused = [(s, n, f) for s, step in enumerate(again.data.get("steps", []), 1)
+               for n, f in step.get("excused", {}).items()]
+    if again.status == Status.PASS and excused:
+        s, n, f = max(excused, key=lambda t: t[2]["max_abs"])
+        again.detail = (f"within the reference's own rounding error: {n} parts by {f['max_abs']:.2e} at step {s}, "
+                        f"where the float32 reference parts from its float64 steps by {f['reference_error']:.2e} "
+                        "(held to the tolerance plus twice that)")
+    return again
 
 
 def _train_parallel(body, data: list[dict], rows: int, trainer_class) -> tuple:
@@ -319,7 +354,7 @@ def _train_parallel(body, data: list[dict], rows: int, trainer_class) -> tuple:
         return TrainerRefused(f"{stand_in.refusal}; with the stand-in too: {exc}"), stand_in
 
 
-def _judged(body, actual, raised, expected, stand_in) -> CheckResult:
+def _judged(body, actual, raised, expected, stand_in, own_error: list | None = None) -> CheckResult:
     """parity.steps from the parallel run's outcome: its raise, the Trainer's refusal (a skip; `Refused` where the
     case's control must trip it), else its steps against `expected`."""
     case, layout, ctx = body.case, body.layout, body.ctx
@@ -331,7 +366,7 @@ def _judged(body, actual, raised, expected, stand_in) -> CheckResult:
         if body.control is not None and CheckId.STEPS in body.control.must_trip:
             raise Refused(f"{case.control}: {reason}")  # the bug it plants cannot show: a skip, not a miss
         return skip(reason)[0]
-    result = check(actual, expected, body.tol.atol, body.tol.rtol)
+    result = check(actual, expected, body.tol.atol, body.tol.rtol, own_error)
     if result.status == Status.FAIL:
         site = (_planned_as(result, body.ref, layout)
                 or _loss_times_dp(result, layout, body.ref, body.tol.atol, body.tol.rtol))
