@@ -530,7 +530,7 @@ def _cut_depths(default, defaults: dict, found: dict, values: dict) -> None:
 
 def _settle(defaults: dict, values: dict) -> None:
     """What the cut sizes make invalid, put right: token ids past the vocabulary, rotary widths past the head,
-    sizes derived from others, the mrope sections, an unresolved key-value head count, tied embeddings."""
+    sizes derived from others, the mrope sections, an unresolved key-value head count; the embeddings untied."""
     for key, value in defaults.items():
         if key.endswith("_token_id") and _is_int(value) and value >= values.get(VOCAB_KEY, value + 1):
             values[key] = values[VOCAB_KEY] - 1  # an embedding's padding index must lie in the vocabulary
