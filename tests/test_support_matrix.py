@@ -34,3 +34,20 @@ def test_one_sweep_splits_into_the_causal_lm_matrix_and_the_other_tasks():
     row = next(line for line in text.splitlines() if line.startswith("| llama-seq-cls"))
     assert row.endswith("| does not generate |  | xfail tp4 (of 1) |")
     assert "| tp4 | fsdp4 | generate | steps | checkpoint |" in text
+
+
+def test_the_shard_driver_skips_finished_shards_and_takes_a_stopped_one_as_unfinished(tmp_path):
+    """scripts/sweep_shards.py: a shard marked done is not run again; a report naming cases it did not finish (an
+    interrupted run's `not_run`, or its `interrupted` event), or none at all, is no finished shard."""
+    import json
+
+    driver = script("sweep_shards")
+    for i in (1, 2):
+        (tmp_path / f"shard{i}.done").touch()
+    assert driver.main([str(tmp_path), "--shards", "2"]) == 0 and not (tmp_path / "walls.json").exists()
+    report = tmp_path / "r.json"
+    assert driver._interrupted(str(report))
+    for data, stopped in (({"cases": []}, False), ({"not_run": ["a"]}, True),
+                          ({"events": [{"kind": "interrupted", "index": None, "message": "SIGTERM"}]}, True)):
+        report.write_text(json.dumps(data))
+        assert driver._interrupted(str(report)) == stopped
