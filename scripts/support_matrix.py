@@ -4,8 +4,8 @@ in docs/support-matrix-tasks.md) from the JSON reports of `paracheck run --model
     python3 scripts/support_matrix.py REPORT.json [MORE.json ...] [--out docs/support-matrix.md]
         [--tasks-out docs/support-matrix-tasks.md] [--wall SECONDS]
 
-Several reports (the `--shard I/N` slices, a `--resume`d run) merge, a later report's case replacing an earlier
-one's. Each family x layout cell reads from its plain case: `pass`; `xfail` (a declared upstream failure,
+Several reports (the `--shard I/N` slices, a `--resume`d run; `.json.gz` ones too) merge, a later report's case
+replacing an earlier one's. Each family x layout cell reads from its plain case: `pass`; `xfail` (a declared upstream failure,
 linked to the reproduction its known-failures entry names under docs/upstream/); `refused` (skipped before
 launch or by transformers, with the reason as a footnote); `FAIL` / `error` (what the kit must still explain).
 A layout where a control was not detected is marked `missed`.
@@ -14,6 +14,7 @@ A layout where a control was not detected is marked `missed`.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import sys
@@ -30,7 +31,7 @@ def merged(paths: list[str]) -> tuple[dict, dict]:
     """(case id -> case, the last report's run metadata) over every report, later reports winning."""
     cases, meta = {}, {}
     for path in paths:
-        with open(path) as handle:
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as handle:
             data = json.load(handle)
         meta = {k: v for k, v in data.items() if k not in ("cases", "summary", "events")}
         for case in data["cases"]:

@@ -51,3 +51,16 @@ def test_the_shard_driver_skips_finished_shards_and_takes_a_stopped_one_as_unfin
                           ({"events": [{"kind": "interrupted", "index": None, "message": "SIGTERM"}]}, True)):
         report.write_text(json.dumps(data))
         assert driver._interrupted(str(report)) == stopped
+
+
+def test_reports_merge_gzipped_or_not_a_later_case_replacing_an_earlier_one(tmp_path):
+    import gzip
+    import json
+
+    matrix = script("support_matrix")
+    first, later = _case("llama", "tp4", status="fail"), _case("llama", "tp4")
+    (tmp_path / "a.json").write_text(json.dumps({"cases": [first], "nproc": 4}))
+    with gzip.open(tmp_path / "b.json.gz", "wt") as handle:
+        json.dump({"cases": [later], "nproc": 4}, handle)
+    cases, meta = matrix.merged([str(tmp_path / "a.json"), str(tmp_path / "b.json.gz")])
+    assert list(cases.values()) == [later] and meta == {"nproc": 4}
