@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 
 from paracheck import __version__
 from paracheck.domain.backends import BackendError, get_backend, missing_devices, resolve
@@ -379,7 +380,10 @@ def _launch(args, backend, cases: list[Case], entries, carried: list[dict], swep
     verdicts = dict(zip(launched, progress.judged([outcome.results[k] for k in range(len(todo))] if todo else [])))
     verdicts.update(zip(decided, judge([cases[i] for i in decided], list(decided.values()), entries)))
     tail = f", ranks {outcome.start_method}, {outcome.references} references" if outcome else ""
-    return finish(args, [verdicts[i] for i in range(len(cases))], outcome.events if outcome else [], meta,
+    # Each event named by its case's verdict (the route resolved): an event's index counts the launched cases only.
+    events = [replace(e, case=verdicts[launched[e.index]].id) if e.index is not None else e
+              for e in (outcome.events if outcome else [])]
+    return finish(args, [verdicts[i] for i in range(len(cases))], events, meta,
                   time.time() - started, tail + (swept.tail if swept else ""), carried)
 
 

@@ -400,10 +400,13 @@ class Finding:
 
 @dataclass
 class RunEvent:
-    """Something that broke the run itself: a hang, a signal, a world that would not start."""
-    kind: str  # hang | signal | start
+    """Something that broke the run itself: a hang, a signal, a world that would not start. `index` counts the
+    launched cases (as the progress lines do); `case` is the id of the verdict it broke, where there is one (set
+    when the run is judged, its route resolved)."""
+    kind: str  # hang | signal | start | interrupted
     index: int | None
     message: str
+    case: str = ""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -413,7 +416,8 @@ class RunEvent:
         """What `to_json` wrote; None where `data` is no object, a field that is not the schema's read as absent."""
         if not isinstance(data, dict):
             return None
-        return cls(text(data.get("kind")) or "", integer(data.get("index")), text(data.get("message")) or "")
+        return cls(text(data.get("kind")) or "", integer(data.get("index")), text(data.get("message")) or "",
+                   text(data.get("case")) or "")
 
 
 @dataclass(frozen=True)

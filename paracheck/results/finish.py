@@ -23,7 +23,8 @@ def finish(args, verdicts, events, meta: RunMeta, seconds: float, extra: str, ca
     if text:
         print("\n" + text)
     for event in events:
-        print(f"\nRUN BROKE ({event.kind}): {event.message}")
+        declared = report.declared_hang(event, verdicts)  # expected: said so, and no exit code 3 for it
+        print(f"\n{'declared hang (xfail)' if declared else f'RUN BROKE ({event.kind})'}: {event.message}")
     data = report.to_json(verdicts, meta, events, replays, carried, not_run)
     print("\n" + report.counts_line(verdicts, seconds, meta.worlds or 1, extra))
     if "local_world" in meta.extra:

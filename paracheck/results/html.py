@@ -136,12 +136,22 @@ def _meta(data: dict) -> str:
     return " · ".join(parts)
 
 
+def _declared(event, data: dict) -> bool:
+    """A hang its case's known failure declares (`report.declared_hang`, read from the JSON's cases)."""
+    case = next((c for c in items(data.get("cases")) if isinstance(c, dict) and c.get("id") == event.case), None)
+    failure = case.get("failure") if case else None
+    return (event.kind == "hang" and case is not None and case.get("status") == "xfail"
+            and isinstance(failure, dict) and failure.get("kind") == "hang")
+
+
 def _events(data: dict) -> str:
     events = [RunEvent.from_json(e) for e in items(data.get("events"))]
     if not events:
         return ""
-    lines = "".join(f"<li><b>run broke ({_e(e.kind)})</b>: {_e(e.message)}</li>" for e in events)
-    return f'<section class="events" id="events"><h2>The run broke</h2><ul>{lines}</ul></section>'
+    lines = "".join(f"<li><b>{'a declared hang (xfail)' if _declared(e, data) else f'run broke ({_e(e.kind)})'}"
+                    f"</b>: {_e(e.message)}</li>" for e in events)
+    title = "Declared hangs" if all(_declared(e, data) for e in events) else "The run broke"
+    return f'<section class="events" id="events"><h2>{title}</h2><ul>{lines}</ul></section>'
 
 
 # -- the case table -----------------------------------------------------------------------------------

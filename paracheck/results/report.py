@@ -12,7 +12,7 @@ from paracheck import __version__
 from paracheck.launch.protocol import Exit, write_text
 from paracheck.domain import registry
 from paracheck.domain.case import Case
-from paracheck.domain.records import LOCAL_WORLD_LIMITS, LOCAL_WORLD_STOOD_IN, CaseStatus, CheckId, Status
+from paracheck.domain.records import LOCAL_WORLD_LIMITS, LOCAL_WORLD_STOOD_IN, CaseStatus, CheckId, FailureKind, Status
 from paracheck.results import localization, resume
 from paracheck.results.runmeta import RunMeta
 from paracheck.results.grouping import COUNTED, Row, counts, covered, groups
@@ -27,9 +27,21 @@ def summarize(verdicts: list[Verdict]) -> dict:
 
 
 def exit_code(verdicts: list[Verdict], events: list) -> int:
-    if events:
+    """BROKEN where an event broke the run (but a hang the case's declared known failure explains), else FAILED
+    where a verdict fails, else OK."""
+    if any(not declared_hang(e, verdicts) for e in events):
         return Exit.BROKEN
     return Exit.FAILED if any(v.status.failing for v in verdicts) else Exit.OK
+
+
+def declared_hang(event, verdicts: list[Verdict]) -> bool:
+    """Whether `event` is a hang its case's known failure declares (the verdict an xfail on the hang itself, which
+    an entry's site or message matched): expected, so it does not break the run, and stays among the events."""
+    if event.kind != "hang" or not event.case:
+        return False
+    v = next((v for v in verdicts if v.id == event.case), None)
+    return (v is not None and v.status == CaseStatus.XFAIL and v.failure is not None
+            and v.failure.kind == FailureKind.HANG)
 
 
 def replay_command(v: Verdict, argv_extra: list[str]) -> str:

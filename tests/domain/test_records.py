@@ -97,6 +97,6 @@ def test_rank_progress_and_todo_round_trip_and_a_torn_progress_file_reads_as_non
 def test_a_run_event_round_trips_and_one_that_is_not_the_schemas_reads_as_absent():
     from paracheck.domain.records import RunEvent
 
-    event = RunEvent("hang", 3, "rank 1 stuck")
-    assert RunEvent.from_json(event.to_json()) == event
+    event = RunEvent("hang", 3, "rank 1 stuck", "flux-u4-auto")
+    assert RunEvent.from_json(event.to_json()) == event and RunEvent.from_json({"kind": "start"}).case == ""
     assert RunEvent.from_json({"kind": ["x"], "index": "2"}) == RunEvent("", None, "") and RunEvent.from_json(3) is None
