@@ -235,7 +235,8 @@ def skip(reason: str) -> list[CheckResult]:
 
 def run(body) -> list[CheckResult]:
     """The pass for one case (`body`: the adapter's `_Body` after its checks): the Trainer's steps on the parallel
-    model and on a fresh single-process load, compared at the case's tolerance."""
+    model and on a fresh single-process load, compared at the case's tolerance; a failure judged again against the
+    reference's own rounding error where that could explain it (`_within_own_error`)."""
     sampled = _samples_in_training(body.ref, body.batch)
     if sampled:  # decided alike on every rank: the same model, batch and seeds
         return skip(f"the model's training forward draws random numbers with no dropout on (its train-mode logits "
@@ -342,14 +343,20 @@ def _within_own_error(body, result: CheckResult, actual, expected, stand_in, exa
     worst = max(((s, n, float(e.max())) for s, step in enumerate(own, 1) for n, e in step.items() if e.numel()),
                 key=lambda t: t[2], default=None)
     again.data["reference_error"] = {"step": worst[0], "parameter": worst[1], "max_abs": worst[2]} if worst else {}
-    excused = [(s, n, f) for s, step in enumerate(again.data.get("steps", []), 1)
-               for n, f in step.get("excused", {}).items()]
-    if again.status == Status.PASS and excused:
-        s, n, f = max(excused, key=lambda t: t[2]["max_abs"])
-        again.detail = (f"within the reference's own rounding error: {n} parts by {f['max_abs']:.2e} at step {s}, "
-                        f"where the float32 reference parts from its float64 steps by up to {f['reference_error']:.2e} "
-                        "(each element held to the tolerance plus twice its own)")
+    if again.status == Status.PASS:
+        again.detail = _excused_detail(again.data.get("steps", []))
     return again
+
+
+def _excused_detail(steps: list[dict]) -> str:
+    """A passing check's words for the worst parameter its steps excused (`checks.steps._excused`), or ""."""
+    excused = [(s, n, f) for s, step in enumerate(steps, 1) for n, f in step.get("excused", {}).items()]
+    if not excused:
+        return ""
+    s, n, f = max(excused, key=lambda t: t[2]["max_abs"])
+    return (f"within the reference's own rounding error: {n} parts by {f['max_abs']:.2e} at step {s}, where the "
+            f"float32 reference parts from its float64 steps by up to {f['reference_error']:.2e} (each element held "
+            "to the tolerance plus twice its own)")
 
 
 def _train_parallel(body, data: list[dict], rows: int, trainer_class) -> tuple:
