@@ -316,9 +316,32 @@ _MEAN_LOSSES = re.compile(r"\b(?:CrossEntropyLoss|MSELoss|BCEWithLogitsLoss)\(\)
 
 def own_mean_loss(model) -> bool:
     """Whether `model`'s own `forward` (an FSDP wrapper's is its class's) takes its loss as one of torch's
-    default-mean losses and never reads `num_items_in_batch`: a plain mean over its own tokens or rows, not the
-    library's `loss_function`. Read from the source once per function."""
-    return _reads_own_mean(type(model).forward)
+    default-mean losses and never reads `num_items_in_batch`, or calls the library's classification loss without
+    handing it the Trainer's count (`_counts_nothing`): a plain mean over its own tokens or rows. Read from the source
+    once per function."""
+    forward = type(model).forward
+    loss_type = getattr(model, "loss_type", None) or type(model).__name__  # the library derives it from the name
+    return _reads_own_mean(forward) or (any(t in loss_type for t in _CLASSIFICATION_LOSSES) and _counts_nothing(forward))
+
+
+#: The `loss_type`s whose library loss (`self.loss_function`) is a mean over the rows or tokens unless it is handed
+#: `num_items_in_batch`.
+_CLASSIFICATION_LOSSES = ("ForSequenceClassification", "ForTokenClassification")
+_LOSS_CALLS = re.compile(r"self\.loss_function\(([^()]*(?:\([^()]*\)[^()]*)*)\)")
+
+
+@functools.lru_cache(maxsize=None)
+def _counts_nothing(forward) -> bool:
+    """Whether every `self.loss_function(...)` call in `forward` passes neither `num_items_in_batch` nor `**` keyword
+    arguments (GPT-NeoX's sequence head: `self.loss_function(logits=..., labels=..., pooled_logits=..., config=...)`,
+    where the generic heads pass `**kwargs`)."""
+    import inspect
+
+    try:
+        calls = _LOSS_CALLS.findall(inspect.getsource(forward))
+    except (OSError, TypeError):  # no source to read: not this cause, as far as the kit can tell
+        return False
+    return bool(calls) and all("**" not in call and "num_items_in_batch" not in call for call in calls)
 
 
 @functools.lru_cache(maxsize=None)

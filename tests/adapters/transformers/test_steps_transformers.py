@@ -237,12 +237,14 @@ def test_the_untie_control_runs_where_a_fixture_ties_in_the_default_tier():
 
 
 @pytest.mark.parametrize("name, cause", [("UltraVBertForSequenceClassification", True),
-                                         ("LlamaForSequenceClassification", True), ("LlamaForCausalLM", False)])
+                                         ("LlamaForSequenceClassification", True), ("LlamaForCausalLM", False),
+                                         ("GPTNeoXForSequenceClassification", True)])
 def test_the_mean_loss_cause_is_read_from_generic_heads_and_from_heads_with_their_own_mean_loss(name, cause):
     """UltraVBert's sequence head is its own class (torch's CrossEntropyLoss(), **kwargs, no num_items_in_batch):
     the Trainer scales its loss by dp as the generic heads' (the sweep's ultravbert-seq-cls dpr4/fsdp4: loss and
-    gradient norm exactly 4x at step 1), so the step's failure carries the declared site; a causal LM's loss reads
-    num_items_in_batch and does not."""
+    gradient norm exactly 4x at step 1), so the step's failure carries the declared site; so is GPT-NeoX's, which
+    calls the library's classification loss without the Trainer's count (session 23's gpt_neox-seq-cls dpr4/fsdp4,
+    4x, untyped before); a causal LM's loss reads num_items_in_batch and does not."""
     cls = getattr(transformers, name, None)
     if cls is None:
         pytest.skip(f"this transformers has no {name}")
@@ -319,3 +321,16 @@ def test_a_failed_step_is_judged_again_with_the_references_own_error_measured_in
     assert unmeasured.status == Status.FAIL and "not_measured" in unmeasured.data["reference_error"]
     planted = judged(3e-2)
     assert planted.status == Status.FAIL and "reference_error" not in planted.data and ran == [True]
+
+
+def test_a_head_that_hands_its_loss_the_count_is_no_mean_loss_head():
+    """The negative control of `tasks._counts_nothing`: a sequence head whose loss call passes `**kwargs` (the
+    Trainer's `num_items_in_batch` reaches the loss, which then sums) is not the cause."""
+    class CountingHead(transformers.GPTNeoXForSequenceClassification):
+        def forward(self, input_ids=None, labels=None, **kwargs):
+            logits = self.score(self.gpt_neox(input_ids).last_hidden_state)
+            return self.loss_function(logits=logits, labels=labels, pooled_logits=logits[:, -1], config=self.config,
+                                      **kwargs)
+
+    assert steps._mean_loss_head(object.__new__(transformers.GPTNeoXForSequenceClassification))
+    assert not steps._mean_loss_head(object.__new__(CountingHead))
