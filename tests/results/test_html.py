@@ -396,3 +396,16 @@ def test_a_url_in_a_known_failure_is_text_not_a_reference(html_run):
     next(c for c in data["cases"] if c["status"] == "xfail")["known_failure"] = f"a bug [{url}]"
     text = html.render(data, with_plots=False)
     assert url in text and external_references(text) == [] and not Page(text).find("a", href=url)
+
+
+def test_a_hang_its_case_declares_is_shown_as_declared_and_an_undeclared_one_as_the_run_breaking():
+    """The events section (`html._events`): a hang whose case is an xfail on the hang itself is a declared hang (the
+    exit code 0 `report.declared_hang` gives it); another event, or a hang of a failing case, breaks the run."""
+    hang = {"kind": "hang", "index": 0, "message": "case 0 hung past --timeout 6s", "case": "m-u4-auto"}
+    case = {"id": "m-u4-auto", "status": "xfail", "failure": {"kind": "hang"}}
+    declared = html._events({"events": [hang], "cases": [case]})
+    assert "<h2>Declared hangs</h2>" in declared and "a declared hang (xfail)" in declared
+    broke = html._events({"events": [hang], "cases": [dict(case, status="error")]})
+    assert "<h2>The run broke</h2>" in broke and "run broke (hang)" in broke
+    mixed = html._events({"events": [hang, dict(hang, kind="signal", case="")], "cases": [case]})
+    assert "<h2>The run broke</h2>" in mixed and "a declared hang (xfail)" in mixed
