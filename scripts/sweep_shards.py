@@ -25,14 +25,17 @@ import time
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    for i in range(1, args.shards + 1):
-        if os.path.exists(_path(args.out, i, "done")):
-            continue
-        code = _shard(args, i)
-        if code is None:
-            return 130  # stopped: the next call goes on from the shard's report
-        open(_path(args.out, i, "done"), "w").close()
-    return 0
+    previous = signal.signal(signal.SIGTERM, _as_interrupt)  # a SIGTERM to the driver stops its shard as Ctrl-C does
+    try:
+        for i in range(1, args.shards + 1):
+            if os.path.exists(_path(args.out, i, "done")):
+                continue
+            if _shard(args, i) is None:
+                return 130  # stopped: the next call goes on from the shard's report
+            open(_path(args.out, i, "done"), "w").close()
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _shard(args, i: int) -> int | None:
@@ -54,6 +57,10 @@ def _shard(args, i: int) -> int | None:
             return None
     _note(args.out, i, time.time() - start, load, os.getloadavg()[0], code)
     return None if _interrupted(report) else code
+
+
+def _as_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _interrupted(report: str) -> bool:

@@ -250,6 +250,10 @@ def _explaining(verdict, matching: list[KnownFailure]) -> list[KnownFailure]:
     (`explaining_entries`, with each entry's message and site held to the verdict's words)."""
     usable = [e for e in matching if e.check_ids or (e.message_matches(verdict) and (
         e.check == "*" or verdict.status == CaseStatus.ERROR))]  # "error" covers a raise only
+    if verdict.failure is not None and verdict.failure.kind == FailureKind.HANG:
+        # A hang is declared only by an entry naming it (its message or site): a declared hang does not break the run
+        # (`report.exit_code`), so a catch-all entry for a family's raises must not hide a new deadlock.
+        usable = [e for e in usable if not e.check_ids and (e.message != "*" or e.site != "*")]
     found = explaining_entries(verdict.failing_checks, usable, lambda e, c: e.message_matches(verdict, c))
     if found and found[0].check_ids and verdict.failure is not None and verdict.failure.kind == FailureKind.EXIT:
         return []  # a rank that died or exited without a result is no declared wrong number, whatever else failed

@@ -507,3 +507,23 @@ def test_a_raise_is_blamed_on_the_innermost_frame_outside_torch_and_pythons_own_
     assert caught(defined(kit, "json.loads('{')")) == "kit"  # the standard library's frames are skipped too
     assert caught(defined(elsewhere, "torch.nn.functional.pad(torch.ones(1), (5, 5), mode='reflect')")) == "library"
     assert caught(defined(elsewhere, "raise KeyError('x')")) == "library"
+
+
+def test_a_hang_is_declared_only_by_an_entry_that_names_it():
+    """A hang (which, declared, does not break the run) is explained by an entry whose message or site names it, never
+    by a catch-all entry for the family's raises (`check = "error"` with no message), which would hide a new deadlock."""
+    from paracheck.domain.records import Failure, FailureKind
+
+    def hung():
+        ranks = [RankResult(0, r, RankStatus.ERROR, reason="hung past --timeout 6s in distributed_c10d.py:2169",
+                            failure=Failure(FailureKind.HANG, site="utils.get_unit_mesh")) for r in range(4)]
+        return merge(_case(), ranks)
+
+    catch_all = known.KnownFailure(reason="the family raises", model="flux", check="error")
+    named = known.KnownFailure(reason="unit mesh", model="flux", check="error", message="*hung past --timeout*")
+    typed = known.KnownFailure(reason="unit mesh", model="flux", check="error", site="utils.get_unit_mesh")
+    for entries, status in (([catch_all], CaseStatus.ERROR), ([named], CaseStatus.XFAIL), ([typed], CaseStatus.XFAIL)):
+        v = hung()
+        assert v.failure.kind == FailureKind.HANG
+        known.apply([v], entries)
+        assert v.status == status, (entries, v.reason)

@@ -320,7 +320,9 @@ def own_mean_loss(model) -> bool:
     handing it the Trainer's count (`_counts_nothing`): a plain mean over its own tokens or rows. Read from the source
     once per function."""
     forward = type(model).forward
-    loss_type = getattr(model, "loss_type", None) or type(model).__name__  # the library derives it from the name
+    # As the library's `loss_function` reads it: the config's, the model's, else derived from the class name.
+    loss_type = (getattr(getattr(model, "config", None), "loss_type", None) or getattr(model, "loss_type", None)
+                 or type(model).__name__)
     return _reads_own_mean(forward) or (any(t in loss_type for t in _CLASSIFICATION_LOSSES) and _counts_nothing(forward))
 
 
@@ -333,8 +335,9 @@ _LOSS_CALLS = re.compile(r"self\.loss_function\(([^()]*(?:\([^()]*\)[^()]*)*)\)"
 @functools.lru_cache(maxsize=None)
 def _counts_nothing(forward) -> bool:
     """Whether every `self.loss_function(...)` call in `forward` passes neither `num_items_in_batch` nor `**` keyword
-    arguments (GPT-NeoX's sequence head: `self.loss_function(logits=..., labels=..., pooled_logits=..., config=...)`,
-    where the generic heads pass `**kwargs`)."""
+    arguments (GPT-NeoX's sequence head and the generic classification heads: `self.loss_function(logits=...,
+    labels=..., pooled_logits=..., config=...)`). A call nested two parentheses deep is not read: with no call read,
+    the answer is no (not this cause, as far as the kit can tell)."""
     import inspect
 
     try:

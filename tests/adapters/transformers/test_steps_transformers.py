@@ -325,12 +325,22 @@ def test_a_failed_step_is_judged_again_with_the_references_own_error_measured_in
 
 def test_a_head_that_hands_its_loss_the_count_is_no_mean_loss_head():
     """The negative control of `tasks._counts_nothing`: a sequence head whose loss call passes `**kwargs` (the
-    Trainer's `num_items_in_batch` reaches the loss, which then sums) is not the cause."""
-    class CountingHead(transformers.GPTNeoXForSequenceClassification):
+    Trainer's `num_items_in_batch` reaches the loss, which then sums) is not the cause; the same head without them
+    is."""
+    from paracheck.adapters.transformers import tasks
+
+    class CountingForSequenceClassification(transformers.GPTNeoXForSequenceClassification):
         def forward(self, input_ids=None, labels=None, **kwargs):
             logits = self.score(self.gpt_neox(input_ids).last_hidden_state)
             return self.loss_function(logits=logits, labels=labels, pooled_logits=logits[:, -1], config=self.config,
                                       **kwargs)
 
-    assert steps._mean_loss_head(object.__new__(transformers.GPTNeoXForSequenceClassification))
-    assert not steps._mean_loss_head(object.__new__(CountingHead))
+    class UncountedForSequenceClassification(transformers.GPTNeoXForSequenceClassification):
+        def forward(self, input_ids=None, labels=None, **kwargs):
+            logits = self.score(self.gpt_neox(input_ids).last_hidden_state)
+            return self.loss_function(logits=logits, labels=labels, pooled_logits=logits[:, -1], config=self.config)
+
+    assert not tasks._counts_nothing(CountingForSequenceClassification.forward)
+    assert not steps._mean_loss_head(object.__new__(CountingForSequenceClassification))
+    assert tasks._counts_nothing(UncountedForSequenceClassification.forward)
+    assert steps._mean_loss_head(object.__new__(UncountedForSequenceClassification))
