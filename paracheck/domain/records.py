@@ -411,6 +411,12 @@ class RunEvent:
     def to_json(self) -> dict:
         return asdict(self)
 
+    def declared_by(self, status: str | None, failure_kind: str | None) -> bool:
+        """Whether this is a hang its case's verdict (`status`, its failure's `failure_kind`, as the JSON report
+        spells them) declares: an xfail on the hang itself, which only an entry naming the hang gives
+        (`results.known`). Such a hang is expected: it does not break the run, and stays among the events."""
+        return self.kind == "hang" and status == "xfail" and failure_kind == "hang"
+
     @classmethod
     def from_json(cls, data) -> "RunEvent | None":
         """What `to_json` wrote; None where `data` is no object, a field that is not the schema's read as absent."""

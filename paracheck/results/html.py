@@ -137,11 +137,11 @@ def _meta(data: dict) -> str:
 
 
 def _declared(event, data: dict) -> bool:
-    """A hang its case's known failure declares (`report.declared_hang`, read from the JSON's cases)."""
+    """A hang its case's verdict declares (`RunEvent.declared_by`), read from the JSON's cases."""
     case = next((c for c in items(data.get("cases")) if isinstance(c, dict) and c.get("id") == event.case), None)
     failure = case.get("failure") if case else None
-    return (event.kind == "hang" and case is not None and case.get("status") == "xfail"
-            and isinstance(failure, dict) and failure.get("kind") == "hang")
+    return case is not None and event.declared_by(case.get("status"), failure.get("kind") if isinstance(failure, dict)
+                                                  else None)
 
 
 def _events(data: dict) -> str:

@@ -12,7 +12,7 @@ from paracheck import __version__
 from paracheck.launch.protocol import Exit, write_text
 from paracheck.domain import registry
 from paracheck.domain.case import Case
-from paracheck.domain.records import LOCAL_WORLD_LIMITS, LOCAL_WORLD_STOOD_IN, CaseStatus, CheckId, FailureKind, Status
+from paracheck.domain.records import LOCAL_WORLD_LIMITS, LOCAL_WORLD_STOOD_IN, CaseStatus, CheckId, Status
 from paracheck.results import localization, resume
 from paracheck.results.runmeta import RunMeta
 from paracheck.results.grouping import COUNTED, Row, counts, covered, groups
@@ -35,13 +35,9 @@ def exit_code(verdicts: list[Verdict], events: list) -> int:
 
 
 def declared_hang(event, verdicts: list[Verdict]) -> bool:
-    """Whether `event` is a hang its case's known failure declares (the verdict an xfail on the hang itself, which
-    an entry's site or message matched): expected, so it does not break the run, and stays among the events."""
-    if event.kind != "hang" or not event.case:
-        return False
-    v = next((v for v in verdicts if v.id == event.case), None)
-    return (v is not None and v.status == CaseStatus.XFAIL and v.failure is not None
-            and v.failure.kind == FailureKind.HANG)
+    """Whether `event` is a hang its case's verdict declares (`RunEvent.declared_by`)."""
+    v = next((v for v in verdicts if v.id == event.case), None) if event.case else None
+    return v is not None and event.declared_by(v.status.value, v.failure.kind.value if v.failure else None)
 
 
 def replay_command(v: Verdict, argv_extra: list[str]) -> str:

@@ -100,3 +100,13 @@ def test_a_run_event_round_trips_and_one_that_is_not_the_schemas_reads_as_absent
     event = RunEvent("hang", 3, "rank 1 stuck", "flux-u4-auto")
     assert RunEvent.from_json(event.to_json()) == event and RunEvent.from_json({"kind": "start"}).case == ""
     assert RunEvent.from_json({"kind": ["x"], "index": "2"}) == RunEvent("", None, "") and RunEvent.from_json(3) is None
+
+
+def test_a_hang_is_declared_by_its_cases_xfail_on_the_hang_itself_and_nothing_else():
+    """`RunEvent.declared_by`, the one rule the exit code, the console and the HTML report ask."""
+    from paracheck.domain.records import RunEvent
+
+    hang, signal = RunEvent("hang", 0, "stuck", "m-u4-auto"), RunEvent("signal", 0, "SIGKILL", "m-u4-auto")
+    assert hang.declared_by("xfail", "hang")
+    assert not hang.declared_by("error", "hang") and not hang.declared_by("xfail", "check")
+    assert not hang.declared_by("xfail", None) and not signal.declared_by("xfail", "hang")
