@@ -332,30 +332,29 @@ _CLASSIFICATION_LOSSES = ("ForSequenceClassification", "ForTokenClassification")
 _LOSS_CALLS = re.compile(r"self\.loss_function\(([^()]*(?:\([^()]*\)[^()]*)*)\)")
 
 
-@functools.lru_cache(maxsize=None)
 def _counts_nothing(forward) -> bool:
     """Whether every `self.loss_function(...)` call in `forward` passes neither `num_items_in_batch` nor `**` keyword
     arguments (GPT-NeoX's sequence head and the generic classification heads: `self.loss_function(logits=...,
     labels=..., pooled_logits=..., config=...)`). A call nested two parentheses deep is not read: with no call read,
     the answer is no (not this cause, as far as the kit can tell)."""
-    import inspect
-
-    try:
-        calls = _LOSS_CALLS.findall(inspect.getsource(forward))
-    except (OSError, TypeError):  # no source to read: not this cause, as far as the kit can tell
-        return False
+    calls = _LOSS_CALLS.findall(_source(forward))
     return bool(calls) and all("**" not in call and "num_items_in_batch" not in call for call in calls)
 
 
-@functools.lru_cache(maxsize=None)
 def _reads_own_mean(forward) -> bool:
+    source = _source(forward)
+    return bool(_MEAN_LOSSES.search(source)) and "num_items_in_batch" not in source
+
+
+@functools.lru_cache(maxsize=None)
+def _source(forward) -> str:
+    """`forward`'s source, read once; "" where there is none to read (then no cause is read from it)."""
     import inspect
 
     try:
-        source = inspect.getsource(forward)
-    except (OSError, TypeError):  # no source to read: not this cause, as far as the kit can tell
-        return False
-    return bool(_MEAN_LOSSES.search(source)) and "num_items_in_batch" not in source
+        return inspect.getsource(forward)
+    except (OSError, TypeError):
+        return ""
 
 
 def variants(task: Task, model) -> tuple[str, ...]:
