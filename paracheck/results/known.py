@@ -247,17 +247,24 @@ def explaining(verdict, entries: list[KnownFailure]) -> list[KnownFailure]:
 
 def _explaining(verdict, matching: list[KnownFailure]) -> list[KnownFailure]:
     """The entries that together explain every failing check (or the raise); empty when one is unexplained
-    (`explaining_entries`, with each entry's message and site held to the verdict's words)."""
-    usable = [e for e in matching if e.check_ids or (e.message_matches(verdict) and (
-        e.check == "*" or verdict.status == CaseStatus.ERROR))]  # "error" covers a raise only
-    if verdict.failure is not None and verdict.failure.kind == FailureKind.HANG:
-        # A hang is declared only by an entry naming it (its message or site): a declared hang does not break the run
-        # (`report.exit_code`), so a catch-all entry for a family's raises must not hide a new deadlock.
-        usable = [e for e in usable if not e.check_ids and (e.message != "*" or e.site != "*")]
-    found = explaining_entries(verdict.failing_checks, usable, lambda e, c: e.message_matches(verdict, c))
-    if found and found[0].check_ids and verdict.failure is not None and verdict.failure.kind == FailureKind.EXIT:
-        return []  # a rank that died or exited without a result is no declared wrong number, whatever else failed
-    return found
+    (`explaining_entries`, with each entry's message and site held to the verdict's words, and only entries that
+    may declare the case's kind of failure, `_may_declare`)."""
+    kind = verdict.failure.kind if verdict.failure is not None else None
+    usable = [e for e in matching if _may_declare(e, kind) and (e.check_ids or (e.message_matches(verdict) and (
+        e.check == "*" or verdict.status == CaseStatus.ERROR)))]  # "error" covers a raise only
+    return explaining_entries(verdict.failing_checks, usable, lambda e, c: e.message_matches(verdict, c))
+
+
+def _may_declare(entry: KnownFailure, kind: FailureKind | None) -> bool:
+    """Whether `entry` may declare a case that failed as `kind`: a hang only by a whole-case entry naming it (its
+    message or site), as a declared hang does not break the run (`report.exit_code`) and a catch-all entry for a
+    family's raises must not hide a new deadlock; a rank that died or exited without a result only by a whole-case
+    entry, never one declaring checks' wrong numbers, whatever else failed; any other failure by any entry."""
+    if kind == FailureKind.HANG:
+        return not entry.check_ids and (entry.message != "*" or entry.site != "*")
+    if kind == FailureKind.EXIT:
+        return not entry.check_ids
+    return True
 
 
 def explaining_entries(failing, matched: list[KnownFailure], declares=lambda entry, check: True) -> list[KnownFailure]:

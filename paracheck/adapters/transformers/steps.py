@@ -49,7 +49,7 @@ MAX_GRAD_NORM = 0.5
 #: 1e-4: at most 9.5e-7 on llama and qwen3_moe, fsdp2, dpr2, fsdp2xep2. AdamW stays AdamW (decoupled decay, the
 #: moments, the bias correction); elements far below eps move as under SGD with rate lr / eps.
 ADAM_EPSILON = 1e-4
-#: What the float64 steps load with beyond the dtype: the experts' eager loop, as torch's `grouped_mm` (transformers'
+#: What the float64 steps (`reference(wide=True)`) load with beyond the dtype: the experts' eager loop, as torch's `grouped_mm` (transformers'
 #: default for a mixture of experts) takes no float64 ("Expected mat_a to be Float32, BFloat16 or Float16 matrix").
 #: The loop sums the same products in another order, which is all a measure of the reference's rounding asks of it.
 WIDE_LOAD = {"experts_implementation": "eager"}
@@ -61,7 +61,7 @@ WORLD_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK
              "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_RANK",
              "MV2_COMM_WORLD_SIZE", "MPI_LOCALRANKID", "ACCELERATE_USE_CPU", "ACCELERATE_TORCH_DEVICE")
 
-#: This process's reference step records by (factory, checkpoint, variant, shape, dp, steps, wide): a world runs a
+#: This process's reference step records by (factory, checkpoint, variant, shape, dp, steps): a world runs a
 #: fixture's layouts one after another, so neighbouring cases of one dp share them (and a control its plain case's).
 _STEPS = Recent(3, "transformers steps trace")
 #: The float64 steps a failed check measures the reference's own error by (`_within_own_error`), kept apart, so
@@ -195,25 +195,26 @@ def _single_process_env():
         _forget_accelerate()
 
 
-def reference(key, path: str, data: list[dict], rows: int, steps: int, workdir: str,
-              dtype: torch.dtype = torch.float32) -> Recorder:
+def reference(key, path: str, data: list[dict], rows: int, steps: int, workdir: str, wide: bool = False) -> Recorder:
     """The single-process run: a fresh load of `path` (never a case's shared reference model), trained alone on
     the CPU, where the adapter's other references run (`use_cpu`: on a GPU machine a single-process Trainer would
-    otherwise take cuda:0, and with several GPUs visible wrap the model in DataParallel). In `dtype`, the batches'
-    top-level floating tensors (pixels, audio features, embeddings) too; a nested one, or a model that upcasts
-    inside, leaves part of a float64 run in float32, which understates the reference's error (the safe side)."""
+    otherwise take cuda:0, and with several GPUs visible wrap the model in DataParallel). `wide`: in float64
+    (`WIDE_LOAD`), the batches' top-level floating tensors (pixels, audio features, embeddings) too; a nested one, or
+    a model that upcasts inside, leaves part of it in float32, which understates the reference's error (the safe
+    side); kept apart from the float32 runs (`_WIDE`)."""
 
     def compute():
         from paracheck.adapters.transformers import tasks
 
-        batches = data if dtype == torch.float32 else [
-            {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in b.items()}
-            for b in data]
+        if not wide:
+            with _single_process_env():
+                return train(tasks.load(path, dtype=torch.float32), data, rows, steps, True, workdir)
+        batches = [{k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in b.items()}
+                   for b in data]
         with _single_process_env():
-            model = tasks.load(path, dtype=dtype, **({} if dtype == torch.float32 else WIDE_LOAD))
-            return train(model, batches, rows, steps, True, workdir)
+            return train(tasks.load(path, dtype=torch.float64, **WIDE_LOAD), batches, rows, steps, True, workdir)
 
-    return (_STEPS if dtype == torch.float32 else _WIDE).get(key, compute)
+    return (_WIDE if wide else _STEPS).get(key, compute)
 
 
 def check(actual: Recorder, expected: Recorder, atol: float, rtol: float, own_error: list | None = None,
@@ -335,9 +336,8 @@ def _reference_of(body, data: list[dict], rows: int, wide: bool = False):
 
     case = body.case
     shape = json.dumps(case.shape.to_json(), sort_keys=True) if case.shape is not None else None
-    key = (case.factory, body.path, case.variant, shape, body.layout.dp, case.steps, wide)
-    return reference(key, body.path, data, rows, case.steps, body.ctx.site.workdir,
-                     torch.float64 if wide else torch.float32)
+    key = (case.factory, body.path, case.variant, shape, body.layout.dp, case.steps)
+    return reference(key, body.path, data, rows, case.steps, body.ctx.site.workdir, wide)
 
 
 def _within_own_error(body, result: CheckResult, actual, expected, stand_in, exact) -> CheckResult:
