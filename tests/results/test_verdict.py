@@ -284,6 +284,28 @@ def test_xfails_group_by_their_known_failure_its_reason_once():
                      "xfail the mask is not rotated", "      qwenimage: u4"]
 
 
+def test_a_pass_beyond_the_references_precision_is_said_and_an_excused_one_is_not():
+    """A steps check that passed only where the single-device reference was itself too imprecise to judge it
+    (`checks.steps`' "beyond", on a step or an evaluation) gets a note line naming it; one within the plain excuse
+    does not (its detail is in the report)."""
+    from paracheck.results import report
+
+    def passing(data: dict):
+        ranks = _ranks({})
+        for r in ranks:
+            r.checks = [CheckResult(CheckId.STEPS, Status.PASS, "at step 3 of 3 the float32 reference is itself ...",
+                                    max_abs=1.2e-4, data=dict(data))]
+        return merge(_case(layout=DiffusersLayout.parse("tp4")), ranks)
+
+    lines = report.notes([passing({"beyond_step": 3})], {}).splitlines()
+    assert lines == ["note  flux tp4 native: parity.steps passed only within the reference's own imprecision: at step 3 "
+                     "of 3 the float32 reference is itself ..."]
+    evaluation = passing({"evaluation_excused": {"after": {"as": "beyond"}}})
+    assert "parity.steps passed only within" in report.notes([evaluation], {})
+    assert report.notes([passing({"steps": [{"excused": {"w": {}}}]}),
+                         passing({"evaluation_excused": {"after": {"as": "excused"}}})], {}) == ""
+
+
 def test_covered_names_a_route_only_where_one_model_runs_a_layout_by_several():
     from paracheck.results.grouping import Row, covered
 

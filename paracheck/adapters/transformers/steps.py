@@ -25,9 +25,10 @@ import tempfile
 
 import torch
 
-from paracheck.checks.compare import BOUND_FACTOR, compare
+from paracheck.checks.compare import compare
 from paracheck.checks.shards import full
-from paracheck.checks.steps import EXCUSE_ATOLS, StepRecord, against_own_error, compare_steps, reference_error
+from paracheck.checks.steps import (EXCUSE_ATOLS, StepRecord, against_own_error, compare_steps, reference_error,
+                                    widest_excuse)
 from paracheck.domain.adapter import Refused
 from paracheck.domain.records import CheckId, CheckResult, Failure, FailureKind, Status
 from paracheck.world.recent import Recent
@@ -226,31 +227,37 @@ def check(actual: Recorder, expected: Recorder, atol: float, rtol: float, own_er
     norms = [r.grad_norm for r in expected.records]
     result.data.update(max_grad_norm=MAX_GRAD_NORM, clipped=[n is not None and n > MAX_GRAD_NORM for n in norms],
                        evaluated=actual.evaluated, reference_evaluated=expected.evaluated)
-    for when, mine, ref, own in zip(("before", "after"), actual.evaluated, expected.evaluated,
-                                    own_evaluated or (None, None)):
+    if len(actual.evaluated) != len(expected.evaluated):
+        result.status, result.detail = Status.FAIL, (f"{len(actual.evaluated)} evaluations recorded, the reference "
+                                                     f"took {len(expected.evaluated)}")
+    for i, (mine, ref) in enumerate(zip(actual.evaluated, expected.evaluated)):
+        when = ("before", "after")[min(i, 1)]
         held = compare(CheckId.STEPS, torch.tensor(mine), torch.tensor(ref), atol, rtol,
                        f"the evaluation loss {when} the steps")
         if held.status == Status.FAIL and result.status == Status.PASS:
-            _evaluation_failed(result, held, when, mine, ref, own, atol, rtol)
+            own = own_evaluated[i] if own_evaluated is not None and i < len(own_evaluated) else None
+            _hold_evaluation(result, held, when, mine, ref, own, atol, rtol)
     return result
 
 
-def _evaluation_failed(result: CheckResult, held: CheckResult, when: str, mine: float, ref: float, own, atol: float,
-                       rtol: float) -> None:
+def _hold_evaluation(result: CheckResult, held: CheckResult, when: str, mine: float, ref: float, own, atol: float,
+                     rtol: float) -> None:
     """`result` (passing steps) given a failed evaluation `held`: failed, unless it stands within the reference's own
-    error there (`own`: the float32 evaluation's distance from the float64 one), which the detail then says."""
-    how = own is not None and against_own_error(torch.tensor(abs(mine - ref)), torch.tensor(atol + rtol * abs(ref)),
-                                                own, atol)
-    if how:
-        result.data.setdefault("evaluation_excused", {})[when] = {"max_abs": abs(mine - ref), "reference_error": own,
-                                                                  "as": how}
-        result.detail = (f"the evaluation loss {when} the steps ({mine:.6g} != reference {ref:.6g}) is within twice "
-                         f"the reference's own rounding error there (its float64 evaluation is {own:.2e} away" +
-                         (f", past what the tolerance can judge: {EXCUSE_ATOLS} atol)" if how == "beyond" else ")")
-                         + (f"; {result.detail}" if result.detail else ""))
+    error there (`own`: the float32 evaluation's distance from the float64 one, `against_own_error`), which the
+    detail then says."""
+    how = None if own is None else against_own_error(torch.tensor(abs(mine - ref), dtype=torch.float64),
+                                                      torch.tensor(atol + rtol * abs(ref), dtype=torch.float64),
+                                                      own, atol)
+    if how is None:
+        result.status, result.detail = Status.FAIL, f"{held.detail}: {mine:.6g} != reference {ref:.6g}"
+        result.max_abs = max(result.max_abs or 0.0, held.max_abs or 0.0)
         return
-    result.status, result.detail = Status.FAIL, f"{held.detail}: {mine:.6g} != reference {ref:.6g}"
-    result.max_abs = max(result.max_abs or 0.0, held.max_abs or 0.0)
+    result.data.setdefault("evaluation_excused", {})[when] = {"max_abs": abs(mine - ref), "reference_error": own,
+                                                              "as": how}
+    result.detail = "; ".join(filter(None, (
+        f"the evaluation loss {when} the steps ({mine:.6g} != reference {ref:.6g}) is within twice the reference's "
+        f"own rounding error there (its float64 evaluation is {own:.2e} away" +
+        (f", past what the tolerance can judge: {EXCUSE_ATOLS} atol)" if how == "beyond" else ")"), result.detail)))
 
 
 def skip(reason: str) -> list[CheckResult]:
@@ -344,7 +351,8 @@ def _within_own_error(body, result: CheckResult, actual, expected, stand_in, exa
     """`result` (failed) judged again with the reference's own rounding error measured: the same single-process
     steps in float64 (`exact()`), each failing parameter and evaluation held against the float32 reference's
     distance from them (`checks.steps.against_own_error`). Not run where no own error could turn its first failing
-    step (`_within_reach`: every planted control here); where the float64 steps raise, `result` with the reason."""
+    step (`_within_reach`: a planted control that parts past the excuse there); where the float64 steps raise,
+    `result` with the reason."""
     atol, rtol = body.tol.atol, body.tol.rtol
     if not _within_reach(result, actual, expected, atol, rtol):
         return result
@@ -356,39 +364,30 @@ def _within_own_error(body, result: CheckResult, actual, expected, stand_in, exa
         return result
     try:
         own = reference_error(expected.records, wide.records)
+        if len(wide.evaluated) != len(expected.evaluated):
+            raise ValueError(f"the wide run evaluated {len(wide.evaluated)} times, the reference "
+                             f"{len(expected.evaluated)}")
     except ValueError as exc:
         result.data["reference_error"] = {"not_measured": str(exc)}
         return result
     evaluated = [abs(a - b) for a, b in zip(expected.evaluated, wide.evaluated)]
     again = _judged(body, actual, None, expected, stand_in, own, evaluated)
-    worst = max(((s, n, e) for s, step in enumerate(own, 1) for n, e in step.items()), key=lambda t: t[2],
-                default=None)
+    worst = max(((s, n, float(e.max())) for s, step in enumerate(own, 1) for n, e in step.items()
+                 if not bool(e.isnan().any())), key=lambda t: t[2], default=None)
     again.data["reference_error"] = dict({"step": worst[0], "parameter": worst[1], "max_abs": worst[2]}
                                          if worst else {}, evaluated=evaluated)
-    if again.status == Status.PASS and not again.detail:
-        again.detail = _excused_detail(again.data.get("steps", []))
     return again
 
 
 def _within_reach(result: CheckResult, actual, expected, atol: float, rtol: float) -> bool:
     """Whether the reference's own error could turn `result` (failed): its steps up to the first failing one pass
-    with every parameter allowed the widest excuse (`EXCUSE_ATOLS` atol), or only an evaluation failed."""
+    with every parameter allowed the widest excuse (`checks.steps.widest_excuse`), or only an evaluation failed. So
+    a run passes as "beyond" only from a step after one where it agreed within the reference's rounding."""
     if len(actual.records) != len(expected.records):
         return False
     first = result.data.get("first_step", len(expected.records))
-    widest = [dict.fromkeys(r.params, EXCUSE_ATOLS * atol / BOUND_FACTOR) for r in expected.records[:first]]
-    return compare_steps(actual.records[:first], expected.records[:first], atol, rtol, widest).status == Status.PASS
-
-
-def _excused_detail(steps: list[dict]) -> str:
-    """A passing check's words for the worst parameter its steps excused (`checks.steps._excused`), or ""."""
-    excused = [(s, n, f) for s, step in enumerate(steps, 1) for n, f in step.get("excused", {}).items()]
-    if not excused:
-        return ""
-    s, n, f = max(excused, key=lambda t: t[2]["max_abs"])
-    return (f"within the reference's own rounding error: {n} parts by {f['max_abs']:.2e} at step {s}, where the "
-            f"float32 reference parts from its float64 steps by up to {f['reference_error']:.2e} (each element held "
-            "to the tolerance plus twice that)")
+    return compare_steps(actual.records[:first], expected.records[:first], atol, rtol,
+                         widest_excuse(expected.records[:first], atol)).status == Status.PASS
 
 
 def _train_parallel(body, data: list[dict], rows: int, trainer_class) -> tuple:
