@@ -302,8 +302,11 @@ def _swept(args, backend, entries, adapter) -> int:
         swept = adapter.sweep(request)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    if args.resume:
+        print(f"paracheck: --resume {args.resume}: {len(swept.carried)} cases held there, {len(swept.cases)} to run",
+              file=sys.stderr)
     try:
-        return _launch(args, backend, swept.cases, entries, [], swept)
+        return _launch(args, backend, swept.cases, entries, swept.carried, swept)
     finally:
         swept.close()
 

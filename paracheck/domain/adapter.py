@@ -117,12 +117,14 @@ class TopologyRequest:
 class Swept:
     """A sweep ready for the host's one launch: every case in order; those decided before any rank starts (index
     -> the `RankResult`s that decide it: a named skip, or the error its family's build raised); what the report's
-    meta adds; the counts line's tail; `close()` removes what the sweep built, once the run is over."""
+    meta adds; the counts line's tail; `close()` removes what the sweep built, once the run is over; a resumed
+    report's entries for the cases it left out (`--resume`), carried into the run's report."""
     cases: list
     decided: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
     tail: str = ""
     close: Callable[[], None] = lambda: None
+    carried: list = field(default_factory=list)
 
 
 @runtime_checkable

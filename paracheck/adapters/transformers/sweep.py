@@ -127,9 +127,10 @@ def fitted(family: Family, world: int, dtype: str = "fp32") -> Family:
     return family
 
 
-def plan(request) -> tuple[list[Case], dict[int, str], list[Family]]:
+def plan(request) -> tuple[list[Case], dict[int, str], list[Family], list[dict]]:
     """The sweep's cases (this shard's, less those a resumed report holds), the indices refused before launch
-    with their reasons, and the families whose checkpoints the remaining cases need. A family or --shard it
+    with their reasons, the families whose checkpoints the remaining cases need, and the resumed report's entries
+    for the cases left out (carried into this run's report, as any resumed run's are). A family or --shard it
     cannot take is a ValueError naming it."""
     from paracheck.adapters.transformers.mixin_cases import plan_layouts
 
@@ -157,10 +158,11 @@ def plan(request) -> tuple[list[Case], dict[int, str], list[Family]]:
     if request.shard:
         keep = shard(keep, *parse_shard(request.shard), group=lambda i: cases[i].model)
     done = resume.held(request.resume) if request.resume else {}
+    carried = [entry for entry in (resume.entry_for(cases[i], done) for i in keep) if entry is not None]
     keep = [i for i in keep if resume.entry_for(cases[i], done) is None]
     needed = {cases[i].model for i in keep if i not in refused}
     return ([cases[i] for i in keep], {n: refused[i] for n, i in enumerate(keep) if i in refused},
-            [by_family[name] for name in sorted(needed)])
+            [by_family[name] for name in sorted(needed)], carried)
 
 
 def _turned_on(cases: list[Case], refused: dict[int, str], turn) -> tuple[list[Case], dict[int, str]]:
@@ -281,7 +283,7 @@ def prepare(request) -> Swept:
 
     if missing():  # every family loads with from_pretrained: one line, before anything is built
         raise ValueError(missing())
-    cases, refused, needed = plan(request)
+    cases, refused, needed, carried = plan(request)
     folder = tempfile.mkdtemp(prefix="paracheck-sweep-")
     try:
         for n, family in enumerate(needed, 1):
@@ -299,7 +301,7 @@ def prepare(request) -> Swept:
         raise
     meta = {"sweep": {"models": PREFIX + request.names, "shard": request.shard, "families": len(needed)}}
     return Swept(cases, {i: _refusal(i, why) for i, why in refused.items()}, meta,
-                 f", {len(needed)} families built", lambda: shutil.rmtree(folder, ignore_errors=True))
+                 f", {len(needed)} families built", lambda: shutil.rmtree(folder, ignore_errors=True), carried)
 
 
 def _with_payload(case: Case, path: str) -> Case:

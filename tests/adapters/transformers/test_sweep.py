@@ -23,7 +23,7 @@ def whole():
 
 
 def test_every_family_with_a_tp_plan_is_planned_and_every_case_fits_or_is_refused_by_name(whole):
-    cases, refused, needed = whole
+    cases, refused, needed, _ = whole
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -51,7 +51,7 @@ def test_every_image_text_family_has_a_builder_or_its_own_refusal(whole):
 
     if Version(transformers.__version__) < Version("5.25.0"):
         pytest.skip(f"the builders are written against 5.25.0's image-text families (this is {transformers.__version__})")
-    cases, refused, _ = whole
+    cases, refused, _, _ = whole
     unbuilt = {cases[i].model: refused[i] for i in refused
                if tasks.by_suffix(cases[i].model)[1] is tasks.IMAGE_TEXT and "the kit makes image inputs" in refused[i]}
     assert not unbuilt
@@ -61,14 +61,14 @@ def test_steps_and_checkpoints_are_turned_on_per_family_one_layout_of_each_kind(
     """`--steps`/checkpoints reach the sweep's families of every task as the default tier turns them on: per family,
     the simplest layout of each kind (every one with --all); none when the request asks for neither."""
     request = dict(layouts="tp4,fsdp4,dpr4,pp4,tp2xfsdp2,dpr2xfsdp2")
-    cases, refused, _ = sweep.plan(_args("llama-seq-cls", steps=3, checkpoint=True, **request))
+    cases, refused, _, _ = sweep.plan(_args("llama-seq-cls", steps=3, checkpoint=True, **request))
     trained = {c.layout.name for c in cases if c.steps == 3 and c.checkpoint}
     assert trained == {c.layout.name for i, c in enumerate(cases) if i not in refused} & {"tp4", "fsdp4", "dpr4", "pp4"}
     assert trained and not any(c.steps or c.checkpoint for c in sweep.plan(_args("llama-seq-cls", **request))[0])
 
 
 def test_shards_partition_the_sweep_and_keep_each_family_whole():
-    cases, _, _ = sweep.plan(_args("all-token-cls"))  # one task's families: the rule is the same for every task
+    cases, _, _, _ = sweep.plan(_args("all-token-cls"))  # one task's families: the rule is the same for every task
     parts = [sweep.plan(_args("all-token-cls", shard=f"{i}/3"))[0] for i in (1, 2, 3)]
     ids = [c.id for part in parts for c in part]
     assert sorted(ids) == sorted(c.id for c in cases)
@@ -77,20 +77,23 @@ def test_shards_partition_the_sweep_and_keep_each_family_whole():
 
 
 def test_resume_leaves_out_what_a_report_holds_but_errors(whole, tmp_path):
-    cases, _, _ = whole
+    cases, _, _, _ = whole
     first, second = cases[0], cases[1]
     report = tmp_path / "r.json"
     report.write_text(json.dumps({"cases": [
         {"model": first.model, "layout": first.layout.name, "variant": "base", "control": None, "status": "pass"},
         {"model": second.model, "layout": second.layout.name, "variant": "base", "control": None, "status": "error"}]}))
-    left = {c.id for c in sweep.plan(_args(resume=str(report)))[0]}
+    resumed, _, _, carried = sweep.plan(_args(resume=str(report)))
+    left = {c.id for c in resumed}
     assert first.id not in left and second.id in left and len(left) == len(cases) - 1
+    # The held case's entry is carried into the resumed run's report, so a second interruption loses nothing.
+    assert [(e["model"], e["layout"], e["status"]) for e in carried] == [(first.model, first.layout.name, "pass")]
 
 
 def test_only_control_plans_that_control_alone_as_the_fixtures_do():
     """`--controls --only-control NAME` over the sweep: that control on every layout, no plain case (it ran the
     plain case and every control before)."""
-    cases, _, _ = sweep.plan(_args("qwen3_moe", controls=True, only_control="tf-router-topk-on-shard"))
+    cases, _, _, _ = sweep.plan(_args("qwen3_moe", controls=True, only_control="tf-router-topk-on-shard"))
     assert cases and {c.control for c in cases} == {"tf-router-topk-on-shard"}
     every = sweep.plan(_args("qwen3_moe", controls=True))[0]
     assert {c.layout.name for c in cases} == {c.layout.name for c in every}
@@ -148,6 +151,24 @@ def _expected(family: str, control: str) -> str:
 
     plan = AutoConfig.for_model(family).base_model_tp_plan or {}
     return "detected" if "packed_colwise" in plan.values() else "skip"
+
+
+@pytest.mark.slow
+def test_a_resumed_sweep_carries_the_cases_its_report_held(tmp_path):
+    """`--resume` over the sweep: what the report holds is neither built nor run again, and is carried into the new
+    report, counted (it was once left out of it: a shard stopped twice kept only its last part)."""
+    args = ["--models", "transformers:gpt_neox", "--nproc", "2", "--layouts", "tp2,fsdp2", "--steps", "0",
+            "--no-checkpoint"]
+    (tmp_path / "first").mkdir()
+    (tmp_path / "then").mkdir()
+    first = run_paracheck(args, tmp_path / "first")
+    held = {c["id"]: c["status"] for c in first.report["cases"]}
+    assert first.code == 0 and len(held) == 2, first.out
+    (tmp_path / "first.json").write_text(json.dumps(first.report))
+    then = run_paracheck([*args, "--resume", str(tmp_path / "first.json")], tmp_path / "then")
+    assert then.code == 0 and "[family" not in then.out and "2 cases held there, 0 to run" in then.out, then.out
+    assert {c["id"]: c["status"] for c in then.report["cases"]} == held
+    assert all(c["resumed"] for c in then.report["cases"]) and then.report["summary"]["passed"] == 2
 
 
 def test_a_sweep_case_replays_by_its_family_name():
