@@ -21,6 +21,7 @@ import sys
 from collections import Counter
 
 from paracheck.adapters.transformers.tasks import TASKS, by_suffix
+from paracheck.checks.steps import passed_beyond
 
 _ORDER = ("tp4", "fsdp4", "dpr4", "pp4", "ep4", "dpr2xfsdp2", "tp2xdpr2", "tp2xfsdp2", "pp2xtp2", "tp2xep2",
           "tp2xfsdp2xep2", "fsdp4xep2", "fsdp4xep4", "tp4xep4", "dpr2xfsdp2xep2", "pp2xdpr2", "pp2xfsdp2")
@@ -60,7 +61,7 @@ LATER = (("generate", "parity.generate", "does not generate"), ("steps", "parity
 def later(cases: dict, check_id: str) -> dict:
     """family -> its cell for one pass the sweep runs on some layouts: `pass (n)` over the n layouts that took it,
     or each layout that did not pass (`xfail` where the case's failure is declared, `FAIL` where it is not, `skip`
-    where the pass did not run)."""
+    where the pass did not run), or passed only beyond the reference's precision (`beyond`)."""
     by_family: dict[str, list[tuple[str, str]]] = {}
     for case in cases.values():
         check = next((k for k in case.get("checks", []) if k["id"] == check_id), None)
@@ -69,6 +70,8 @@ def later(cases: dict, check_id: str) -> dict:
         status = check["status"]
         if status == "fail":
             status = "xfail" if case["status"] == "xfail" else "FAIL"
+        elif status == "pass" and passed_beyond(check.get("data", {}).get("per_rank")):
+            status = "beyond"
         by_family.setdefault(case["model"], []).append((case["layout"], status))
     out = {}
     for family, held in by_family.items():
@@ -77,8 +80,9 @@ def later(cases: dict, check_id: str) -> dict:
     return out
 
 
-def render(cases: dict, meta: dict, wall: float | None) -> str:
-    """The matrix of every family `cases` holds: its header, a row per family, the reasons' footnotes."""
+def render(cases: dict, meta: dict, wall: float | None, source: str = "") -> str:
+    """The matrix of every family `cases` holds: its header (`source`: where the reports come from, quoted), a row
+    per family, the reasons' footnotes."""
     table, missed = cells(cases)
     order = {task.name: n for n, task in enumerate(TASKS)}
     families = sorted({f for f, _ in table}, key=lambda f: (order[by_suffix(f)[1].name], f))
@@ -96,6 +100,8 @@ def render(cases: dict, meta: dict, wall: float | None) -> str:
                 for column, _, words in LATER]
         rows.append(row)
     out = _header(cases, meta, wall, table, families)
+    if source:
+        out[6:6] = [source, ""]  # after the versions line
     out += ["| family | task | " + " | ".join(layouts + [c for c, _, _ in LATER]) + " |",
             "| --- | --- | " + " | ".join("---" for _ in layouts + list(LATER)) + " |"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
@@ -129,7 +135,9 @@ def _header(cases: dict, meta: dict, wall: float | None, table: dict, families: 
             (f" Wall time {wall / 60:.1f} min." if wall else ""), "",
             "The last three columns are the passes a family takes on one layout of each kind of parallelism (every "
             "layout with `--all`), each as `pass (n)` over the n layouts that took it, or each layout that did not "
-            "pass (`xfail`: the case's failure is declared): `generate`, parity.generate (greedy generation in three "
+            "pass (`xfail`: the case's failure is declared; `beyond`: it passed only within the single-device "
+            "reference's own imprecision, its float32 steps too far from the same steps in float64 for the tolerance "
+            "to judge the run, docs/reports.md): `generate`, parity.generate (greedy generation in three "
             "cache modes); `steps`, parity.steps (the library's Trainer, optimizer steps against one process's); "
             "`checkpoint`, checkpoint.roundtrip (save, reload in one process and on another layout, resume). An "
             "empty cell: no case of the family reached that pass (the sweep ran without it, `--steps 0`, "
@@ -168,15 +176,17 @@ def main(argv=None) -> int:
     parser.add_argument("--tasks-out", help="write the causal-LM families to --out and every other task's here "
                                             "(docs/support-matrix-tasks.md), from the same reports")
     parser.add_argument("--wall", type=float, help="the sweep's wall time in seconds, quoted in the header")
+    parser.add_argument("--source", default="", help="where the reports come from (the commit, any reruns merged "
+                                                     "after the shards), quoted in the header")
     args = parser.parse_args(argv)
     cases, meta = merged(args.reports)
     outputs = [(args.out, cases)] if not args.tasks_out else [(args.out, by_task(cases, True)),
                                                               (args.tasks_out, by_task(cases, False))]
     for path, held in outputs:
-        text = render(held, meta, args.wall)
+        text = render(held, meta, args.wall, args.source)
         with open(path, "w") as handle:
             handle.write(text)
-        print(path, text.splitlines()[6])
+        print(path, next(line for line in text.splitlines() if line.startswith("**")))
     return 0
 
 

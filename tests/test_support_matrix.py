@@ -20,6 +20,12 @@ def test_a_pass_column_names_the_layouts_that_did_not_pass_and_whether_declared(
     assert matrix.later(cases, "parity.steps") == {"llama": "FAIL dpr4, xfail fsdp4 (of 3)"}
     assert matrix.later({k: v for k, v in cases.items() if v["status"] == "pass"}, "parity.steps") == \
         {"llama": "pass (1)"}
+    beyond = _case("gemma4_text", "dpr4", parity_steps="pass")
+    beyond["checks"][0]["data"] = {"per_rank": {"0": {"beyond_step": 3}, "1": {"beyond_step": 3}}}
+    excused = _case("gemma4_text", "fsdp4", parity_steps="pass")
+    excused["checks"][0]["data"] = {"per_rank": {"0": {"steps": [{"excused": {"w": {}}}]}}}
+    assert matrix.later({c["id"]: c for c in (beyond, excused)}, "parity.steps") == \
+        {"gemma4_text": "beyond dpr4 (of 2)"}
 
 
 def test_one_sweep_splits_into_the_causal_lm_matrix_and_the_other_tasks():
@@ -34,6 +40,8 @@ def test_one_sweep_splits_into_the_causal_lm_matrix_and_the_other_tasks():
     row = next(line for line in text.splitlines() if line.startswith("| llama-seq-cls"))
     assert row.endswith("| does not generate |  | xfail tp4 (of 1) |")
     assert "| tp4 | fsdp4 | generate | steps | checkpoint |" in text
+    quoted = matrix.render(other, {}, None, "The shards at commit abc, two families rerun at def.").splitlines()
+    assert quoted[6] == "The shards at commit abc, two families rerun at def." and quoted[8].startswith("**")
 
 
 def test_the_shard_driver_skips_finished_shards_and_takes_a_stopped_one_as_unfinished(tmp_path):

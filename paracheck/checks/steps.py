@@ -115,6 +115,15 @@ def widest_excuse(records: list[StepRecord], atol: float) -> list[dict]:
     return [dict.fromkeys(r.params, EXCUSE_ATOLS * atol / BOUND_FACTOR) for r in records]
 
 
+def passed_beyond(per_rank: dict) -> bool:
+    """Whether a passing `parity.steps` passed on some rank (`per_rank`: rank -> its result's data) only as "beyond"
+    (`against_own_error`), on a step or an evaluation: where the single-device reference was itself too imprecise for
+    the tolerance to judge the run, which the console and the support matrix say."""
+    return any(held.get("beyond_step")
+               or any(e.get("as") == "beyond" for e in held.get("evaluation_excused", {}).values())
+               for held in (per_rank or {}).values())
+
+
 def _step_problems(mine: StepRecord, ref: StepRecord, atol: float, rtol: float,
                    error: dict | None = None) -> tuple[list[str], dict]:
     """(what parted at one step, its figures): the loss, the gradient norm (named beside another problem only), the

@@ -7,6 +7,7 @@ import shlex
 from dataclasses import replace
 from xml.sax.saxutils import escape, quoteattr
 
+from paracheck.checks.steps import passed_beyond
 from paracheck.launch.attribution import ranks_named, ranks_text
 from paracheck import __version__
 from paracheck.launch.protocol import Exit, write_text
@@ -136,17 +137,9 @@ def _case_notes(v: Verdict, replay: str) -> list[str]:
     for f in ([] if v.case.control else v.findings):  # a control's inputs are its plain case's
         out.append(f"note  {label}: input not split on {ranks_named(f.ranks)}: {f.message}")
     for m in v.checks if v.status == CaseStatus.PASS else ():
-        if m.status == Status.PASS and _beyond_on(m):
+        if m.status == Status.PASS and passed_beyond(m.data.get("per_rank")):
             out.append(f"note  {label}: {m.id.value} passed only within the reference's own imprecision: {m.detail}")
     return out
-
-
-def _beyond_on(m) -> bool:
-    """Whether check result `m` passed on some rank only as "beyond" (`checks.steps.against_own_error`): where the
-    single-device reference was itself too imprecise for the tolerance to judge the run, which a pass must say."""
-    return any(held.get("beyond_step")
-               or any(e.get("as") == "beyond" for e in held.get("evaluation_excused", {}).values())
-               for held in (m.data.get("per_rank") or {}).values())
 
 
 def _stand_in_groups(verdicts: list[Verdict]) -> list[str]:
