@@ -21,7 +21,7 @@ import sys
 from collections import Counter
 
 from paracheck.adapters.transformers.tasks import TASKS, by_suffix
-from paracheck.checks.steps import passed_beyond
+from paracheck.domain.records import passed_beyond
 
 _ORDER = ("tp4", "fsdp4", "dpr4", "pp4", "ep4", "dpr2xfsdp2", "tp2xdpr2", "tp2xfsdp2", "pp2xtp2", "tp2xep2",
           "tp2xfsdp2xep2", "fsdp4xep2", "fsdp4xep4", "tp4xep4", "dpr2xfsdp2xep2", "pp2xdpr2", "pp2xfsdp2")
@@ -99,9 +99,7 @@ def render(cases: dict, meta: dict, wall: float | None, source: str = "") -> str
         row += [words if column == "generate" and not task.generates else passes[column].get(family, "")
                 for column, _, words in LATER]
         rows.append(row)
-    out = _header(cases, meta, wall, table, families)
-    if source:
-        out[6:6] = [source, ""]  # after the versions line
+    out = _header(cases, meta, wall, table, families, source)
     out += ["| family | task | " + " | ".join(layouts + [c for c, _, _ in LATER]) + " |",
             "| --- | --- | " + " | ".join("---" for _ in layouts + list(LATER)) + " |"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
@@ -110,7 +108,7 @@ def render(cases: dict, meta: dict, wall: float | None, source: str = "") -> str
     return "\n".join(out) + "\n"
 
 
-def _header(cases: dict, meta: dict, wall: float | None, table: dict, families: list) -> list[str]:
+def _header(cases: dict, meta: dict, wall: float | None, table: dict, families: list, source: str = "") -> list[str]:
     counts = Counter(status for status, _, _ in table.values())
     by_family = Counter(_family_status([table[k][0] for k in table if k[0] == f]) for f in families)
     by_task = Counter(by_suffix(f)[1].name for f in families)
@@ -127,7 +125,7 @@ def _header(cases: dict, meta: dict, wall: float | None, table: dict, families: 
             " `refused`: skipped with the reason (the fitting rule, a plan transformers refuses, or a family that "
             "cannot be built); `error` / `FAIL`: not yet explained (each reason is below).", "",
             f"transformers {versions.get('transformers', '?')}, torch {versions.get('torch', '?')}, backend "
-            f"{meta.get('backend', '?')}, {meta.get('nproc', '?')} ranks.", "",
+            f"{meta.get('backend', '?')}, {meta.get('nproc', '?')} ranks.", "", *([source, ""] if source else []),
             f"**{len(families)} families, {len(table)} family x layout cases: " +
             ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "**; families: " +
             ", ".join(f"{n} {s}" for s, n in sorted(by_family.items())) + "; by task: " +

@@ -2,6 +2,7 @@
 each layout where it did not pass and whether that was declared, and one sweep's reports split into the causal-LM
 matrix and the other tasks' (docs/support-matrix.md, docs/support-matrix-tasks.md)."""
 
+from paracheck.domain.records import BEYOND_PRECISION
 from tests.support import script
 
 
@@ -21,7 +22,7 @@ def test_a_pass_column_names_the_layouts_that_did_not_pass_and_whether_declared(
     assert matrix.later({k: v for k, v in cases.items() if v["status"] == "pass"}, "parity.steps") == \
         {"llama": "pass (1)"}
     beyond = _case("gemma4_text", "dpr4", parity_steps="pass")
-    beyond["checks"][0]["data"] = {"per_rank": {"0": {"beyond_step": 3}, "1": {"beyond_step": 3}}}
+    beyond["checks"][0]["data"] = {"per_rank": {"0": {"beyond_step": 3, BEYOND_PRECISION: True}, "1": {}}}
     excused = _case("gemma4_text", "fsdp4", parity_steps="pass")
     excused["checks"][0]["data"] = {"per_rank": {"0": {"steps": [{"excused": {"w": {}}}]}}}
     assert matrix.later({c["id"]: c for c in (beyond, excused)}, "parity.steps") == \

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from paracheck.checks.compare import BOUND_FACTOR, compare, compare_named
-from paracheck.domain.records import CheckId, CheckResult, Status
+from paracheck.domain.records import BEYOND_PRECISION, CheckId, CheckResult, Status
 
 
 @dataclass
@@ -30,19 +30,21 @@ class StepRecord:
 
 
 def compare_steps(actual: list[StepRecord], expected: list[StepRecord], atol: float, rtol: float,
-                  own_error: list[dict] | None = None) -> CheckResult:
+                  own_error: list[dict] | None = None, ceiling: float | None = None) -> CheckResult:
     """PASS when every step's loss and parameters match the reference's; else FAIL naming the first step (1-based)
     and what diverged there, with the worst error over the steps compared. `data` holds each step's figures.
     `own_error` (`reference_error`), where measured, is the reference's own rounding error per step and parameter:
-    a failing parameter is held again against it (`against_own_error`), and a pass where one stood only as "beyond"
-    says so, naming the first (`data["beyond_step"]`): there the reference is too imprecise for the tolerance."""
+    a failing parameter is held again against it (`against_own_error`, "beyond" at most `ceiling`), and a pass where
+    one stood only as "beyond" says so, naming the first (`data["beyond_step"]`): there the reference is too
+    imprecise for the tolerance."""
     if len(actual) != len(expected):
         return CheckResult(CheckId.STEPS, Status.FAIL, f"{len(actual)} steps recorded, the reference took "
                            f"{len(expected)}")
     worst_abs = worst_rel = 0.0
     per_step = []
     for step, (mine, ref) in enumerate(zip(actual, expected), start=1):
-        problems, figures = _step_problems(mine, ref, atol, rtol, own_error[step - 1] if own_error else None)
+        problems, figures = _step_problems(mine, ref, atol, rtol, own_error[step - 1] if own_error else None,
+                                           ceiling)
         per_step.append(figures)
         worst_abs, worst_rel = max(worst_abs, figures["max_abs"]), max(worst_rel, figures["max_rel"])
         if problems:
@@ -52,7 +54,7 @@ def compare_steps(actual: list[StepRecord], expected: list[StepRecord], atol: fl
                          data={"steps": per_step})
     beyond = next((s for s, figures in enumerate(per_step, 1) if figures.get("beyond")), None)
     if beyond is not None:
-        result.data["beyond_step"] = beyond
+        result.data.update({"beyond_step": beyond, BEYOND_PRECISION: True})
     return result
 
 
@@ -60,15 +62,16 @@ def compare_steps(actual: list[StepRecord], expected: list[StepRecord], atol: fl
 #: Past it the float32 reference is itself that far from the exact steps (Adam amplifying its rounding over the
 #: steps, or a top-k near a tie taken another way), too imprecise for the tolerance to judge the run.
 EXCUSE_ATOLS = 10
-#: Where the reference is that imprecise, how far a parallel run may still part from it and pass, as "beyond" (the
-#: check's detail says so): a tenth of an Adam step at the kit's lr 1e-2 and the kit's atol 1e-5, so no wrong step
-#: (a bias correction miscounted, a gradient left unzeroed, which move a parameter by about lr) ever passes.
+#: Where the reference is that imprecise, how far, in tolerances, a parallel run may still part from it and pass, as
+#: "beyond" (the check's detail says so); an adapter that knows its step's size lowers it (`ceiling`): the
+#: transformers adapter to a tenth of an Adam step, so no wrong step ever passes (1e-3 at its lr 1e-2: at fp32's
+#: CPU atol 1e-5 both are 1e-3, at CUDA's 1e-4 the lr's rules).
 BEYOND_ATOLS = 100
 
 
 def reference_error(expected: list[StepRecord], exact: list[StepRecord]) -> list[dict]:
     """Per step, each parameter's distance from the same steps in a wider dtype (`exact`, float64), as its largest
-    over each row (the last dimension; a vector's over the whole): the reference's own rounding error, which Adam can
+    over each row (the last dimension; a vector element by element): the reference's own rounding error, which Adam can
     amplify far past one ulp (an element whose gradient is at or below `eps` moves by up to lr / eps times its
     gradient's rounding). Per row, not per element: two runs' rounding at one element are two draws whose ratio is
     heavy-tailed (measured, gemma4_text dpr4 step 3: 1.37e-5 from the reference on an lm_head element where the
@@ -84,29 +87,36 @@ def reference_error(expected: list[StepRecord], exact: list[StepRecord]) -> list
 
 
 def _rows_max(distance: torch.Tensor) -> torch.Tensor:
-    """`distance`'s largest over each row (keeping the dimension, so it broadcasts back), a vector's over it all; NaN
-    wherever a row holds one."""
+    """`distance`'s largest over each row (keeping the dimension, so it broadcasts back); a vector's (a bias, a norm's
+    weight, whose elements share no gradient) element by element; NaN wherever a row holds one."""
     if distance.dim() < 2:
-        return distance.max()
+        return distance
     return torch.where(distance.isnan().any(-1, keepdim=True), math.nan, distance.amax(-1, keepdim=True))
 
 
-def against_own_error(diff: torch.Tensor, bound: torch.Tensor, error, atol: float) -> str | None:
+def against_own_error(diff: torch.Tensor, bound: torch.Tensor, error, atol: float,
+                      ceiling: float | None = None) -> str | None:
     """How values that part from the reference by `diff` (past their tolerance `bound`) stand against the
     reference's own `error` there (a number, or a tensor that broadcasts to `diff`): "excused" within the bound plus
     `BOUND_FACTOR` (2) times it, that allowance at most `EXCUSE_ATOLS` atol (two float32 runs each that far from the
     exact steps may part by twice it, the triangle inequality; `checks.compare` bounds reduced precision alike);
-    "beyond" where only an allowance past that cap, up to `BEYOND_ATOLS` atol, holds them (the reference too
-    imprecise there to judge them at the tolerance); else None. A NaN or infinite own error allows nothing."""
+    "beyond" where only an allowance past that cap, up to `beyond_limit` (`BEYOND_ATOLS` atol, or `ceiling` where
+    lower), holds them (the reference too imprecise there to judge them at the tolerance); else None. A NaN or
+    infinite own error allows nothing."""
     allowance = BOUND_FACTOR * torch.as_tensor(error, dtype=torch.float64)
     allowance = torch.where(torch.isfinite(allowance), allowance, 0.0)
     if not bool(torch.isfinite(diff).all()):
         return None
     if bool((diff <= bound + allowance.clamp(max=EXCUSE_ATOLS * atol)).all()):
         return "excused"
-    if bool((diff <= bound + allowance.clamp(max=BEYOND_ATOLS * atol)).all()):
+    if bool((diff <= bound + allowance.clamp(max=beyond_limit(atol, ceiling))).all()):
         return "beyond"
     return None
+
+
+def beyond_limit(atol: float, ceiling: float | None = None) -> float:
+    """The most a "beyond" allowance may be: `BEYOND_ATOLS` atol, or `ceiling` where lower."""
+    return BEYOND_ATOLS * atol if ceiling is None else min(BEYOND_ATOLS * atol, ceiling)
 
 
 def widest_excuse(records: list[StepRecord], atol: float) -> list[dict]:
@@ -115,17 +125,8 @@ def widest_excuse(records: list[StepRecord], atol: float) -> list[dict]:
     return [dict.fromkeys(r.params, EXCUSE_ATOLS * atol / BOUND_FACTOR) for r in records]
 
 
-def passed_beyond(per_rank: dict) -> bool:
-    """Whether a passing `parity.steps` passed on some rank (`per_rank`: rank -> its result's data) only as "beyond"
-    (`against_own_error`), on a step or an evaluation: where the single-device reference was itself too imprecise for
-    the tolerance to judge the run, which the console and the support matrix say."""
-    return any(held.get("beyond_step")
-               or any(e.get("as") == "beyond" for e in held.get("evaluation_excused", {}).values())
-               for held in (per_rank or {}).values())
-
-
-def _step_problems(mine: StepRecord, ref: StepRecord, atol: float, rtol: float,
-                   error: dict | None = None) -> tuple[list[str], dict]:
+def _step_problems(mine: StepRecord, ref: StepRecord, atol: float, rtol: float, error: dict | None = None,
+                   ceiling: float | None = None) -> tuple[list[str], dict]:
     """(what parted at one step, its figures): the loss, the gradient norm (named beside another problem only), the
     parameters by name, each held against the reference's own `error` where one is given (`_excused`)."""
     problems: list[str] = []
@@ -139,7 +140,7 @@ def _step_problems(mine: StepRecord, ref: StepRecord, atol: float, rtol: float,
     norm_note = _norm_note(mine, ref, figures, atol, rtol)
     held = compare_named(CheckId.STEPS, mine.params, ref.params, atol, rtol)
     if error is not None:
-        held.failing, standing = _excused(held.failing, mine, ref, atol, rtol, error)
+        held.failing, standing = _excused(held.failing, mine, ref, atol, rtol, error, ceiling)
         figures.update({k: v for k, v in standing.items() if v})
     if held.missing or held.extra:
         problems.append(f"parameters missing {held.missing[:3]}, unexpected {held.extra[:3]}")
@@ -154,8 +155,8 @@ def _step_problems(mine: StepRecord, ref: StepRecord, atol: float, rtol: float,
     return ([norm_note] + problems if problems and norm_note else problems), figures
 
 
-def _excused(failing: list, mine: StepRecord, ref: StepRecord, atol: float, rtol: float,
-             error: dict) -> tuple[list, dict]:
+def _excused(failing: list, mine: StepRecord, ref: StepRecord, atol: float, rtol: float, error: dict,
+             ceiling: float | None = None) -> tuple[list, dict]:
     """(the failing parameters still failing, {"excused": ..., "beyond": ...}: the others by how they stand against
     the reference's own error, `error`: name -> its distance from the wide run, `reference_error`'s, or one number),
     each with its figures."""
@@ -167,12 +168,13 @@ def _excused(failing: list, mine: StepRecord, ref: StepRecord, atol: float, rtol
             continue
         expected = ref.params[name].double()
         diff = (mine.params[name].double() - expected).abs()
-        how = against_own_error(diff, atol + rtol * expected.abs(), error[name], atol)
+        how = against_own_error(diff, atol + rtol * expected.abs(), error[name], atol, ceiling)
         if how is None:
             kept.append(item)
         else:
             standing[how][name] = {"max_abs": float(diff.max()),
-                                   "reference_error": float(torch.as_tensor(error[name]).max())}
+                                   "reference_error": float(torch.as_tensor(error[name]).max()),
+                                   "limit": beyond_limit(atol, ceiling)}
     return kept, standing
 
 
@@ -184,8 +186,8 @@ def _own_error_detail(steps: list[dict]) -> str:
         s, (n, f) = beyond[0], max(beyond[1].items(), key=lambda kv: kv[1]["max_abs"])
         return (f"at step {s} of {len(steps)} the float32 reference is itself up to {f['reference_error']:.2e} from "
                 f"its float64 steps on {n}, past what the tolerance can judge ({EXCUSE_ATOLS} atol); the parallel "
-                f"run parts from it by {f['max_abs']:.2e}, within twice that (and {BEYOND_ATOLS} atol); each step "
-                "is held to its own measure")
+                f"run parts from it by {f['max_abs']:.2e}, within the tolerance plus twice that (at most "
+                f"{f['limit']:.0e}); each step is held to its own measure")
     excused = [(s, n, f) for s, step in enumerate(steps, 1) for n, f in step.get("excused", {}).items()]
     if not excused:
         return ""

@@ -303,7 +303,8 @@ def _swept(args, backend, entries, adapter) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     if args.resume:
-        print(f"paracheck: --resume {args.resume}: {len(swept.carried)} cases held there, {len(swept.cases)} to run",
+        held, total = len(swept.carried), len(swept.carried) + len(swept.cases)
+        print(f"paracheck: --resume {args.resume}: {held} of {total} cases held there, {len(swept.cases)} to run",
               file=sys.stderr)
     try:
         return _launch(args, backend, swept.cases, entries, swept.carried, swept)

@@ -236,6 +236,18 @@ def _jsonable(value):
     return value
 
 
+#: In a check's `data`: set where it passed only beyond the single-device reference's precision (`checks.steps`'
+#: "beyond": that reference itself too far from the exact computation for the tolerance to judge the run, on a step
+#: or an evaluation), which the console and the support matrix name (`passed_beyond`).
+BEYOND_PRECISION = "beyond_reference_precision"
+
+
+def passed_beyond(per_rank: dict | None) -> bool:
+    """Whether a check passed on some rank (`per_rank`: rank -> its result's data) only beyond the reference's
+    precision (`BEYOND_PRECISION`)."""
+    return any(held.get(BEYOND_PRECISION) for held in (per_rank or {}).values())
+
+
 #: In a check's `data`: fields its case's JSON carries at the top level (the worst rank's, by the check's max_abs),
 #: e.g. a pipeline's per-step error curve and its pictures (`results.verdict.Verdict.to_json`).
 TO_CASE = "case"

@@ -7,13 +7,13 @@ import shlex
 from dataclasses import replace
 from xml.sax.saxutils import escape, quoteattr
 
-from paracheck.checks.steps import passed_beyond
 from paracheck.launch.attribution import ranks_named, ranks_text
 from paracheck import __version__
 from paracheck.launch.protocol import Exit, write_text
 from paracheck.domain import registry
 from paracheck.domain.case import Case
-from paracheck.domain.records import LOCAL_WORLD_LIMITS, LOCAL_WORLD_STOOD_IN, CaseStatus, CheckId, Status
+from paracheck.domain.records import (LOCAL_WORLD_LIMITS, LOCAL_WORLD_STOOD_IN, CaseStatus, CheckId, Status,
+                                       passed_beyond)
 from paracheck.results import localization, resume
 from paracheck.results.runmeta import RunMeta
 from paracheck.results.grouping import COUNTED, Row, counts, covered, groups
@@ -136,7 +136,7 @@ def _case_notes(v: Verdict, replay: str) -> list[str]:
         out.append(f"{v.status.value:5} {label}: {v.reason}")
     for f in ([] if v.case.control else v.findings):  # a control's inputs are its plain case's
         out.append(f"note  {label}: input not split on {ranks_named(f.ranks)}: {f.message}")
-    for m in v.checks if v.status == CaseStatus.PASS else ():
+    for m in v.checks:
         if m.status == Status.PASS and passed_beyond(m.data.get("per_rank")):
             out.append(f"note  {label}: {m.id.value} passed only within the reference's own imprecision: {m.detail}")
     return out

@@ -9,8 +9,8 @@ from paracheck.results import known
 from paracheck.domain.case import Case
 from paracheck.adapters.diffusers.layout import DiffusersLayout
 from paracheck.domain.localization import Localization
-from paracheck.domain.records import (CaseStatus, CheckId, CheckResult, Failure, FailureKind, Finding, MergedCheck,
-                                      RankResult, RankStatus, Route, Status)
+from paracheck.domain.records import (BEYOND_PRECISION, CaseStatus, CheckId, CheckResult, Failure, FailureKind,
+                                      Finding, MergedCheck, RankResult, RankStatus, Route, Status)
 from tests.domain.test_localization import localizations
 from paracheck.results.verdict import (LayoutName, Verdict, inconclusive_rule, judge, judge_controls, merge,
                                        outcome_for_test)
@@ -286,8 +286,8 @@ def test_xfails_group_by_their_known_failure_its_reason_once():
 
 def test_a_pass_beyond_the_references_precision_is_said_and_an_excused_one_is_not():
     """A steps check that passed only where the single-device reference was itself too imprecise to judge it
-    (`checks.steps`' "beyond", on a step or an evaluation) gets a note line naming it; one within the plain excuse
-    does not (its detail is in the report)."""
+    (`records.BEYOND_PRECISION`, set by `checks.steps`' "beyond", on a step or an evaluation) gets a note line naming
+    it, whatever its case's status; one within the plain excuse does not (its detail is in the report)."""
     from paracheck.results import report
 
     def passing(data: dict):
@@ -297,10 +297,10 @@ def test_a_pass_beyond_the_references_precision_is_said_and_an_excused_one_is_no
                                     max_abs=1.2e-4, data=dict(data))]
         return merge(_case(layout=DiffusersLayout.parse("tp4")), ranks)
 
-    lines = report.notes([passing({"beyond_step": 3})], {}).splitlines()
+    lines = report.notes([passing({"beyond_step": 3, BEYOND_PRECISION: True})], {}).splitlines()
     assert lines == ["note  flux tp4 native: parity.steps passed only within the reference's own imprecision: at step 3 "
                      "of 3 the float32 reference is itself ..."]
-    evaluation = passing({"evaluation_excused": {"after": {"as": "beyond"}}})
+    evaluation = passing({"evaluation_excused": {"after": {"as": "beyond"}}, BEYOND_PRECISION: True})
     assert "parity.steps passed only within" in report.notes([evaluation], {})
     assert report.notes([passing({"steps": [{"excused": {"w": {}}}]}),
                          passing({"evaluation_excused": {"after": {"as": "excused"}}})], {}) == ""

@@ -30,7 +30,7 @@ from paracheck.checks.shards import full
 from paracheck.checks.steps import (EXCUSE_ATOLS, StepRecord, against_own_error, compare_steps, reference_error,
                                     widest_excuse)
 from paracheck.domain.adapter import Refused
-from paracheck.domain.records import CheckId, CheckResult, Failure, FailureKind, Status
+from paracheck.domain.records import BEYOND_PRECISION, CheckId, CheckResult, Failure, FailureKind, Status
 from paracheck.world.recent import Recent
 from paracheck.adapters.transformers import inputs
 from paracheck.adapters.transformers.layout import config_kwargs
@@ -54,6 +54,9 @@ ADAM_EPSILON = 1e-4
 #: default for a mixture of experts) takes no float64 ("Expected mat_a to be Float32, BFloat16 or Float16 matrix").
 #: The loop sums the same products in another order, which is all a measure of the reference's rounding asks of it.
 WIDE_LOAD = {"experts_implementation": "eager"}
+#: The most a parallel run may part from the reference and pass where the reference is itself too imprecise for the
+#: tolerance ("beyond", `checks.steps.against_own_error`): a tenth of one Adam step, so no wrong step ever passes.
+BEYOND_CEILING = LEARNING_RATE / 10
 #: The seed of the first micro-batch's rows (each micro-batch draws its own, after the case's own batch).
 SEED = 100
 #: The launcher's environment that makes accelerate and TrainingArguments treat a process as one of a world.
@@ -223,13 +226,15 @@ def check(actual: Recorder, expected: Recorder, atol: float, rtol: float, own_er
     """`compare_steps` (loss, gradient norm, every parameter; `own_error`, the reference's own per step), with whether
     each reference step clipped (a step that did not would leave the clipping untested), then the evaluation losses
     before and after the steps, each held against the reference's own error there (`own_evaluated`) where given."""
-    result = compare_steps(actual.records, expected.records, atol, rtol, own_error)
+    result = compare_steps(actual.records, expected.records, atol, rtol, own_error, BEYOND_CEILING)
     norms = [r.grad_norm for r in expected.records]
     result.data.update(max_grad_norm=MAX_GRAD_NORM, clipped=[n is not None and n > MAX_GRAD_NORM for n in norms],
                        evaluated=actual.evaluated, reference_evaluated=expected.evaluated)
     if len(actual.evaluated) != len(expected.evaluated):
-        result.status, result.detail = Status.FAIL, (f"{len(actual.evaluated)} evaluations recorded, the reference "
-                                                     f"took {len(expected.evaluated)}")
+        result.detail = "; ".join(filter(None, (result.detail if result.status == Status.FAIL else "",
+                                                f"{len(actual.evaluated)} evaluations recorded, the reference took "
+                                                f"{len(expected.evaluated)}")))
+        result.status = Status.FAIL
     for i, (mine, ref) in enumerate(zip(actual.evaluated, expected.evaluated)):
         when = ("before", "after")[min(i, 1)]
         held = compare(CheckId.STEPS, torch.tensor(mine), torch.tensor(ref), atol, rtol,
@@ -247,16 +252,18 @@ def _hold_evaluation(result: CheckResult, held: CheckResult, when: str, mine: fl
     detail then says."""
     how = None if own is None else against_own_error(torch.tensor(abs(mine - ref), dtype=torch.float64),
                                                       torch.tensor(atol + rtol * abs(ref), dtype=torch.float64),
-                                                      own, atol)
+                                                      own, atol, BEYOND_CEILING)
     if how is None:
         result.status, result.detail = Status.FAIL, f"{held.detail}: {mine:.6g} != reference {ref:.6g}"
         result.max_abs = max(result.max_abs or 0.0, held.max_abs or 0.0)
         return
     result.data.setdefault("evaluation_excused", {})[when] = {"max_abs": abs(mine - ref), "reference_error": own,
                                                               "as": how}
+    if how == "beyond":
+        result.data[BEYOND_PRECISION] = True
     result.detail = "; ".join(filter(None, (
-        f"the evaluation loss {when} the steps ({mine:.6g} != reference {ref:.6g}) is within twice the reference's "
-        f"own rounding error there (its float64 evaluation is {own:.2e} away" +
+        f"the evaluation loss {when} the steps ({mine:.6g} != reference {ref:.6g}) is within the tolerance plus twice "
+        f"the reference's own rounding error there (its float64 evaluation is {own:.2e} away" +
         (f", past what the tolerance can judge: {EXCUSE_ATOLS} atol)" if how == "beyond" else ")"), result.detail)))
 
 
@@ -383,7 +390,7 @@ def _within_reach(result: CheckResult, actual, expected, atol: float, rtol: floa
     """Whether the reference's own error could turn `result` (failed): its steps up to the first failing one pass
     with every parameter allowed the widest excuse (`checks.steps.widest_excuse`), or only an evaluation failed. So
     a run passes as "beyond" only from a step after one where it agreed within the reference's rounding."""
-    if len(actual.records) != len(expected.records):
+    if len(actual.records) != len(expected.records) or len(actual.evaluated) != len(expected.evaluated):
         return False
     first = result.data.get("first_step", len(expected.records))
     return compare_steps(actual.records[:first], expected.records[:first], atol, rtol,

@@ -158,8 +158,9 @@ def plan(request) -> tuple[list[Case], dict[int, str], list[Family], list[dict]]
     if request.shard:
         keep = shard(keep, *parse_shard(request.shard), group=lambda i: cases[i].model)
     done = resume.held(request.resume) if request.resume else {}
-    carried = [entry for entry in (resume.entry_for(cases[i], done) for i in keep) if entry is not None]
-    keep = [i for i in keep if resume.entry_for(cases[i], done) is None]
+    entries = [resume.entry_for(cases[i], done) for i in keep]
+    carried = [entry for entry in entries if entry is not None]
+    keep = [i for i, entry in zip(keep, entries) if entry is None]
     needed = {cases[i].model for i in keep if i not in refused}
     return ([cases[i] for i in keep], {n: refused[i] for n, i in enumerate(keep) if i in refused},
             [by_family[name] for name in sorted(needed)], carried)

@@ -166,7 +166,7 @@ def test_a_resumed_sweep_carries_the_cases_its_report_held(tmp_path):
     assert first.code == 0 and len(held) == 2, first.out
     (tmp_path / "first.json").write_text(json.dumps(first.report))
     then = run_paracheck([*args, "--resume", str(tmp_path / "first.json")], tmp_path / "then")
-    assert then.code == 0 and "[family" not in then.out and "2 cases held there, 0 to run" in then.out, then.out
+    assert then.code == 0 and "[family" not in then.out and "2 of 2 cases held there, 0 to run" in then.out, then.out
     assert {c["id"]: c["status"] for c in then.report["cases"]} == held
     assert all(c["resumed"] for c in then.report["cases"]) and then.report["summary"]["passed"] == 2
 
