@@ -375,8 +375,11 @@ def _launch(args, backend, cases: list[Case], entries, carried: list[dict], swep
         launcher.stop()
         progress.close()
         print("paracheck: interrupted; every rank was stopped", file=sys.stderr)
-        return interrupted(args, progress, todo, run_meta(backend, args.nproc), time.time() - started,
-                           signal_of(stop), carried=carried)
+        # The cases decided before launch are as finished as those the ranks judged: the report keeps them too.
+        done = dict(zip(decided, judge([cases[i] for i in decided], list(decided.values()), entries)))
+        done.update((launched[k], v) for k, v in progress.verdicts.items())
+        return interrupted(args, [done[i] for i in sorted(done)], [c.id for i, c in enumerate(cases) if i not in done],
+                           run_meta(backend, args.nproc), time.time() - started, signal_of(stop), carried=carried)
     finally:
         signal.signal(signal.SIGTERM, previous)
     progress.close()

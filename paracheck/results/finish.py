@@ -42,14 +42,14 @@ def finish(args, verdicts, events, meta: RunMeta, seconds: float, extra: str, ca
     return data["exit_code"]
 
 
-def interrupted(args, progress, cases, meta: RunMeta, seconds: float, how: str, extra: str = "", carried=()) -> int:
-    """A run stopped by `how` (SIGINT, SIGTERM) before its end: the table and reports of every case that finished,
-    the others named as not run, and the command that goes on from the JSON report; exit 3."""
+def interrupted(args, done: list, not_run: list[str], meta: RunMeta, seconds: float, how: str, extra: str = "",
+                carried=()) -> int:
+    """A run stopped by `how` (SIGINT, SIGTERM) before its end: the table and reports of every case that finished
+    (`done`, those decided before launch among them), the others named as not run (`not_run`, their ids), and the
+    command that goes on from the JSON report; exit 3."""
     from paracheck.domain.records import RunEvent
 
-    done = [progress.verdicts[i] for i in sorted(progress.verdicts)]
-    not_run = [c.id for i, c in enumerate(cases) if i not in progress.verdicts]
     goes_on = f"; go on with --resume {args.report_json}" if args.report_json else " (no --report-json to resume from)"
-    event = RunEvent("interrupted", None, f"{how}: {len(done)} of {len(cases)} cases finished, {len(not_run)} not "
-                                          f"run{goes_on}")
+    event = RunEvent("interrupted", None, f"{how}: {len(done)} of {len(done) + len(not_run)} cases finished, "
+                                          f"{len(not_run)} not run{goes_on}")
     return finish(args, done, [event], meta, seconds, extra, carried, not_run)

@@ -3,6 +3,7 @@ shards, resuming from a report, and a few families on real gloo ranks (one dense
 hybrid). The whole sweep is a command (docs/support-matrix.md), not a test."""
 
 import json
+import time
 
 import pytest
 
@@ -169,6 +170,39 @@ def test_a_resumed_sweep_carries_the_cases_its_report_held(tmp_path):
     assert then.code == 0 and "[family" not in then.out and "2 of 2 cases held there, 0 to run" in then.out, then.out
     assert {c["id"]: c["status"] for c in then.report["cases"]} == held
     assert all(c["resumed"] for c in then.report["cases"]) and then.report["summary"]["passed"] == 2
+
+
+@pytest.mark.slow
+def test_a_stopped_sweep_keeps_the_cases_decided_before_launch(tmp_path):
+    """SIGTERM while a sweep's one launched case runs: the report holds the cases the sweep decided before launch
+    (a family whose defaults do not build) and names the launched one as not run (the decided ones were once left
+    out of a stopped sweep's report, and its counts)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+
+    report = tmp_path / "stopped.json"
+    proc = subprocess.Popen([sys.executable, "-m", "paracheck", "run", "--models",
+                             "transformers:llama,cohere_compass_text", "--nproc", "2", "--layouts", "tp2",
+                             "--report-json", str(report)], cwd=ROOT, env=dict(os.environ, TMPDIR=str(tmp_path)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:  # the families are built before the launch: stop once the last is
+        seen.append(line)
+        if line.startswith("[family 2/2]"):
+            break
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    out = "".join(seen) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 3, out
+    stopped = json.loads(report.read_text())
+    assert [(c["model"], c["status"]) for c in stopped["cases"]] == [("cohere_compass_text", "skip")], out
+    assert stopped["not_run"] == ["llama-tp2-sharded-load"], out
+    [event] = stopped["events"]
+    assert event["message"].startswith("SIGTERM: 1 of 2 cases finished, 1 not run"), event
 
 
 def test_a_sweep_case_replays_by_its_family_name():
