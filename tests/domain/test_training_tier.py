@@ -153,8 +153,9 @@ def test_the_excuse_turns_a_failure_into_a_pass_exactly_within_the_references_ow
 def test_a_parameter_is_excused_within_twice_the_references_own_error_and_past_the_cap_only_as_beyond():
     """The negative controls of the excuse: lfm3's figures (an element 1.55e-5 from the reference, whose own error
     is 2.1e-5) pass and are named; the same 1.55e-5 on a vector's element or a row where the reference is exact
-    (though another element's or row's is not), a planted 3e-2, one past twice the own error, one past `BEYOND_ATOLS` however imprecise the reference, an
-    infinite or NaN own error, or a float64 run of another length, do not excuse. gemma4_text dpr4's (1.18e-4 from
+    (though another element's or row's is not), a planted 3e-2, one past twice the own error, one past
+    `BEYOND_ATOLS` however imprecise the reference, an infinite or NaN own error, or a float64 run of another length,
+    do not excuse. gemma4_text dpr4's (1.18e-4 from
     a reference 1.25e-3 from its float64 steps) pass as "beyond", named; the steps after such a step are still held,
     each to its own measure: a planted 3e-2 at step 2 fails."""
     from paracheck.checks.steps import reference_error

@@ -298,8 +298,8 @@ def test_a_pass_beyond_the_references_precision_is_said_and_an_excused_one_is_no
         return merge(_case(layout=DiffusersLayout.parse("tp4")), ranks)
 
     lines = report.notes([passing({"beyond_step": 3, BEYOND_PRECISION: True})], {}).splitlines()
-    assert lines == ["note  flux tp4 native: parity.steps passed only within the reference's own imprecision: at step 3 "
-                     "of 3 the float32 reference is itself ..."]
+    assert lines == ["note  flux tp4 native: parity.steps passed only within the reference's own imprecision: "
+                     "at step 3 of 3 the float32 reference is itself ..."]
     evaluation = passing({"evaluation_excused": {"after": {"as": "beyond"}}, BEYOND_PRECISION: True})
     assert "parity.steps passed only within" in report.notes([evaluation], {})
     assert report.notes([passing({"steps": [{"excused": {"w": {}}}]}),

@@ -50,9 +50,10 @@ MAX_GRAD_NORM = 0.5
 #: 1e-4: at most 9.5e-7 on llama and qwen3_moe, fsdp2, dpr2, fsdp2xep2. AdamW stays AdamW (decoupled decay, the
 #: moments, the bias correction); elements far below eps move as under SGD with rate lr / eps.
 ADAM_EPSILON = 1e-4
-#: What the float64 steps (`reference(wide=True)`) load with beyond the dtype: the experts' eager loop, as torch's `grouped_mm` (transformers'
-#: default for a mixture of experts) takes no float64 ("Expected mat_a to be Float32, BFloat16 or Float16 matrix").
-#: The loop sums the same products in another order, which is all a measure of the reference's rounding asks of it.
+#: What the float64 steps (`reference(wide=True)`) load with beyond the dtype: the experts' eager loop, as torch's
+#: `grouped_mm` (transformers' default for a mixture of experts) takes no float64 ("Expected mat_a to be Float32,
+#: BFloat16 or Float16 matrix"). The loop sums the same products in another order, which is all a measure of the
+#: reference's rounding asks of it.
 WIDE_LOAD = {"experts_implementation": "eager"}
 #: The most a parallel run may part from the reference and pass where the reference is itself too imprecise for the
 #: tolerance ("beyond", `checks.steps.against_own_error`): a tenth of one Adam step, so no wrong step ever passes.
@@ -210,13 +211,11 @@ def reference(key, path: str, data: list[dict], rows: int, steps: int, workdir: 
     def compute():
         from paracheck.adapters.transformers import tasks
 
-        if not wide:
-            with _single_process_env():
-                return train(tasks.load(path, dtype=torch.float32), data, rows, steps, True, workdir)
-        batches = [{k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in b.items()}
-                   for b in data]
+        batches = data if not wide else [
+            {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in b.items()} for b in data]
         with _single_process_env():
-            return train(tasks.load(path, dtype=torch.float64, **WIDE_LOAD), batches, rows, steps, True, workdir)
+            model = tasks.load(path, **(dict(WIDE_LOAD, dtype=torch.float64) if wide else dict(dtype=torch.float32)))
+            return train(model, batches, rows, steps, True, workdir)
 
     return (_WIDE if wide else _STEPS).get(key, compute)
 

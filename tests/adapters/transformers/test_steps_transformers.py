@@ -38,6 +38,27 @@ def test_the_trainer_is_set_up_as_the_issue_asks(tmp_path):
     assert args.optim == "adamw_torch" and args.adam_epsilon == steps.ADAM_EPSILON
 
 
+def test_the_float64_steps_of_a_mixture_of_experts_run_with_the_experts_eager_loop(tmp_path):
+    """`steps.reference(wide=True)` on the bundled qwen3_moe, in one process: its experts' default `grouped_mm`
+    takes no float64 (the negative control: the same load without `WIDE_LOAD` raises there), so the float64 steps
+    load with the eager loop and train, in float64, as far from the float32 steps as the reference's rounding."""
+    import torch
+
+    from paracheck.adapters.transformers import fixtures, tasks
+    from paracheck.checks.steps import reference_error
+
+    path = fixtures.save("qwen3_moe", str(tmp_path))
+    data = steps.batches(lambda seed: inputs.global_batch("base", 1, 128, seed), 1)
+    with pytest.raises(RuntimeError, match="Float32, BFloat16 or Float16"):
+        wide_default = tasks.load(path, dtype=torch.float64)
+        wide_default(**inputs.without_labels(data[0]), use_cache=False)
+    narrow = steps.reference(("moe", 32), path, data, 2, 1, str(tmp_path))
+    wide = steps.reference(("moe", 64), path, data, 2, 1, str(tmp_path), wide=True)
+    assert all(p.dtype == torch.float64 for p in wide.records[0].params.values())
+    [own] = reference_error(narrow.records, wide.records)
+    assert 0 < max(float(e.max()) for e in own.values()) < 1e-5
+
+
 def test_the_rows_are_the_micro_batches_end_to_end_and_fresh_each():
     data = steps.batches(lambda seed: inputs.global_batch("left_pad", 2, 128, seed), 3)
     assert len(data) == (3 + 1) * steps.MICRO  # the evaluation's batches first
