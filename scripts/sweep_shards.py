@@ -44,8 +44,8 @@ def _shard(args, i: int) -> int | None:
     command = [sys.executable, "-m", "paracheck", "run", "--models", args.models, "--shard", f"{i}/{args.shards}",
                "--report-json", report, *args.more]
     if os.path.exists(report):
-        shutil.copyfile(report, _path(args.out, i, "prev.json"))
-        command += ["--resume", _path(args.out, i, "prev.json")]
+        shutil.copyfile(report, _earlier(args.out, i))
+        command += ["--resume", _earlier(args.out, i)]
     start, load = time.time(), os.getloadavg()[0]
     with open(_path(args.out, i, "log"), "a") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -86,6 +86,13 @@ def _note(out: str, i: int, seconds: float, load_before: float, load_after: floa
 
 def _path(out: str, i: int, suffix: str) -> str:
     return os.path.join(out, f"shard{i}.{suffix}")
+
+
+def _earlier(out: str, i: int) -> str:
+    """Where a stopped shard's report is kept while the shard resumes from it: a name `OUT/shard*.json` does not
+    match, so the matrices never merge it after the resumed report (whose cases it would overwrite: a case it holds
+    as an error is run again, and the earlier error would win)."""
+    return _path(out, i, "json.earlier")
 
 
 def _parser() -> argparse.ArgumentParser:

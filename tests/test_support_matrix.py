@@ -47,10 +47,15 @@ def test_one_sweep_splits_into_the_causal_lm_matrix_and_the_other_tasks():
 
 def test_the_shard_driver_skips_finished_shards_and_takes_a_stopped_one_as_unfinished(tmp_path):
     """scripts/sweep_shards.py: a shard marked done is not run again; a report naming cases it did not finish (an
-    interrupted run's `not_run`, or its `interrupted` event), or none at all, is no finished shard."""
+    interrupted run's `not_run`, or its `interrupted` event), or none at all, is no finished shard; the earlier
+    report a stopped shard resumes from is kept where the matrices' `shard*.json` does not pick it up."""
     import json
 
+    import fnmatch
+    import os
+
     driver = script("sweep_shards")
+    assert not fnmatch.fnmatch(os.path.basename(driver._earlier(str(tmp_path), 5)), "shard*.json")
     for i in (1, 2):
         (tmp_path / f"shard{i}.done").touch()
     assert driver.main([str(tmp_path), "--shards", "2"]) == 0 and not (tmp_path / "walls.json").exists()

@@ -362,6 +362,8 @@ def _launch(args, backend, cases: list[Case], entries, carried: list[dict], swep
     from paracheck.results.verdict import judge
 
     decided = swept.decided if swept else {}
+    # Judged before any launch: as finished whether the run ends or is stopped.
+    verdicts = dict(zip(decided, judge([cases[i] for i in decided], list(decided.values()), entries)))
     launched = [i for i in range(len(cases)) if i not in decided]
     todo = [cases[i] for i in launched]
     progress = Progress(todo, quiet=args.quiet, entries=entries)
@@ -375,17 +377,15 @@ def _launch(args, backend, cases: list[Case], entries, carried: list[dict], swep
         launcher.stop()
         progress.close()
         print("paracheck: interrupted; every rank was stopped", file=sys.stderr)
-        # The cases decided before launch are as finished as those the ranks judged: the report keeps them too.
-        done = dict(zip(decided, judge([cases[i] for i in decided], list(decided.values()), entries)))
-        done.update((launched[k], v) for k, v in progress.verdicts.items())
-        return interrupted(args, [done[i] for i in sorted(done)], [c.id for i, c in enumerate(cases) if i not in done],
-                           run_meta(backend, args.nproc), time.time() - started, signal_of(stop), carried=carried)
+        verdicts.update((launched[k], v) for k, v in progress.verdicts.items())
+        return interrupted(args, [verdicts[i] for i in sorted(verdicts)],
+                           [c.id for i, c in enumerate(cases) if i not in verdicts], run_meta(backend, args.nproc),
+                           time.time() - started, signal_of(stop), carried=carried)
     finally:
         signal.signal(signal.SIGTERM, previous)
     progress.close()
     meta = run_meta(backend, args.nproc, outcome).with_extra(**(swept.meta if swept else {}))
-    verdicts = dict(zip(launched, progress.judged([outcome.results[k] for k in range(len(todo))] if todo else [])))
-    verdicts.update(zip(decided, judge([cases[i] for i in decided], list(decided.values()), entries)))
+    verdicts.update(zip(launched, progress.judged([outcome.results[k] for k in range(len(todo))] if todo else [])))
     tail = f", ranks {outcome.start_method}, {outcome.references} references" if outcome else ""
     # Each event named by its case's verdict (the route resolved): an event's index counts the launched cases only.
     events = [replace(e, case=verdicts[launched[e.index]].id) if e.index is not None else e
